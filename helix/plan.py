@@ -1,0 +1,123 @@
+"""The Plan: where every layer lives and how tokens flow, as written to ``plan.yaml``.
+
+A plan is the planner's output and the input of ``helix simulate`` and ``helix serve``. It is a
+frozen data object with a versioned YAML schema; it imports nothing from planner/coordinator/worker.
+
+Vertices of the flow network are node names plus :data:`COORDINATOR` (source and sink are both the
+coordinator: tokens leave it for the first stage and come back from the last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helix.errors import SpecError
+
+PLAN_SCHEMA_VERSION = 1
+COORDINATOR = "coordinator"
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Layers ``[start, end)`` held by one node (half-open, 0-based)."""
+
+    node: str
+    start: int
+    end: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ArcFlow:
+    """Tokens/s carried on the arc ``src -> dst`` in the max-flow solution."""
+
+    src: str
+    dst: str
+    flow_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement of a model's layers on a cluster, with its max-flow solution."""
+
+    model: str
+    num_layers: int
+    placements: tuple[NodePlacement, ...]
+    arc_flows: tuple[ArcFlow, ...]
+    max_flow_tokens_per_s: float
+    """Serving throughput of this placement (prompt + decode tokens/s)."""
+    upper_bound_tokens_per_s: float | None = None
+    """A proven upper bound on the max flow of *any* placement, or None when unknown."""
+    method: str = "milp"
+    solver: str | None = None
+    solve_seconds: float = 0.0
+    partial_inference: bool = True
+    """Whether a stage may start inside the previous stage's range (running only the layers it lacks)."""
+    spec_hash: str | None = None
+    """Hash of the cluster spec this plan was made for (see ``ClusterSpec.content_hash``)."""
+    extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Informational figures (depth, latency estimate, ...) kept in the file as written."""
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    @property
+    def gap(self) -> float | None:
+        """Relative optimality gap ``(bound - flow) / flow``; None without a bound."""
+        if self.upper_bound_tokens_per_s is None or self.max_flow_tokens_per_s <= 0:
+            return None
+        return max(0.0, self.upper_bound_tokens_per_s - self.max_flow_tokens_per_s) / \
+            self.max_flow_tokens_per_s
+
+    def placement_of(self, node: str) -> NodePlacement:
+        for p in self.placements:
+            if p.node == node:
+                return p
+        raise KeyError(node)
+
+    # --- serialization ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["placements"] = [dataclasses.asdict(p) for p in self.placements]
+        d["arc_flows"] = [dataclasses.asdict(a) for a in self.arc_flows]
+        d["gap"] = self.gap
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "plan") -> "Plan":
+        version = d.get("schema_version")
+        if version != PLAN_SCHEMA_VERSION:
+            raise SpecError(f"{where}: schema_version {version!r} is not supported "
+                            f"(this Helix reads version {PLAN_SCHEMA_VERSION})")
+        try:
+            kwargs = {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
+            kwargs["placements"] = tuple(NodePlacement(**p) for p in d["placements"])
+            kwargs["arc_flows"] = tuple(ArcFlow(**a) for a in d["arc_flows"])
+            return cls(**kwargs)
+        except (KeyError, TypeError) as exc:
+            raise SpecError(f"{where}: malformed plan: {exc}") from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise SpecError(f"plan: no such file {str(p)!r}") from None
+        except yaml.YAMLError as exc:
+            raise SpecError(f"plan {str(p)!r}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"plan {str(p)!r}: expected a mapping at top level")
+        return cls.from_dict(data, where=f"plan {str(p)!r}")

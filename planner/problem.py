@@ -1,0 +1,83 @@
+"""The placement problem: everything the planner needs, as plain numbers.
+
+A :class:`PlacementProblem` is what the flow graph, the MILP, the bound and the heuristics read. It is
+solver-agnostic and spec-agnostic: ``build_problem(spec)`` (in ``planner.build``) turns a validated
+``ClusterSpec`` plus its cost model into one, and tests can write one by hand.
+
+Arc capacities are already in tokens/s: a link's bandwidth divided by the bytes one token needs on
+it (token ids on coordinator links, hidden states between nodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from helix.plan import COORDINATOR
+
+__all__ = ["COORDINATOR", "NodeCapacity", "Link", "PlacementProblem"]
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One compute node as the planner sees it."""
+
+    name: str
+    gpu: str
+    """GPU kind label, with the count for multi-GPU nodes (``"L4"``, ``"T4x4"``)."""
+    region: str
+    throughput_tokens_per_s: tuple[float, ...]
+    """T(k) for k = 1..len: tokens/s (prompt + decode) the node processes while holding k layers."""
+    max_layers: int
+    """Most layers it can hold when it holds neither the embedding nor the LM head (0 = none)."""
+    max_layers_first: int
+    """Most layers when its range starts at layer 0 (it also holds the embedding)."""
+    max_layers_last: int
+    """Most layers when its range ends at the last layer (it also holds the LM head)."""
+    max_layers_first_last: int
+    """Most layers when it holds both ends (only possible with k = num_layers)."""
+    layer_latency_s: float = 0.0
+    """Time of one layer in a decode step at the node's planned batch (for latency estimates)."""
+
+    def throughput(self, k: int) -> float:
+        """T(k), 0 outside the table."""
+        if 1 <= k <= len(self.throughput_tokens_per_s):
+            return self.throughput_tokens_per_s[k - 1]
+        return 0.0
+
+    def max_layers_for(self, first: bool, last: bool) -> int:
+        if first and last:
+            return self.max_layers_first_last
+        if first:
+            return self.max_layers_first
+        if last:
+            return self.max_layers_last
+        return self.max_layers
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed network arc between two vertices (node names or :data:`COORDINATOR`)."""
+
+    capacity_tokens_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlacementProblem:
+    """Nodes, directed links and the model's layer count. A missing link means no connection."""
+
+    model: str
+    num_layers: int
+    nodes: tuple[NodeCapacity, ...]
+    links: Mapping[tuple[str, str], Link] = field(hash=False)
+    spec_hash: str | None = None
+
+    def node(self, name: str) -> NodeCapacity:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def link(self, src: str, dst: str) -> Link | None:
+        return self.links.get((src, dst))
