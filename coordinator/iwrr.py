@@ -1,0 +1,60 @@
+"""Interleaved weighted round robin (IWRR) over the out-arcs of one flow-graph vertex.
+
+Helix (ASPLOS'25, section 5) gives every vertex an IWRR over its out-arcs weighted by the arc flows
+of the max-flow solution, so that requests split across next hops in the proportions the planner
+found. We use the *smooth* WRR of nginx: every pick adds each allowed choice's weight to its credit,
+takes the choice with the largest credit and charges it the sum of the allowed weights. Over any
+window the split matches the weights exactly up to one pick per choice, and consecutive picks of one
+choice are spread out (interleaved) instead of bunched.
+
+Masking: a pick may be restricted to a subset of choices (nodes whose KV cache is too full). Masked
+choices neither gain nor lose credit, so the survivors share the traffic in their own proportions and
+the masked ones resume exactly where they left off. Pure: no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+
+
+class IWRR:
+    """Smooth weighted round robin over named choices with positive weights.
+
+    Ties are broken by the order of ``weights`` (insertion order), so decisions are deterministic.
+    """
+
+    __slots__ = ("_keys", "_weights", "_credit", "_index")
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        keys = [k for k, w in weights.items() if w > 0]
+        if not keys:
+            raise ValueError("IWRR needs at least one choice with a positive weight")
+        self._keys: tuple[str, ...] = tuple(keys)
+        self._weights: tuple[float, ...] = tuple(float(weights[k]) for k in keys)
+        self._credit: list[float] = [0.0] * len(keys)
+        self._index = {k: i for i, k in enumerate(keys)}
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self._keys
+
+    def weight(self, choice: str) -> float:
+        i = self._index.get(choice)
+        return 0.0 if i is None else self._weights[i]
+
+    def pick(self, allowed: Container[str] | None = None) -> str | None:
+        """Next choice among ``allowed`` (all when None); None when no choice is allowed."""
+        credit, weights, keys = self._credit, self._weights, self._keys
+        best = -1
+        total = 0.0
+        for i in range(len(keys)):
+            if allowed is not None and keys[i] not in allowed:
+                continue
+            credit[i] += weights[i]
+            total += weights[i]
+            if best < 0 or credit[i] > credit[best]:
+                best = i
+        if best < 0:
+            return None
+        credit[best] -= total
+        return keys[best]

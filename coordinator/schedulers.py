@@ -1,0 +1,155 @@
+"""Request schedulers: given a request, pick its pipeline (or None: wait in the queue).
+
+All schedulers share the same walk over a :class:`~coordinator.pipeline.Topology` and the same KV
+masking (:class:`~coordinator.kv_estimator.KVEstimator`), so a baseline never crashes a node's KV
+cache the Helix scheduler would have protected; they differ only in how the next hop is chosen:
+
+- ``helix``: IWRR per vertex over the max-flow arcs, weighted by their flows (Helix section 5).
+- ``swarm``: per node, the next hop with the lowest running average of observed per-hop delay
+  (SWARM parallelism's stochastic wiring, as the Helix paper's baseline). Unobserved hops first.
+- ``random``: uniformly random next hop (seeded).
+- ``shortest-queue``: the next hop with the fewest requests currently assigned to it.
+
+Contract for drivers (simulator and live coordinator alike): call :meth:`Scheduler.schedule` for a
+waiting request; a Pipeline means it is admitted and its KV is reserved; None means nothing fits now
+(try again after a :meth:`Scheduler.release`). Call ``release`` when the request finishes or is
+cancelled, and ``observe_hop`` with measured per-hop delays (only ``swarm`` uses them). Pure: no
+clock; randomness only from the seed given.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+
+from coordinator.iwrr import IWRR
+from coordinator.kv_estimator import KVEstimator
+from coordinator.pipeline import Pipeline, RequestInfo, Topology
+from helix.errors import HelixUserError
+from helix.plan import COORDINATOR, Plan
+
+SCHEDULERS = ("helix", "swarm", "random", "shortest-queue")
+
+
+class Scheduler:
+    """Base: KV-masked walk over ``topology``; subclasses implement :meth:`choose`."""
+
+    name = "base"
+
+    def __init__(self, topology: Topology, kv: KVEstimator) -> None:
+        self.topology = topology
+        self.kv = kv
+        self.assigned: dict[str, int] = {n: 0 for n in topology.ranges}
+        """Requests currently holding a stage on each node."""
+        self._pipelines: dict[int, Pipeline] = {}
+
+    def choose(self, vertex: str, candidates: list[str]) -> str:
+        raise NotImplementedError
+
+    def schedule(self, request: RequestInfo) -> Pipeline | None:
+        """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
+        kv, ranges, tokens = self.kv, self.topology.ranges, request.kv_tokens
+        # Conservative mask: assume the request runs every layer the node holds.
+        pipeline = self.topology.walk(
+            self.choose, lambda n: kv.fits(n, tokens * (ranges[n][1] - ranges[n][0])))
+        if pipeline is None:
+            return None
+        kv.reserve(request.request_id, ((s.node, tokens * s.num_layers) for s in pipeline.stages))
+        for s in pipeline.stages:
+            self.assigned[s.node] += 1
+        self._pipelines[request.request_id] = pipeline
+        return pipeline
+
+    def release(self, request_id: int) -> None:
+        """The request finished or was cancelled: free its KV reservation and queue slots."""
+        pipeline = self._pipelines.pop(request_id, None)
+        if pipeline is None:
+            return
+        self.kv.release(request_id)
+        for s in pipeline.stages:
+            self.assigned[s.node] -= 1
+
+    def observe_hop(self, src: str, dst: str, delay_s: float) -> None:
+        """A measured delay from ``src`` handing a request to ``dst`` until ``dst`` finished it."""
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self._pipelines)
+
+
+class HelixScheduler(Scheduler):
+    """IWRR at every vertex weighted by the plan's arc flows."""
+
+    name = "helix"
+
+    def __init__(self, topology: Topology, kv: KVEstimator,
+                 flows: Mapping[tuple[str, str], float]) -> None:
+        super().__init__(topology, kv)
+        self._iwrr: dict[str, IWRR] = {}
+        for v, outs in topology.arcs.items():
+            weights = {w: flows.get((v, w), 0.0) for w in outs}
+            if any(x > 0 for x in weights.values()):
+                self._iwrr[v] = IWRR(weights)
+
+    def choose(self, vertex: str, candidates: list[str]) -> str:
+        pick = self._iwrr[vertex].pick(candidates)
+        assert pick is not None, (vertex, candidates)  # candidates come from positive-flow arcs
+        return pick
+
+
+class RandomScheduler(Scheduler):
+    name = "random"
+
+    def __init__(self, topology: Topology, kv: KVEstimator, seed: int = 0) -> None:
+        super().__init__(topology, kv)
+        self._rng = random.Random(seed)
+
+    def choose(self, vertex: str, candidates: list[str]) -> str:
+        return candidates[self._rng.randrange(len(candidates))]
+
+
+class ShortestQueueScheduler(Scheduler):
+    name = "shortest-queue"
+
+    def choose(self, vertex: str, candidates: list[str]) -> str:
+        if candidates == [COORDINATOR]:
+            return COORDINATOR
+        return min(candidates, key=lambda n: self.assigned.get(n, 0))
+
+
+class SwarmScheduler(Scheduler):
+    """Lowest exponentially weighted running average of observed per-hop delay; ties by order."""
+
+    name = "swarm"
+
+    def __init__(self, topology: Topology, kv: KVEstimator, smoothing: float = 0.1) -> None:
+        super().__init__(topology, kv)
+        self.smoothing = smoothing
+        self._delay_s: dict[tuple[str, str], float] = {}
+
+    def choose(self, vertex: str, candidates: list[str]) -> str:
+        delays = self._delay_s
+        # Unobserved hops read as 0 s, so every hop is tried before averages take over.
+        return min(candidates, key=lambda w: delays.get((vertex, w), 0.0))
+
+    def observe_hop(self, src: str, dst: str, delay_s: float) -> None:
+        key = (src, dst)
+        old = self._delay_s.get(key)
+        self._delay_s[key] = delay_s if old is None else old + self.smoothing * (delay_s - old)
+
+
+def make_scheduler(name: str, plan: Plan, kv: KVEstimator, seed: int = 0,
+                   connected: Callable[[str, str], bool] | None = None) -> Scheduler:
+    """Build scheduler ``name`` for ``plan``. Helix follows the plan's flows; the baselines may use
+    every usable hop that ``connected`` allows (placement topology, not the flow solution)."""
+    if name == "helix":
+        flows = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows}
+        return HelixScheduler(Topology.from_plan(plan, flows_only=True), kv, flows)
+    topology = Topology.from_plan(plan, connected=connected, flows_only=False)
+    if name == "random":
+        return RandomScheduler(topology, kv, seed=seed)
+    if name == "shortest-queue":
+        return ShortestQueueScheduler(topology, kv)
+    if name == "swarm":
+        return SwarmScheduler(topology, kv)
+    raise HelixUserError(f"unknown scheduler {name!r}; known: {', '.join(SCHEDULERS)}")

@@ -1,0 +1,102 @@
+from collections import Counter
+
+from coordinator.kv_estimator import KVEstimator
+from coordinator.pipeline import Pipeline, RequestInfo, Stage, Topology
+from coordinator.schedulers import make_scheduler
+from helix.plan import COORDINATOR
+from plan_factories import diamond_plan
+
+
+def _kv(plan, cap=1e12, high_water=0.9):
+    return KVEstimator({p.node: cap for p in plan.placements}, high_water=high_water)
+
+
+def test_overlap_runs_only_missing_layers():
+    topo = Topology.from_plan(diamond_plan())
+    assert topo.stage("b", "c") == Stage("c", 6, 8)
+    assert topo.stage("a", "c") == Stage("c", 4, 8)
+    assert topo.stage(COORDINATOR, "b") == Stage("b", 0, 6)
+
+
+def test_pipelines_follow_flows_and_cover_every_layer_once():
+    plan = diamond_plan()
+    sched = make_scheduler("helix", plan, _kv(plan))
+    seen = Counter()
+    for rid in range(4000):
+        p = sched.schedule(RequestInfo(rid, 10, 10))
+        p.check(plan.num_layers)
+        seen[p.nodes] += 1
+    # Source splits 300:100; b splits 40:60.
+    assert seen[("a", "c")] == 3000
+    assert seen[("b", "c")] == 400
+    assert seen[("b", "d")] == 600
+
+
+def test_kv_mask_reroutes_then_queues_then_resumes():
+    plan = diamond_plan()
+    # 'a' holds 4 layers: room for 100 tokens there = 400 token-layers; others huge.
+    caps = {"a": 400.0, "b": 1e9, "c": 1e9, "d": 1e9}
+    kv = KVEstimator(caps, high_water=1.0)
+    sched = make_scheduler("helix", plan, kv)
+    first = sched.schedule(RequestInfo(0, 60, 40))
+    assert first.nodes[0] == "a"
+    # 'a' is now full: everything goes through 'b'.
+    assert all(sched.schedule(RequestInfo(i, 60, 40)).nodes[0] == "b" for i in range(1, 6))
+    # Mask b too: no pipeline, the request must wait (None), never an exception.
+    kv.observe("b", 1e9)
+    assert sched.schedule(RequestInfo(99, 60, 40)) is None
+    sched.release(0)
+    p = sched.schedule(RequestInfo(99, 60, 40))
+    assert p is not None and p.nodes[0] == "a"
+
+
+def test_dead_end_is_avoided_by_reachability():
+    plan = diamond_plan()
+    caps = {"a": 1e9, "b": 1e9, "c": 1.0, "d": 1e9}  # c can never take anything
+    sched = make_scheduler("helix", plan, KVEstimator(caps))
+    for rid in range(50):
+        assert sched.schedule(RequestInfo(rid, 5, 5)).nodes == ("b", "d")
+
+
+def test_baselines_build_valid_pipelines():
+    plan = diamond_plan()
+    for name in ("swarm", "random", "shortest-queue"):
+        sched = make_scheduler(name, plan, _kv(plan), seed=3)
+        firsts = Counter()
+        for rid in range(200):
+            p = sched.schedule(RequestInfo(rid, 5, 5))
+            p.check(plan.num_layers)
+            firsts[p.nodes[0]] += 1
+            if name == "swarm":
+                for a, b in zip((COORDINATOR,) + p.nodes, p.nodes):
+                    sched.observe_hop(a, b, 1.0 if b == "a" else 0.1)
+        assert set(firsts) == {"a", "b"}, (name, firsts)
+    # partial inference off: b -> c is no longer usable (c does not start at 6).
+    topo = Topology.from_plan(diamond_plan(), flows_only=False)
+    assert "c" in topo.arcs["b"]
+    no_partial = Topology(8, topo.ranges, topo.arcs, partial_inference=False)
+    assert "c" not in no_partial.arcs["b"] and "c" in no_partial.arcs["a"]
+
+
+def test_swarm_prefers_lowest_observed_delay():
+    plan = diamond_plan()
+    sched = make_scheduler("swarm", plan, _kv(plan))
+    sched.observe_hop(COORDINATOR, "a", 0.5)
+    sched.observe_hop(COORDINATOR, "b", 0.2)
+    assert sched.schedule(RequestInfo(0, 1, 1)).nodes[0] == "b"
+    for _ in range(30):
+        sched.observe_hop(COORDINATOR, "b", 2.0)
+    assert sched.schedule(RequestInfo(1, 1, 1)).nodes[0] == "a"
+
+
+def test_release_returns_kv_to_zero():
+    plan = diamond_plan()
+    kv = _kv(plan, cap=1e6)
+    sched = make_scheduler("helix", plan, kv)
+    for rid in range(100):
+        sched.schedule(RequestInfo(rid, 7, 3))
+    for rid in range(100):
+        sched.release(rid)
+    assert all(kv.used(n) == 0.0 for n in ("a", "b", "c", "d"))
+    assert all(v == 0 for v in sched.assigned.values())
+    assert isinstance(Pipeline((Stage("a", 0, 8),)), Pipeline)
