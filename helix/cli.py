@@ -1,0 +1,52 @@
+"""The ``helix`` command line: one Typer app, commands contributed by ``helix.commands.*``.
+
+User errors (:class:`helix.errors.HelixUserError`) are printed as one red line with exit code 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from helix.commands import COMMAND_MODULES
+from helix.errors import HelixUserError
+
+app = typer.Typer(
+    name="helix",
+    help="Serve one LLM on mixed GPUs across regions: plan layer placement by max flow, "
+         "simulate it on real traces, and serve it behind an OpenAI-compatible API.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``helix`` console script. Returns the exit code."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except HelixUserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors carry their own formatting
+        import click
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,423 @@
+"""Cluster spec: the YAML a user writes to describe GPUs, regions, links, model and workload.
+
+Validated once with pydantic, then frozen (STYLE.md rule 5). Quantities carry units in the YAML
+(``10Gbps``, ``50ms``, ``40GiB``) and are stored in SI units (bytes/s, seconds, bytes); dumping
+writes them back with explicit units, so a spec round-trips. Errors name the field path and the bad
+value: ``nodes[3].gpu: unknown GPU 'A10O'; known: A100-40G, ...``.
+
+Example (see ``cluster_specs/`` for complete ones)::
+
+    model: llama-2-70b                 # catalog name, or a checkpoint folder / config.json path
+    coordinator: {region: us-east}
+    workload: {mean_prompt_tokens: 763, mean_output_tokens: 232}
+    regions:
+      us-east: {bandwidth: 10Gbps, latency: 1ms}
+      eu-west: {bandwidth: 10Gbps, latency: 1ms}
+    inter_region: {bandwidth: 100Mbps, latency: 50ms}   # omit to leave regions unconnected
+    nodes:
+      - {name: "a100-{i}", gpu: A100-40G, count: 4, region: us-east}
+      - {name: l4x2-0, gpu: L4, gpus: 2, region: eu-west, nic_bandwidth: 25Gbps}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
+                      PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator)
+
+from helix.errors import SpecError
+from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
+from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
+from helix.plan import COORDINATOR
+from helix.profiles import MeasuredProfile, load_profile
+from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
+
+
+def _unit_parser(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+    def run(value: Any) -> float:
+        try:
+            return parse(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+    return run
+
+
+def _positive(kind: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"{kind} must be positive, got {value:g}")
+        return value
+    return check
+
+
+def _non_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError(f"latency must not be negative, got {value:g}")
+    return value
+
+
+Bandwidth = Annotated[float, BeforeValidator(_unit_parser(parse_bandwidth)),
+                      Field(gt=0), PlainSerializer(lambda v: f"{v!r}B/s", return_type=str)]
+"""Bytes/s, written in the YAML with a unit (``10Gbps``, ``1.25GB/s``)."""
+Duration = Annotated[float, BeforeValidator(_unit_parser(parse_duration)),
+                     Field(ge=0), PlainSerializer(lambda v: f"{v!r}s", return_type=str)]
+"""Seconds, written with a unit (``50ms``)."""
+Size = Annotated[float, BeforeValidator(_unit_parser(parse_size)),
+                 Field(gt=0), PlainSerializer(lambda v: f"{v!r}B", return_type=str)]
+"""Bytes, written with a unit (``40GiB``)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class LinkParams(_Frozen):
+    """Bandwidth and latency of a network path."""
+
+    bandwidth_bytes_per_s: Bandwidth = Field(alias="bandwidth")
+    latency_s: Duration = Field(0.0, alias="latency")
+
+
+class RegionLink(LinkParams):
+    """Override of the inter-region default for one pair of regions (both directions)."""
+
+    regions: tuple[str, str]
+
+
+class NodeLink(LinkParams):
+    """Override for one pair of vertices (node names or ``coordinator``), both directions."""
+
+    between: tuple[str, str]
+
+
+class NodeSpec(_Frozen):
+    """One compute node: one or more GPUs of a kind in one machine (tensor parallel inside)."""
+
+    name: str = Field(min_length=1)
+    gpu: str
+    """GPU kind: a catalog name or alias (``A100-40G``, ``L4``, ``T4``, ``CPU`` ...)."""
+    num_gpus: int = Field(1, ge=1, le=64, alias="gpus")
+    """GPUs in this machine; the node's slice is split across them with tensor parallelism."""
+    region: str | None = None
+    """Region name; may be omitted when the spec declares exactly one region."""
+    address: str | None = None
+    """Host or IP where the worker runs (for `helix serve` on real machines)."""
+    nic_bandwidth_bytes_per_s: Bandwidth | None = Field(None, alias="nic_bandwidth")
+    """NIC limit; every link to or from this node is capped by it."""
+    memory_bytes: Size | None = Field(None, alias="memory")
+    """Memory per GPU, overriding the catalog (required in practice for ``CPU`` nodes)."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        kind = lookup_gpu(value)
+        if kind is None:
+            raise ValueError(f"unknown GPU {value!r}; known: {known_gpu_names()}")
+        return kind.name
+
+    @property
+    def kind(self) -> GpuKind:
+        return GPU_CATALOG[self.gpu]
+
+    @property
+    def label(self) -> str:
+        """GPU kind with count, e.g. ``L4x2``; the key for profiles and throughput tables."""
+        return self.gpu if self.num_gpus == 1 else f"{self.gpu}x{self.num_gpus}"
+
+    @property
+    def vram_bytes(self) -> float:
+        """Memory of the whole node (all its GPUs)."""
+        per_gpu = self.memory_bytes if self.memory_bytes is not None else self.kind.vram_bytes
+        return per_gpu * self.num_gpus
+
+
+class CoordinatorSpec(_Frozen):
+    """Where the coordinator (source and sink of every request's tokens) runs."""
+
+    region: str | None = None
+    address: str | None = None
+    nic_bandwidth_bytes_per_s: Bandwidth | None = Field(None, alias="nic_bandwidth")
+
+
+class WorkloadSpec(_Frozen):
+    """The request mix the cluster is sized for (defaults: Azure conversation trace, filtered)."""
+
+    mean_prompt_tokens: float = Field(763.0, gt=0)
+    mean_output_tokens: float = Field(232.0, gt=0)
+
+
+class ServingSpec(_Frozen):
+    """Memory and batching limits that shape node throughput and what a node can hold."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of VRAM the worker may use (weights + KV), as in vLLM."""
+    min_kv_requests: float = Field(4.0, ge=0)
+    """A node must keep KV room for this many mean-size requests on every layer it holds."""
+    max_batch_seqs: int = Field(256, ge=1)
+    """Most sequences one worker step decodes together."""
+
+
+class PerformanceSpec(_Frozen):
+    """Optional measured inputs that override the analytic cost model, keyed by node label
+    (``L4``, ``L4x2``...): a profile directory replaces layer times; a table replaces T(k)."""
+
+    profiles: dict[str, str] = Field(default_factory=dict)
+    """Label -> folder with ``prompt_bs2time.csv`` and ``decode_bs2time.csv`` (ms per layer)."""
+    throughput_tables: dict[str, tuple[Annotated[float, Field(gt=0)], ...]] = Field(
+        default_factory=dict)
+    """Label -> T(1..n) tokens/s while holding k layers; the node then holds at most n layers."""
+
+    @field_validator("throughput_tables")
+    @classmethod
+    def _non_empty(cls, value: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+        for label, table in value.items():
+            if not table:
+                raise ValueError(f"throughput table for {label!r} is empty")
+        return value
+
+
+class ClusterSpec(_Frozen):
+    """A whole cluster: nodes, regions, links, model, workload. Build with :func:`load_cluster`."""
+
+    model_ref: str = Field(alias="model")
+    """Catalog name or path to a Hugging Face checkpoint folder / config.json."""
+    dtype: str = "float16"
+    coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    regions: dict[str, LinkParams]
+    """Region name -> bandwidth/latency between two nodes inside it."""
+    inter_region: LinkParams | None = None
+    """Default between any two regions; None leaves regions unconnected unless overridden."""
+    region_links: tuple[RegionLink, ...] = ()
+    links: tuple[NodeLink, ...] = ()
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1)
+    performance: PerformanceSpec = Field(default_factory=PerformanceSpec)
+
+    _model: ModelSpec = PrivateAttr()
+    _profiles: dict[str, MeasuredProfile] = PrivateAttr(default_factory=dict)
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+        return value
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _expand_counts(cls, value: Any) -> Any:
+        return _expand_node_groups(value)
+
+    @model_validator(mode="after")
+    def _check_references(self, info: ValidationInfo) -> "ClusterSpec":
+        _check_cluster(self)
+        base_dir = (info.context or {}).get("base_dir")
+        self._base_dir = Path(base_dir) if base_dir else None
+        self._model = resolve_model(self.model_ref, self._base_dir)
+        self._profiles = {label: load_profile(self._resolve(path), label)
+                          for label, path in self.performance.profiles.items()}
+        return self
+
+    def _resolve(self, path: str) -> Path:
+        p = Path(path)
+        if not p.is_absolute() and self._base_dir is not None:
+            return self._base_dir / p
+        return p
+
+    # --- derived views ----------------------------------------------------------------------------
+    @property
+    def model(self) -> ModelSpec:
+        return self._model
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def profiles(self) -> dict[str, MeasuredProfile]:
+        return dict(self._profiles)
+
+    @property
+    def coordinator_region(self) -> str:
+        return self.coordinator.region or next(iter(self.regions))
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def region_of(self, vertex: str) -> str:
+        if vertex == COORDINATOR:
+            return self.coordinator_region
+        node = self.node(vertex)
+        return node.region or next(iter(self.regions))
+
+    def link(self, a: str, b: str) -> LinkParams | None:
+        """Bandwidth/latency between two vertices (node names or ``coordinator``), or None when
+        they are not connected. Precedence: a per-pair override, then the region's own figures
+        (same region) or the region-pair override or the inter-region default; NIC limits cap it."""
+        if a == b:
+            return None
+        base = self._pair_override(a, b) or self._region_path(self.region_of(a), self.region_of(b))
+        if base is None:
+            return None
+        caps = [base.bandwidth_bytes_per_s] + [c for c in (self._nic(a), self._nic(b)) if c]
+        return LinkParams.model_construct(bandwidth_bytes_per_s=min(caps), latency_s=base.latency_s)
+
+    def _pair_override(self, a: str, b: str) -> LinkParams | None:
+        for link in self.links:
+            if set(link.between) == {a, b}:
+                return link
+        return None
+
+    def _region_path(self, ra: str, rb: str) -> LinkParams | None:
+        if ra == rb:
+            return self.regions[ra]
+        for link in self.region_links:
+            if set(link.regions) == {ra, rb}:
+                return link
+        return self.inter_region
+
+    def _nic(self, vertex: str) -> float | None:
+        if vertex == COORDINATOR:
+            return self.coordinator.nic_bandwidth_bytes_per_s
+        return self.node(vertex).nic_bandwidth_bytes_per_s
+
+    def content_hash(self) -> str:
+        """Stable hash of the validated content (not of the file's formatting)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data with units written out; :func:`parse_cluster` reads it back identically."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --- validation helpers ---------------------------------------------------------------------------
+
+def _expand_node_groups(value: Any) -> Any:
+    """``{name: "t4-{i}", count: 12, ...}`` becomes 12 nodes t4-0 .. t4-11."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    out: list[Any] = []
+    for entry in value:
+        if isinstance(entry, dict) and "count" in entry:
+            entry = dict(entry)
+            count = entry.pop("count")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise ValueError(f"count must be a positive integer, got {count!r}")
+            name = str(entry.get("name", ""))
+            if "{i}" not in name:
+                raise ValueError(f"a node group with count needs '{{i}}' in its name, got {name!r}")
+            out.extend({**entry, "name": name.replace("{i}", str(i))} for i in range(count))
+        else:
+            out.append(entry)
+    return out
+
+
+def _check_cluster(spec: ClusterSpec) -> None:
+    if not spec.regions:
+        raise ValueError("regions: at least one region is needed")
+    known = ", ".join(spec.regions)
+    seen: set[str] = set()
+    for i, node in enumerate(spec.nodes):
+        if node.name in seen:
+            raise ValueError(f"nodes[{i}].name: duplicate node name {node.name!r}")
+        if node.name == COORDINATOR:
+            raise ValueError(f"nodes[{i}].name: {COORDINATOR!r} is reserved")
+        seen.add(node.name)
+        if node.region is None and len(spec.regions) > 1:
+            raise ValueError(f"nodes[{i}].region: missing (the spec has several regions: {known})")
+        if node.region is not None and node.region not in spec.regions:
+            raise ValueError(f"nodes[{i}].region: unknown region {node.region!r}; known: {known}")
+    if spec.coordinator.region is not None and spec.coordinator.region not in spec.regions:
+        raise ValueError(f"coordinator.region: unknown region {spec.coordinator.region!r}; "
+                         f"known: {known}")
+    for i, rl in enumerate(spec.region_links):
+        for r in rl.regions:
+            if r not in spec.regions:
+                raise ValueError(f"region_links[{i}].regions: unknown region {r!r}; known: {known}")
+    vertices = seen | {COORDINATOR}
+    for i, link in enumerate(spec.links):
+        for v in link.between:
+            if v not in vertices:
+                raise ValueError(f"links[{i}].between: unknown node {v!r}")
+    labels = {n.label for n in spec.nodes}
+    for section in ("profiles", "throughput_tables"):
+        for label in getattr(spec.performance, section):
+            if label not in labels:
+                raise ValueError(f"performance.{section}: {label!r} matches no node; node labels: "
+                                 f"{', '.join(sorted(labels))}")
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after[_check_references()]",):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _first_error(exc: ValidationError, source: str) -> SpecError:
+    err = exc.errors()[0]
+    loc = _format_loc(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
+    msg = err["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("value_error",) and not isinstance(
+            err["input"], (dict, list)):
+        msg = f"{msg} (got {err['input']!r})"
+    where = f"{source}: {loc}" if loc else source
+    return SpecError(f"{where}: {msg}")
+
+
+def parse_cluster(data: Any, source: str = "cluster spec", base_dir: Path | None = None
+                  ) -> ClusterSpec:
+    """Validate already-parsed YAML data. Raises :class:`SpecError` with one clear line."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
+    try:
+        return ClusterSpec.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise _first_error(exc, source) from None
+    except SpecError as exc:  # raised while resolving the model or reading a profile
+        raise SpecError(f"{source}: {exc}") from None
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{p}: is a directory, expected a cluster YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{p}: invalid YAML{where}: {problem}") from None
+    return parse_cluster(data, source=str(p), base_dir=p.parent)
