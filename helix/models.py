@@ -124,6 +124,10 @@ class ModelSpec:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise SpecError(f"model {model_name!r}: unsupported architecture {arch!r}; supported: "
                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        # transformers >= 5 writes rope_theta and the scaling into one "rope_parameters" dict.
+        rope = config.get("rope_parameters") or {}
+        scaling = config.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None)
         try:
             num_heads = int(config["num_attention_heads"])
             return cls(
@@ -136,8 +140,8 @@ class ModelSpec:
                 vocab_size=int(config["vocab_size"]),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-                rope_theta=float(config.get("rope_theta", 10000.0)),
-                rope_scaling=config.get("rope_scaling"),
+                rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+                rope_scaling=scaling,
                 rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                 head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
                 architecture=arch,
