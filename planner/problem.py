@@ -38,6 +38,8 @@ class NodeCapacity:
     """Most layers when it holds both ends (only possible with k = num_layers)."""
     layer_latency_s: float = 0.0
     """Time of one layer in a decode step at the node's planned batch (for latency estimates)."""
+    memory_bytes: float = 0.0
+    """Usable memory of the node (for infeasibility messages; 0 when unknown)."""
 
     def throughput(self, k: int) -> float:
         """T(k), 0 outside the table."""
@@ -72,6 +74,8 @@ class PlacementProblem:
     nodes: tuple[NodeCapacity, ...]
     links: Mapping[tuple[str, str], Link] = field(hash=False)
     spec_hash: str | None = None
+    layer_bytes: float = 0.0
+    """Weight bytes of one layer (for infeasibility messages; 0 when unknown)."""
 
     def node(self, name: str) -> NodeCapacity:
         for n in self.nodes:

@@ -1,0 +1,73 @@
+"""From a validated cluster spec to a :class:`PlacementProblem` (plain numbers for the planner).
+
+Arc capacities are link bandwidth divided by the bytes one token needs on that arc:
+
+- coordinator -> node and node -> coordinator carry token ids (2 bytes when the vocabulary fits
+  in 16 bits, else 4);
+- node -> node carries a stage's hidden state (``hidden_size * dtype`` bytes per token) and, since
+  the last stage sends each sampled token straight to the first stage, token ids too. Both can
+  travel the same arc, so the arc is sized for the larger of the two (the hidden state).
+"""
+
+from __future__ import annotations
+
+from helix.costmodel import CostModel
+from helix.models import ModelSpec
+from helix.plan import COORDINATOR
+from helix.spec import ClusterSpec, NodeSpec
+from planner.problem import Link, NodeCapacity, PlacementProblem
+
+
+def token_id_bytes(model: ModelSpec) -> int:
+    return 2 if model.vocab_size <= 2**16 else 4
+
+
+def node_capacity(cost: CostModel, node: NodeSpec) -> NodeCapacity:
+    """T(k) table and memory limits of one node under ``cost``."""
+    table = cost.throughput_table(node)
+    max_mid = cost.max_layers(node)
+    # Latency figures at half the node's capacity: a typical share, not an extreme.
+    latency_k = max(1, max_mid // 2)
+    return NodeCapacity(
+        name=node.name, gpu=node.label, region=node.region or "",
+        throughput_tokens_per_s=table,
+        max_layers=max_mid,
+        max_layers_first=cost.max_layers(node, first=True),
+        max_layers_last=cost.max_layers(node, last=True),
+        max_layers_first_last=cost.max_layers(node, first=True, last=True),
+        layer_latency_s=cost.decode_layer_latency_s(node, latency_k) if table else 0.0,
+        memory_bytes=node.vram_bytes * cost.serving.gpu_memory_utilization,
+    )
+
+
+def build_links(spec: ClusterSpec, model: ModelSpec) -> dict[tuple[str, str], Link]:
+    """Every connected ordered pair of vertices, capacity in tokens/s (see module docstring)."""
+    token_bytes = token_id_bytes(model)
+    hidden_bytes = max(model.activation_bytes_per_token(spec.dtype_bytes), token_bytes)
+    names = [n.name for n in spec.nodes]
+    links: dict[tuple[str, str], Link] = {}
+    for a in [COORDINATOR, *names]:
+        for b in [COORDINATOR, *names]:
+            if a == b:
+                continue
+            params = spec.link(a, b)
+            if params is None:
+                continue
+            per_token = token_bytes if COORDINATOR in (a, b) else hidden_bytes
+            links[(a, b)] = Link(params.bandwidth_bytes_per_s / per_token, params.latency_s)
+    return links
+
+
+def build_problem(spec: ClusterSpec, model: ModelSpec | None = None) -> PlacementProblem:
+    """The placement problem of ``spec`` for its model, or for ``model`` when given (then the
+    spec's measured profiles and tables, made for its own model, are not used)."""
+    cost = CostModel.for_cluster(spec, model)
+    chosen = cost.model
+    return PlacementProblem(
+        model=chosen.name,
+        num_layers=chosen.num_layers,
+        nodes=tuple(node_capacity(cost, n) for n in spec.nodes),
+        links=build_links(spec, chosen),
+        spec_hash=spec.content_hash(),
+        layer_bytes=float(chosen.layer_bytes(spec.dtype_bytes)),
+    )
