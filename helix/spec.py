@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -196,6 +197,9 @@ class ClusterSpec(_Frozen):
     """Default between any two regions; None leaves regions unconnected unless overridden."""
     region_links: tuple[RegionLink, ...] = ()
     links: tuple[NodeLink, ...] = ()
+    only_listed_links: bool = False
+    """When true, only the pairs in ``links`` are connected (the reference INI format lists every
+    link of its clusters); otherwise region figures connect every pair."""
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     performance: PerformanceSpec = Field(default_factory=PerformanceSpec)
 
@@ -266,7 +270,9 @@ class ClusterSpec(_Frozen):
         (same region) or the region-pair override or the inter-region default; NIC limits cap it."""
         if a == b:
             return None
-        base = self._pair_override(a, b) or self._region_path(self.region_of(a), self.region_of(b))
+        base = self._pair_override(a, b)
+        if base is None and not self.only_listed_links:
+            base = self._region_path(self.region_of(a), self.region_of(b))
         if base is None:
             return None
         caps = [base.bandwidth_bytes_per_s] + [c for c in (self._nic(a), self._nic(b)) if c]
@@ -308,10 +314,17 @@ class ClusterSpec(_Frozen):
 
 def _expand_node_groups(value: Any) -> Any:
     """``{name: "t4-{i}", count: 12, ...}`` becomes 12 nodes t4-0 .. t4-11."""
+    return _expand_with_origin(value)[0]
+
+
+def _expand_with_origin(value: Any) -> tuple[Any, list[tuple[int, str | None]]]:
+    """Expanded node list, and for each expanded node its entry index in the YAML (and its name
+    when it came from a ``count`` group), so errors point at what the user wrote."""
     if not isinstance(value, (list, tuple)):
-        return value
+        return value, []
     out: list[Any] = []
-    for entry in value:
+    origin: list[tuple[int, str | None]] = []
+    for index, entry in enumerate(value):
         if isinstance(entry, dict) and "count" in entry:
             entry = dict(entry)
             count = entry.pop("count")
@@ -320,10 +333,24 @@ def _expand_node_groups(value: Any) -> Any:
             name = str(entry.get("name", ""))
             if "{i}" not in name:
                 raise ValueError(f"a node group with count needs '{{i}}' in its name, got {name!r}")
-            out.extend({**entry, "name": name.replace("{i}", str(i))} for i in range(count))
+            for i in range(count):
+                out.append({**entry, "name": name.replace("{i}", str(i))})
+                origin.append((index, name.replace("{i}", str(i))))
         else:
             out.append(entry)
-    return out
+            origin.append((index, None))
+    return out, origin
+
+
+def _point_at_entries(message: str, origin: list[tuple[int, str | None]]) -> str:
+    """Rewrite ``nodes[7]`` (expanded index) as ``nodes[2] (t4-5)`` (the YAML entry)."""
+    def repl(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        if i >= len(origin):
+            return m.group(0)
+        index, name = origin[i]
+        return f"nodes[{index}] ({name})" if name else f"nodes[{index}]"
+    return re.sub(r"nodes\[(\d+)\]", repl, message)
 
 
 def _check_cluster(spec: ClusterSpec) -> None:
@@ -397,9 +424,13 @@ def parse_cluster(data: Any, source: str = "cluster spec", base_dir: Path | None
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
     try:
+        _, origin = _expand_with_origin(data.get("nodes"))
+    except ValueError as exc:
+        raise SpecError(f"{source}: nodes: {exc}") from None
+    try:
         return ClusterSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise _first_error(exc, source) from None
+        raise SpecError(_point_at_entries(str(_first_error(exc, source)), origin)) from None
     except SpecError as exc:  # raised while resolving the model or reading a profile
         raise SpecError(f"{source}: {exc}") from None
 

@@ -1,0 +1,150 @@
+"""``helix validate`` and ``helix convert``: read a cluster, check it, say what it can do."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from helix.errors import SpecError
+from helix.spec import ClusterSpec, load_cluster
+from helix.units import format_bandwidth, format_duration, format_size
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def load_any(path: Path, helix_ini: Optional[list[Path]], model: Optional[str]) -> ClusterSpec:
+    """A YAML spec, or a reference-format cluster.ini + machine_profile.ini pair."""
+    if helix_ini:
+        from helix.helix_ini import read_helix_ini
+        if len(helix_ini) != 1:
+            raise SpecError("--from-helix-ini takes the machine_profile.ini; the cluster .ini is "
+                            "the positional argument")
+        return read_helix_ini(path, helix_ini[0], model=model or "llama-2-70b")
+    spec = load_cluster(path)
+    if model is not None:
+        data = spec.to_dict()
+        data["model"] = model
+        from helix.spec import parse_cluster
+        spec = parse_cluster(data, source=str(path), base_dir=path.parent)
+    return spec
+
+
+def sparkline(values: tuple[float, ...]) -> str:
+    if not values:
+        return ""
+    hi = max(values) or 1.0
+    return "".join(_SPARK[min(len(_SPARK) - 1, int(v / hi * (len(_SPARK) - 1) + 0.5))] for v in values)
+
+
+def _check_fits(spec: ClusterSpec, capacity: dict[str, int]) -> None:
+    model = spec.model
+    if not any(capacity.values()):
+        need = format_size(model.layer_bytes(spec.dtype_bytes))
+        raise SpecError(f"model {model.name}: no node can hold even one layer ({need} of weights "
+                        f"per layer plus a KV reserve); largest node has "
+                        f"{format_size(max(n.vram_bytes for n in spec.nodes))}")
+    total = sum(capacity.values())
+    if total < model.num_layers:
+        weights = model.num_layers * model.layer_bytes(spec.dtype_bytes)
+        usable = sum(n.vram_bytes for n in spec.nodes) * spec.serving.gpu_memory_utilization
+        raise SpecError(f"model {model.name}: the cluster holds at most {total} of its "
+                        f"{model.num_layers} layers (needs {format_size(weights)} of weights plus "
+                        f"KV reserve, cluster has {format_size(usable)} usable)")
+
+
+def summary_table(spec: ClusterSpec) -> tuple[Table, dict[str, int]]:
+    from helix.costmodel import CostModel
+    cost = CostModel.for_cluster(spec)
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for node in spec.nodes:
+        groups[(spec.region_of(node.name), node.label)].append(node)
+    table = Table(title=f"{spec.model.name} on {len(spec.nodes)} nodes")
+    for col in ("region", "kind", "nodes", "memory/node", "max k mid/first/last",
+                "T(1) tok/s", "T(kmax) tok/s", "T(k) k=1..kmax"):
+        table.add_column(col, justify="right" if col.startswith(("nodes", "T(", "max")) else "left")
+    capacity: dict[str, int] = {}
+    for (region, label), nodes in sorted(groups.items()):
+        node = nodes[0]
+        mid, first, last = (cost.max_layers(node), cost.max_layers(node, first=True),
+                            cost.max_layers(node, last=True))
+        curve = cost.throughput_table(node)
+        for n in nodes:
+            capacity[n.name] = max(mid, first, last)
+        table.add_row(region, label, str(len(nodes)), format_size(node.vram_bytes),
+                      f"{mid}/{first}/{last}", f"{curve[0]:,.0f}" if curve else "-",
+                      f"{curve[-1]:,.0f}" if curve else "-", sparkline(curve))
+    return table, capacity
+
+
+def network_lines(spec: ClusterSpec) -> list[str]:
+    lines = []
+    for name, link in spec.regions.items():
+        lines.append(f"region {name}: {format_bandwidth(link.bandwidth_bytes_per_s)}, "
+                     f"{format_duration(link.latency_s)}")
+    if spec.inter_region is not None:
+        lines.append(f"between regions: {format_bandwidth(spec.inter_region.bandwidth_bytes_per_s)}"
+                     f", {format_duration(spec.inter_region.latency_s)}")
+    elif len(spec.regions) > 1 and not spec.region_links:
+        lines.append("between regions: not connected (no inter_region given)")
+    if spec.links:
+        lines.append(f"{len(spec.links)} per-link override(s)"
+                     + (" (only these pairs are connected)" if spec.only_listed_links else ""))
+    lines.append(f"coordinator in region {spec.coordinator_region}")
+    return lines
+
+
+def validate(
+    cluster: Path = typer.Argument(..., help="Cluster spec YAML (or a reference .ini with "
+                                   "--from-helix-ini)."),
+    from_helix_ini: Optional[list[Path]] = typer.Option(
+        None, "--from-helix-ini", help="Read CLUSTER as the reference Helix INI format; this "
+        "option names its machine_profile.ini."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override the spec's model: a "
+                                        "catalog name or a checkpoint folder."),
+) -> None:
+    """Check a cluster spec and print what each node can hold and how fast it runs.
+
+    Prints nodes per region and GPU kind, memory, the most layers each can hold (as a middle,
+    first or last stage) and its throughput curve T(k); exits non-zero with one line on bad input.
+    """
+    spec = load_any(cluster, from_helix_ini, model)
+    console = Console() if Console().is_terminal else Console(width=130)
+    table, capacity = summary_table(spec)
+    _check_fits(spec, capacity)
+    m = spec.model
+    weights = format_size(m.num_layers * m.layer_bytes(spec.dtype_bytes)
+                          + m.embedding_bytes(spec.dtype_bytes) + m.lm_head_bytes(spec.dtype_bytes))
+    console.print(f"[bold]{cluster}[/bold]: valid (spec hash {spec.content_hash()})")
+    console.print(f"model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
+                  f"{m.num_heads} heads / {m.num_kv_heads} KV heads, {weights} of {spec.dtype} "
+                  f"weights; workload prompt {spec.workload.mean_prompt_tokens:g} / output "
+                  f"{spec.workload.mean_output_tokens:g} tokens")
+    console.print(table)
+    for line in network_lines(spec):
+        console.print(f"  {line}")
+    console.print(f"layer capacity: {sum(capacity.values())} layer slots for "
+                  f"{m.num_layers} layers")
+
+
+def convert(
+    cluster_ini: Path = typer.Argument(..., help="Reference Helix cluster .ini"),
+    machine_profile_ini: Path = typer.Argument(..., help="Its machine_profile.ini"),
+    output: Path = typer.Option(..., "-o", "--output", help="Where to write the YAML spec."),
+    model: str = typer.Option("llama-2-70b", "--model", help="Model the cluster will serve "
+                              "(the INI format does not name one)."),
+) -> None:
+    """Convert a reference Helix INI cluster into a Helix cluster YAML."""
+    from helix.helix_ini import read_helix_ini
+    spec = read_helix_ini(cluster_ini, machine_profile_ini, model=model)
+    output.write_text(spec.to_yaml())
+    typer.echo(f"wrote {output} ({len(spec.nodes)} nodes, {len(spec.links)} links)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+    app.command("convert")(convert)
