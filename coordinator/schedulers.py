@@ -35,6 +35,8 @@ class Scheduler:
     """Base: KV-masked walk over ``topology``; subclasses implement :meth:`choose`."""
 
     name = "base"
+    uses_hop_delays = False
+    """Whether the driver should report per-hop delays (``observe_hop``)."""
 
     def __init__(self, topology: Topology, kv: KVEstimator) -> None:
         self.topology = topology
@@ -49,12 +51,14 @@ class Scheduler:
     def schedule(self, request: RequestInfo) -> Pipeline | None:
         """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
         kv, ranges, tokens = self.kv, self.topology.ranges, request.kv_tokens
-        # Conservative mask: assume the request runs every layer the node holds.
+        # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
+        # even when the request enters mid-slice, so reservations count the node's whole range.
         pipeline = self.topology.walk(
             self.choose, lambda n: kv.fits(n, tokens * (ranges[n][1] - ranges[n][0])))
         if pipeline is None:
             return None
-        kv.reserve(request.request_id, ((s.node, tokens * s.num_layers) for s in pipeline.stages))
+        kv.reserve(request.request_id, ((s.node, tokens * (ranges[s.node][1] - ranges[s.node][0]))
+                                        for s in pipeline.stages))
         for s in pipeline.stages:
             self.assigned[s.node] += 1
         self._pipelines[request.request_id] = pipeline
@@ -121,6 +125,7 @@ class SwarmScheduler(Scheduler):
     """Lowest exponentially weighted running average of observed per-hop delay; ties by order."""
 
     name = "swarm"
+    uses_hop_delays = True
 
     def __init__(self, topology: Topology, kv: KVEstimator, smoothing: float = 0.1) -> None:
         super().__init__(topology, kv)

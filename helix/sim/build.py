@@ -1,0 +1,88 @@
+"""Assemble a :class:`~helix.sim.engine.Simulator` from a cluster spec, a plan and a workload."""
+
+from __future__ import annotations
+
+import functools
+
+from coordinator.kv_estimator import KVEstimator
+from coordinator.schedulers import make_scheduler
+from helix.costmodel import CostModel
+from helix.errors import InfeasibleError, SpecError
+from helix.plan import COORDINATOR, Plan
+from helix.sim.engine import SimConfig, Simulator
+from helix.sim.network import LinkParams, Network
+from helix.sim.worker import SimWorker
+from helix.sim.workload import TraceRequest
+from helix.spec import ClusterSpec
+from worker.step_policy import PolicyConfig
+
+
+def check_plan_matches(spec: ClusterSpec, plan: Plan) -> None:
+    """SpecError unless ``plan`` was made for ``spec``'s model and nodes."""
+    if plan.num_layers != spec.model.num_layers:
+        raise SpecError(f"plan has {plan.num_layers} layers but the spec's model "
+                        f"{spec.model.name!r} has {spec.model.num_layers}")
+    names = {n.name for n in spec.nodes}
+    for p in plan.placements:
+        if p.node not in names:
+            raise SpecError(f"plan places layers on node {p.node!r}, which the cluster spec lacks")
+    if plan.spec_hash and plan.spec_hash != spec.content_hash():
+        # Same nodes and model but other links or figures: usable, the numbers just differ.
+        pass
+
+
+def policy_config(config: SimConfig, max_batch_seqs: int) -> PolicyConfig:
+    chunked = config.chunk_tokens > 0
+    return PolicyConfig(
+        max_num_seqs=min(config.max_num_seqs, max_batch_seqs),
+        max_num_batched_tokens=config.chunk_tokens if chunked else config.max_batched_tokens_unchunked,
+        chunked_prefill=chunked, self_feeding=False)
+
+
+def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimConfig
+                  ) -> dict[str, SimWorker]:
+    """One SimWorker per placed node, KV pool sized by the cost model for its slice."""
+    pc = policy_config(config, spec.serving.max_batch_seqs)
+    workers = {}
+    for p in plan.placements:
+        if p.num_layers < 1:
+            continue
+        node = spec.node(p.node)
+        cap = cost.kv_capacity_tokens(node, p.num_layers, first=p.start == 0,
+                                      last=p.end == plan.num_layers)
+        if cap < config.block_size_tokens:
+            raise InfeasibleError(f"node {p.node!r} cannot hold layers [{p.start}, {p.end}) with room "
+                                  f"for KV ({cap} tokens)")
+        workers[p.node] = SimWorker(p.node, p.start, p.end, cap,
+                                    functools.partial(cost.layer_time_s, node), pc,
+                                    config.block_size_tokens)
+    return workers
+
+
+def build_network(spec: ClusterSpec) -> Network:
+    def link_of(a: str, b: str) -> LinkParams | None:
+        params = spec.link(a, b)
+        return None if params is None else LinkParams(params.bandwidth_bytes_per_s, params.latency_s)
+
+    def nic_of(v: str) -> float | None:
+        if v == COORDINATOR:
+            return spec.coordinator.nic_bandwidth_bytes_per_s
+        return spec.node(v).nic_bandwidth_bytes_per_s
+
+    return Network(link_of, nic_of)
+
+
+def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest, ...],
+                    config: SimConfig, scheduler: str = "helix",
+                    cost: CostModel | None = None) -> Simulator:
+    """A ready-to-run simulator of ``plan`` on ``spec`` with the named scheduler."""
+    check_plan_matches(spec, plan)
+    cost = cost or CostModel.for_cluster(spec)
+    workers = build_workers(spec, plan, cost, config)
+    kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
+                     high_water=config.high_water)
+    sched = make_scheduler(scheduler, plan, kv, seed=config.seed,
+                           connected=lambda a, b: spec.link(a, b) is not None)
+    model = spec.model
+    return Simulator(config, workload, sched, workers, build_network(spec),
+                     model.activation_bytes_per_token(spec.dtype_bytes))

@@ -1,0 +1,319 @@
+"""The event loop, and the coordinator and worker logic that event handlers call.
+
+Request life: arrival (or, offline, pulled from the workload whenever KV allows) -> the scheduler
+gives it a pipeline -> token ids go to stage 0 -> each stage's step policy runs its tokens (prefill
+chunks, then one token per decode step) and forwards the hidden states of new positions to the next
+stage -> the last stage samples a token and sends it to the coordinator -> the coordinator streams it
+and feeds it back to stage 0 -> ... -> the last token frees the request's KV on every stage.
+
+Memory stays bounded: the heap holds only pending events, finished requests are dropped (their
+numbers live on in :class:`~helix.sim.metrics.MetricsCollector`'s flat arrays).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from coordinator.pipeline import Pipeline, RequestInfo
+from coordinator.schedulers import Scheduler
+from helix.plan import COORDINATOR
+from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, RequestArrival, RequestFinish,
+                              StepFinish, StepStart, TransferFinish)
+from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
+from helix.sim.network import Network
+from helix.sim.request import SimRequest
+from helix.sim.worker import SimWorker
+from helix.sim.workload import TraceRequest
+from worker.step_policy import StepPlan
+
+MODES = ("offline", "online")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How to run a simulation."""
+
+    mode: str = "offline"
+    """``offline``: keep the cluster saturated (admit whenever KV allows, arrival times ignored);
+    ``online``: requests arrive at the workload's times and queue at the coordinator."""
+    duration_s: float | None = 600.0
+    """Simulated seconds; None runs until every request of the workload has finished."""
+    chunk_tokens: int = 0
+    """Chunked-prefill token budget per step; 0 = whole prompts (no chunking)."""
+    max_batched_tokens_unchunked: int = 2048
+    """Step token budget when chunking is off (a longer prompt still runs, alone)."""
+    max_num_seqs: int = 256
+    block_size_tokens: int = 16
+    high_water: float = 0.9
+    """KV high-water mark of the coordinator's masking (fraction of each node's capacity)."""
+    expected_output_tokens: float | None = None
+    """Output length the coordinator reserves KV for; None = the workload's mean."""
+    seed: int = 0
+    token_id_bytes: int = 4
+    bucket_s: float = 1.0
+    """Width of the throughput timeline's buckets."""
+    label: str = ""
+
+
+class Simulator:
+    """One run: workers with real step policies, a real scheduler, simulated links and clock."""
+
+    def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
+                 workers: Mapping[str, SimWorker], network: Network,
+                 activation_bytes_per_token: int) -> None:
+        if config.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
+        self.config = config
+        self.workload = workload
+        self.scheduler = scheduler
+        self.workers = dict(workers)
+        self.network = network
+        self.activation_bytes_per_token = activation_bytes_per_token
+        self.metrics = MetricsCollector(config.bucket_s)
+        mean_out = sum(r.output_tokens for r in workload) / max(1, len(workload))
+        self.expected_output_tokens = round(config.expected_output_tokens or mean_out)
+        self.now_s = 0.0
+        self.queue: deque[SimRequest] = deque()
+        self._next_index = 0
+        self._schedule_pending = False
+        self._observe_hops = scheduler.uses_hop_delays
+        self._heap: list[tuple[float, int, Event]] = []
+        self._seq = itertools.count()
+        self.arrived = self.admitted = self.rejected = self.preemptions = self.events = 0
+
+    # --- loop ---------------------------------------------------------------------------------------
+    def push(self, event: Event) -> None:
+        heapq.heappush(self._heap, (event.time_s, next(self._seq), event))
+
+    def run(self) -> SimResult:
+        """Run to ``duration_s`` (or until the workload is done) and summarize."""
+        wall0 = time.perf_counter()
+        if self.config.mode == "online":
+            if self.workload:
+                self.push(RequestArrival(self.workload[0].arrival_s, 0))
+        else:
+            self.push(CoordinatorSchedule(0.0))
+        heap, pop, push, seq = self._heap, heapq.heappop, heapq.heappush, self._seq
+        until = self.config.duration_s
+        events = 0
+        while heap:
+            if until is not None and heap[0][0] > until:
+                break
+            t, _, event = pop(heap)
+            self.now_s = t
+            events += 1
+            for new in event.handle(self):
+                push(heap, (new.time_s, next(seq), new))
+        self.events = events
+        end_s = until if (until is not None and heap) else self.now_s
+        return self._result(end_s, time.perf_counter() - wall0)
+
+    # --- coordinator --------------------------------------------------------------------------------
+    def _kick_coordinator(self, now_s: float) -> Iterable[Event]:
+        if self._schedule_pending:
+            return NO_EVENTS
+        self._schedule_pending = True
+        return (CoordinatorSchedule(now_s),)
+
+    def on_arrival(self, now_s: float, index: int) -> Iterable[Event]:
+        r = self.workload[index]
+        self.queue.append(SimRequest(index, now_s, r.prompt_tokens, r.output_tokens))
+        self.arrived += 1
+        out = list(self._kick_coordinator(now_s))
+        if index + 1 < len(self.workload):
+            out.append(RequestArrival(self.workload[index + 1].arrival_s, index + 1))
+        return out
+
+    def _next_waiting(self, now_s: float) -> SimRequest | None:
+        if not self.queue and self.config.mode == "offline" and self._next_index < len(self.workload):
+            r = self.workload[self._next_index]
+            self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens))
+            self._next_index += 1
+            self.arrived += 1
+        return self.queue[0] if self.queue else None
+
+    def on_coordinator_schedule(self, now_s: float) -> Iterable[Event]:
+        """Admit waiting requests in FIFO order until one fits nowhere (it keeps waiting)."""
+        self._schedule_pending = False
+        out: list[Event] = []
+        while (req := self._next_waiting(now_s)) is not None:
+            info = RequestInfo(req.request_id, req.prompt_tokens, self.expected_output_tokens)
+            pipeline = self.scheduler.schedule(info)
+            if pipeline is None:
+                if self.scheduler.num_admitted == 0:
+                    self._reject(req)  # masked on an empty cluster: it can never fit
+                    continue
+                break
+            if not self._fits_workers(req, pipeline):
+                self.scheduler.release(req.request_id)
+                self._reject(req)
+                continue
+            self.queue.popleft()
+            out.extend(self._start(now_s, req, pipeline))
+        return out
+
+    def _reject(self, req: SimRequest) -> None:
+        self.queue.popleft()
+        self.rejected += 1
+
+    def _fits_workers(self, req: SimRequest, pipeline: Pipeline) -> bool:
+        """The worker refuses a request that could never fit its whole KV pool (policy.add)."""
+        need = req.prompt_tokens + req.output_tokens
+        return all(self.workers[s.node].kv_capacity_tokens >= need for s in pipeline.stages)
+
+    def _start(self, now_s: float, req: SimRequest, pipeline: Pipeline) -> Iterable[Event]:
+        req.pipeline = pipeline
+        req.workers = tuple(self.workers[s.node] for s in pipeline.stages)
+        req.sent_upto = [0] * len(pipeline.stages)
+        req.sent_at_s = [now_s] * len(pipeline.stages)
+        req.admitted_s = now_s
+        if self.config.mode == "offline":
+            req.arrival_s = now_s  # offline latency counts from admission, not from time 0
+        self.admitted += 1
+        self.metrics.prompt_tokens_admitted += req.prompt_tokens
+        first = req.workers[0]
+        arrival = self.network.send(now_s, COORDINATOR, first.name,
+                                    req.prompt_tokens * self.config.token_id_bytes)
+        return (TransferFinish(arrival, first, [(req, 0, req.prompt_tokens)]),)
+
+    def on_tokens_at_coordinator(self, now_s: float, items: list) -> Iterable[Event]:
+        """Sampled tokens arrive: stream them, finish requests, feed the rest back to stage 0."""
+        out: list[Event] = []
+        feeds: dict[SimWorker, list] = {}
+        metrics = self.metrics
+        for req, _, _ in items:
+            if req.finish_s is not None:
+                continue
+            req.received += 1
+            first = req.received == 1
+            metrics.on_token(now_s, first, req.arrival_s if first else req.last_token_s)
+            if first:
+                req.first_token_s = now_s
+            req.last_token_s = now_s
+            if req.received >= req.output_tokens:
+                out.append(RequestFinish(now_s, req))
+            else:
+                feeds.setdefault(req.workers[0], []).append((req, 0, 1))
+        for w, its in feeds.items():
+            arrival = self.network.send(now_s, COORDINATOR, w.name,
+                                        len(its) * self.config.token_id_bytes)
+            for req, _, _ in its:
+                req.sent_at_s[0] = now_s
+            out.append(TransferFinish(arrival, w, its))
+        return out
+
+    def on_request_finish(self, now_s: float, req: SimRequest) -> Iterable[Event]:
+        req.finish_s = now_s
+        out: list[Event] = []
+        for w in req.workers:
+            w.drop(req.request_id)
+            # Freed KV may unblock a request waiting in this worker's queue.
+            if not w.busy and not w.start_pending and w.policy.has_work():
+                w.start_pending = True
+                out.append(StepStart(now_s, w))
+        self.scheduler.release(req.request_id)
+        self.metrics.on_finish(req.output_tokens, req.received, req.first_token_s, req.last_token_s)
+        req.workers = ()
+        out.extend(self._kick_coordinator(now_s))
+        return out
+
+    # --- workers ------------------------------------------------------------------------------------
+    def on_inputs_at_worker(self, now_s: float, w: SimWorker, items: list) -> Iterable[Event]:
+        requests = w.requests
+        for req, idx, n in items:
+            if req.finish_s is not None:
+                continue
+            if req.request_id in requests:
+                w.policy.feed(req.request_id, n)
+            else:
+                w.admit(req, idx, req.pipeline.stages[idx].start, n)
+        if w.busy or w.start_pending:
+            return NO_EVENTS
+        w.start_pending = True
+        return (StepStart(now_s, w),)
+
+    def start_step(self, now_s: float, w: SimWorker) -> Iterable[Event]:
+        if w.busy:
+            return NO_EVENTS
+        plan = w.policy.schedule()
+        if plan.preempted_ids:
+            w.num_preemptions += len(plan.preempted_ids)
+            self.preemptions += len(plan.preempted_ids)
+        if plan.is_empty:
+            return NO_EVENTS
+        used = w.policy.blocks.num_used_blocks
+        if used > w.peak_used_blocks:
+            w.peak_used_blocks = used
+        duration_s = w.step_time_s(plan)
+        w.busy = True
+        return (StepFinish(now_s + duration_s, w, plan, duration_s),)
+
+    def on_step_finish(self, now_s: float, w: SimWorker, plan: StepPlan,
+                       duration_s: float) -> list[Event]:
+        w.busy = False
+        w.busy_s += duration_s
+        w.num_steps += 1
+        w.policy.complete(plan)
+        outs: dict[SimWorker | None, list] = {}
+        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
+            self._emit(now_s, w, rid, pos + 1, outs)
+        for chunk in plan.prefill_chunks:
+            self._emit(now_s, w, chunk.request_id, chunk.end, outs)
+        out: list[Event] = []
+        for dst, items in outs.items():
+            if dst is None:
+                nbytes = len(items) * self.config.token_id_bytes
+                arrival = self.network.send(now_s, w.name, COORDINATOR, nbytes)
+            else:
+                nbytes = sum(n for _, _, n in items) * self.activation_bytes_per_token
+                arrival = self.network.send(now_s, w.name, dst.name, nbytes)
+                for req, idx, _ in items:
+                    req.sent_at_s[idx] = now_s
+            out.append(TransferFinish(arrival, dst, items))
+        out.extend(self.start_step(now_s, w))
+        return out
+
+    def _emit(self, now_s: float, w: SimWorker, rid: int, end: int, outs: dict) -> None:
+        """Positions ``[.., end)`` of ``rid`` are computed on ``w``: forward what is new."""
+        entry = w.requests.get(rid)
+        if entry is None:
+            return  # finished while this step ran
+        req, idx = entry
+        if self._observe_hops:
+            prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
+            self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
+        if idx + 1 < len(req.workers):
+            sent = req.sent_upto[idx]
+            if end > sent:
+                req.sent_upto[idx] = end
+                outs.setdefault(req.workers[idx + 1], []).append((req, idx + 1, end - sent))
+        elif end == req.prompt_tokens + req.generated:
+            req.generated += 1  # the last stage samples a new token from its newest position
+            outs.setdefault(None, []).append((req, idx, 1))
+
+    # --- summary ------------------------------------------------------------------------------------
+    def _result(self, end_s: float, wall_s: float) -> SimResult:
+        m = self.metrics
+        span = end_s if end_s > 0 else 1.0
+        links = {f"{a}->{b}": busy / span for (a, b), (busy, _) in self.network.link_stats().items()}
+        timeline = tuple(c / m.bucket_s for c in m.tokens_per_bucket)
+        return SimResult(
+            label=self.config.label, mode=self.config.mode, scheduler=self.scheduler.name,
+            duration_s=end_s, decode_throughput_tokens_per_s=m.tokens_generated / span,
+            requests_arrived=self.arrived, requests_admitted=self.admitted,
+            requests_completed=m.requests_completed,
+            requests_unfinished=self.arrived - m.requests_completed - self.rejected,
+            requests_rejected=self.rejected, tokens_generated=m.tokens_generated,
+            tokens_requested_completed=m.tokens_requested_completed,
+            tokens_generated_completed=m.tokens_generated_completed, preemptions=self.preemptions,
+            ttft=LatencyStats.of(m.ttft_s), inter_token_latency=LatencyStats.of(m.itl_s),
+            request_decode_latency=LatencyStats.of(m.request_decode_s),
+            node_utilization={n: w.busy_s / span for n, w in self.workers.items()},
+            link_utilization=links, throughput_timeline_tokens_per_s=timeline, bucket_s=m.bucket_s,
+            wall_s=wall_s, events=self.events,
+            samples={"ttft_s": m.ttft_s, "itl_s": m.itl_s, "request_decode_s": m.request_decode_s})

@@ -1,0 +1,119 @@
+"""What a simulation measured: throughput, latencies, utilization — collected without history.
+
+Latency samples are kept as flat float arrays (8 bytes each: one per request for TTFT, one per
+decode token for inter-token latency), the throughput timeline as one counter per time bucket;
+nothing per event. :class:`SimResult` is the frozen summary written by ``--json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Mean and percentiles of a latency sample, seconds (all None for an empty sample)."""
+
+    count: int
+    mean_s: float | None
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+
+    @classmethod
+    def of(cls, samples: array) -> "LatencyStats":
+        if len(samples) == 0:
+            return cls(0, None, None, None, None)
+        x = np.frombuffer(samples, dtype=np.float64)
+        p50, p95, p99 = np.percentile(x, [50, 95, 99])
+        return cls(len(x), float(x.mean()), float(p50), float(p95), float(p99))
+
+
+class MetricsCollector:
+    """Counters and flat sample arrays, fed by the simulator as tokens reach the coordinator."""
+
+    def __init__(self, bucket_s: float = 1.0) -> None:
+        self.bucket_s = bucket_s
+        self.ttft_s = array("d")
+        """Arrival to first token at the coordinator, one per request that got one."""
+        self.itl_s = array("d")
+        """Gap between consecutive tokens of a request at the coordinator, one per decode token."""
+        self.request_decode_s = array("d")
+        """Per finished request: mean time per output token after the first."""
+        self.tokens_per_bucket = array("q")
+        self.tokens_generated = 0
+        self.prompt_tokens_admitted = 0
+        self.requests_completed = 0
+        self.tokens_requested_completed = 0
+        self.tokens_generated_completed = 0
+
+    def on_token(self, now_s: float, first: bool, since_s: float) -> None:
+        """A token arrived at ``now_s``; ``since_s`` is the arrival (first) or previous token time."""
+        (self.ttft_s if first else self.itl_s).append(now_s - since_s)
+        self.tokens_generated += 1
+        b = int(now_s / self.bucket_s)
+        buckets = self.tokens_per_bucket
+        if b >= len(buckets):
+            buckets.extend([0] * (b + 1 - len(buckets)))
+        buckets[b] += 1
+
+    def on_finish(self, output_tokens: int, received: int, first_token_s: float,
+                  last_token_s: float) -> None:
+        self.requests_completed += 1
+        self.tokens_requested_completed += output_tokens
+        self.tokens_generated_completed += received
+        if received > 1:
+            self.request_decode_s.append((last_token_s - first_token_s) / (received - 1))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Summary of one simulation run (``to_dict`` is what ``--json`` writes)."""
+
+    label: str
+    mode: str
+    scheduler: str
+    duration_s: float
+    """Simulated seconds covered."""
+    decode_throughput_tokens_per_s: float
+    requests_arrived: int
+    requests_admitted: int
+    requests_completed: int
+    requests_unfinished: int
+    requests_rejected: int
+    """Requests that could never fit a pipeline's KV (refused, as the live API would)."""
+    tokens_generated: int
+    tokens_requested_completed: int
+    tokens_generated_completed: int
+    preemptions: int
+    ttft: LatencyStats
+    inter_token_latency: LatencyStats
+    request_decode_latency: LatencyStats
+    """Per request: mean seconds per output token after the first (the paper's decode latency)."""
+    node_utilization: dict[str, float]
+    """Busy fraction of each node's compute over the run."""
+    link_utilization: dict[str, float]
+    """Busy fraction of each used link (``src->dst``)."""
+    throughput_timeline_tokens_per_s: tuple[float, ...]
+    bucket_s: float
+    wall_s: float
+    events: int
+    samples: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Raw latency samples for plots (not written to JSON)."""
+
+    @property
+    def sim_s_per_wall_s(self) -> float:
+        return self.duration_s / self.wall_s if self.wall_s > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "samples"}
+        for key in ("ttft", "inter_token_latency", "request_decode_latency"):
+            d[key] = dataclasses.asdict(d[key])
+        d["throughput_timeline_tokens_per_s"] = list(self.throughput_timeline_tokens_per_s)
+        d["sim_s_per_wall_s"] = self.sim_s_per_wall_s
+        return d

@@ -1,0 +1,42 @@
+"""A request's mutable state inside the simulator (counters only: no per-token objects)."""
+
+from __future__ import annotations
+
+from coordinator.pipeline import Pipeline
+
+
+class SimRequest:
+    """One request from arrival to finish.
+
+    ``sent_upto[i]`` is how many positions stage ``i`` has forwarded downstream (a stage that
+    recomputes after a preemption forwards nothing it already sent); ``sent_at_s[i]`` is when the
+    latest input for stage ``i`` left its sender (for per-hop delays).
+    """
+
+    __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "pipeline",
+                 "workers", "admitted_s", "first_token_s", "last_token_s", "finish_s",
+                 "generated", "received", "sent_upto", "sent_at_s", "decode_latency_sum_s")
+
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int,
+                 output_tokens: int) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.pipeline: Pipeline | None = None
+        self.workers: tuple = ()
+        self.admitted_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.finish_s: float | None = None
+        self.generated = 0
+        """Tokens sampled by the last stage."""
+        self.received = 0
+        """Tokens that reached the coordinator (streamed to the user)."""
+        self.sent_upto: list[int] = []
+        self.sent_at_s: list[float] = []
+        self.decode_latency_sum_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_s is not None

@@ -1,0 +1,103 @@
+"""A simulated worker: the real step policy, timed by the cost model.
+
+The worker holds one :class:`worker.step_policy.StepPolicy` over a :class:`worker.kv_blocks.KVBlockManager`
+sized from the cost model's KV capacity for its slice — the very objects the live worker runs — and
+only adds a clock: a step's duration is the sum over its layers of the cost model's one-layer time for
+the requests present at that layer. A request entering mid-slice (overlapping ranges, Helix's partial
+inference) joins the batch at its entry layer, so the early layers of the step run without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from worker.kv_blocks import KVBlockManager
+from worker.step_policy import PolicyConfig, StepPlan, StepPolicy
+
+#: ``layer_time(prompt_tokens, decode_seqs, decode_context, prompt_context) -> seconds`` of ONE layer.
+LayerTime = Callable[[float, float, float, float], float]
+
+
+class SimWorker:
+    """One node's slice ``[start, end)``; ``requests`` maps request id -> (SimRequest, stage index)."""
+
+    __slots__ = ("name", "start", "end", "policy", "layer_time", "requests", "entry", "busy",
+                 "start_pending", "busy_s", "num_steps", "num_preemptions", "_num_partial",
+                 "peak_used_blocks")
+
+    def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
+                 layer_time: LayerTime, policy_config: PolicyConfig,
+                 block_size_tokens: int = 16) -> None:
+        self.name = name
+        self.start = start
+        self.end = end
+        num_blocks = max(1, kv_capacity_tokens // block_size_tokens)
+        self.policy = StepPolicy(policy_config, KVBlockManager(num_blocks, block_size_tokens))
+        self.layer_time = layer_time
+        self.requests: dict[int, tuple] = {}
+        self.entry: dict[int, int] = {}
+        """First layer each request runs here (> start when it enters mid-slice)."""
+        self.busy = False
+        self.start_pending = False
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self._num_partial = 0
+        self.peak_used_blocks = 0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.policy.blocks.capacity_tokens
+
+    def admit(self, request, stage_index: int, entry_layer: int, num_available: int) -> None:
+        """First input of ``request`` arrived: queue it in the policy."""
+        rid = request.request_id
+        self.requests[rid] = (request, stage_index)
+        self.entry[rid] = entry_layer
+        if entry_layer != self.start:
+            self._num_partial += 1
+        self.policy.add(rid, request.prompt_tokens, request.output_tokens,
+                        num_available_tokens=num_available)
+
+    def drop(self, request_id: int) -> None:
+        """The request finished: free its KV and forget it."""
+        if self.requests.pop(request_id, None) is None:
+            return
+        if self.entry.pop(request_id) != self.start:
+            self._num_partial -= 1
+        self.policy.finish(request_id)
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        """Duration of ``plan`` over this slice (requests join at their entry layer)."""
+        if self._num_partial == 0:
+            d = len(plan.decode_ids)
+            p = 0
+            p_ctx = 0.0
+            for c in plan.prefill_chunks:
+                p += c.num_tokens
+                p_ctx += c.num_tokens * (c.start + c.end) * 0.5
+            d_ctx = sum(plan.decode_positions) / d if d else 0.0
+            return (self.end - self.start) * self.layer_time(p, d, d_ctx, p_ctx / p if p else 0.0)
+        return self._segmented_time_s(plan)
+
+    def _segmented_time_s(self, plan: StepPlan) -> float:
+        # Per entry layer: (prompt tokens, prompt context sum, decodes, decode context sum).
+        groups: dict[int, list[float]] = {}
+        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
+            g = groups.setdefault(self.entry[rid], [0, 0.0, 0, 0.0])
+            g[2] += 1
+            g[3] += pos
+        for c in plan.prefill_chunks:
+            g = groups.setdefault(self.entry[c.request_id], [0, 0.0, 0, 0.0])
+            g[0] += c.num_tokens
+            g[1] += c.num_tokens * (c.start + c.end) * 0.5
+        total = 0.0
+        acc = [0, 0.0, 0, 0.0]
+        entries = sorted(groups)
+        for i, layer in enumerate(entries):
+            acc = [a + b for a, b in zip(acc, groups[layer])]
+            upto = entries[i + 1] if i + 1 < len(entries) else self.end
+            p, p_ctx, d, d_ctx = acc
+            total += (upto - layer) * self.layer_time(p, d, d_ctx / d if d else 0.0,
+                                                      p_ctx / p if p else 0.0)
+        return total

@@ -1,0 +1,131 @@
+"""Workloads for the simulator: the Azure LLM inference trace and synthetic Poisson arrivals.
+
+A workload is a tuple of :class:`TraceRequest` in arrival order. The Azure trace (Patel et al.,
+"Splitwise", ISCA'24) is a CSV with ``TIMESTAMP,ContextTokens,GeneratedTokens``; we keep requests
+within the length filters (the Helix paper uses prompt <= 2048, output <= 1024), keep their order and
+relative arrival times, and can rescale those times to a target rate. Shared data are read from
+``../shared/data`` next to the repository (or ``$HELIX_DATA_DIR``); nothing is copied into the repo.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+from helix.errors import HelixUserError
+
+#: Short names of the traces in the shared data folder.
+TRACE_FILES = {"conv": "traces/azure_llm_2023_conv.csv", "code": "traces/azure_llm_2023_code.csv"}
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a workload."""
+
+    arrival_s: float
+    """Seconds after the first request of the workload."""
+    prompt_tokens: int
+    output_tokens: int
+
+
+def shared_data_dir() -> Path:
+    """The shared data folder: ``$HELIX_DATA_DIR``, else ``../shared/data`` from the repo root or CWD."""
+    env = os.environ.get("HELIX_DATA_DIR")
+    candidates = [Path(env)] if env else []
+    repo_root = Path(__file__).resolve().parents[2]
+    candidates += [repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data",
+                   Path.cwd() / "shared" / "data"]
+    for cand in candidates:
+        if cand.is_dir():
+            return cand
+    raise HelixUserError("shared data folder not found: set HELIX_DATA_DIR or place it at "
+                         f"{repo_root.parent / 'shared' / 'data'}")
+
+
+def resolve_trace(ref: str) -> Path:
+    """A trace short name (``conv``, ``code``) or a CSV path."""
+    if ref in TRACE_FILES:
+        return shared_data_dir() / TRACE_FILES[ref]
+    path = Path(ref)
+    if not path.is_file():
+        raise HelixUserError(f"trace: no such file {ref!r} (or use one of: {', '.join(TRACE_FILES)})")
+    return path
+
+
+def load_azure_trace(path: str | Path, max_prompt_tokens: int = 2048,
+                     max_output_tokens: int = 1024) -> tuple[TraceRequest, ...]:
+    """Requests of an Azure-format CSV within the length filters, in arrival order, times from 0."""
+    path = Path(path)
+    rows: list[tuple[float, int, int]] = []
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+            if missing:
+                raise HelixUserError(f"trace {str(path)!r}: missing columns {sorted(missing)}")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    t = datetime.fromisoformat(row["TIMESTAMP"].strip()).timestamp()
+                    p, o = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                except (ValueError, AttributeError) as exc:
+                    raise HelixUserError(f"trace {str(path)!r} line {line}: {exc}") from None
+                if 1 <= p <= max_prompt_tokens and 1 <= o <= max_output_tokens:
+                    rows.append((t, p, o))
+    except FileNotFoundError:
+        raise HelixUserError(f"trace: no such file {str(path)!r}") from None
+    if not rows:
+        raise HelixUserError(f"trace {str(path)!r}: no request within prompt <= {max_prompt_tokens} "
+                             f"and output <= {max_output_tokens}")
+    rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
+    t0 = rows[0][0]
+    return tuple(TraceRequest(t - t0, p, o) for t, p, o in rows)
+
+
+def mean_rate_per_s(requests: tuple[TraceRequest, ...]) -> float:
+    """Average arrival rate over the workload's span (requests/s)."""
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    return (len(requests) - 1) / span if span > 0 else math.inf
+
+
+def rescale_to_rate(requests: tuple[TraceRequest, ...], rate_per_s: float) -> tuple[TraceRequest, ...]:
+    """Same order and relative gaps, time stretched so the mean rate is ``rate_per_s``."""
+    if rate_per_s <= 0:
+        raise HelixUserError(f"arrival rate must be > 0, got {rate_per_s}")
+    current = mean_rate_per_s(requests)
+    if math.isinf(current):
+        return requests
+    factor = current / rate_per_s
+    return tuple(replace(r, arrival_s=r.arrival_s * factor) for r in requests)
+
+
+def poisson_workload(rate_per_s: float, num_requests: int, seed: int = 0,
+                     lengths: tuple[TraceRequest, ...] | None = None,
+                     prompt_tokens: int = 763, output_tokens: int = 232) -> tuple[TraceRequest, ...]:
+    """Poisson arrivals at ``rate_per_s``; lengths drawn from ``lengths`` (an empirical
+    distribution, e.g. a trace) or fixed at ``prompt_tokens``/``output_tokens``."""
+    if rate_per_s <= 0 or num_requests < 1:
+        raise HelixUserError(f"poisson workload needs rate > 0 and >= 1 request, got "
+                             f"{rate_per_s}, {num_requests}")
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(num_requests):
+        if i:
+            t += rng.expovariate(rate_per_s)
+        if lengths:
+            pick = lengths[rng.randrange(len(lengths))]
+            out.append(TraceRequest(t, pick.prompt_tokens, pick.output_tokens))
+        else:
+            out.append(TraceRequest(t, prompt_tokens, output_tokens))
+    return tuple(out)
+
+
+def mean_lengths(requests: tuple[TraceRequest, ...]) -> tuple[float, float]:
+    """Mean prompt and output tokens."""
+    n = len(requests)
+    return (sum(r.prompt_tokens for r in requests) / n, sum(r.output_tokens for r in requests) / n)

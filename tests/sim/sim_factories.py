@@ -1,0 +1,59 @@
+"""Tiny simulators built by hand: explicit layer-time tables and links, no planner needed."""
+
+from __future__ import annotations
+
+from coordinator.kv_estimator import KVEstimator
+from coordinator.schedulers import make_scheduler
+from helix.plan import COORDINATOR, ArcFlow, NodePlacement, Plan
+from helix.sim.engine import SimConfig, Simulator
+from helix.sim.network import LinkParams, Network
+from helix.sim.worker import SimWorker
+from helix.sim.workload import TraceRequest
+from worker.step_policy import PolicyConfig
+
+PROMPT_S_PER_TOKEN = 1e-3
+DECODE_S_PER_SEQ = 10e-3
+
+
+def table_layer_time(prompt_tokens, decode_seqs, decode_context, prompt_context):
+    """An explicit cost table: 1 ms per prompt token plus 10 ms per decode sequence, per layer."""
+    return PROMPT_S_PER_TOKEN * prompt_tokens + DECODE_S_PER_SEQ * decode_seqs
+
+
+def chain_plan(ranges: dict[str, tuple[int, int]], num_layers: int,
+               flows: dict[tuple[str, str], float]) -> Plan:
+    placements = tuple(NodePlacement(n, s, e) for n, (s, e) in ranges.items())
+    total = sum(f for (a, _), f in flows.items() if a == COORDINATOR)
+    return Plan("tiny", num_layers, placements, tuple(ArcFlow(a, b, f) for (a, b), f in flows.items()),
+                total, method="hand")
+
+
+def two_node_plan() -> Plan:
+    return chain_plan({"A": (0, 2), "B": (2, 4)}, 4,
+                      {(COORDINATOR, "A"): 1.0, ("A", "B"): 1.0, ("B", COORDINATOR): 1.0})
+
+
+def diamond_plan() -> Plan:
+    """coordinator -> {A: [0,2), C: [0,3)} -> B: [2,4) -> coordinator; C -> B enters B mid-slice."""
+    return chain_plan({"A": (0, 2), "C": (0, 3), "B": (2, 4)}, 4,
+                      {(COORDINATOR, "A"): 2.0, (COORDINATOR, "C"): 1.0, ("A", "B"): 2.0,
+                       ("C", "B"): 1.0, ("B", COORDINATOR): 3.0})
+
+
+def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
+             kv_tokens: int = 100_000, scheduler: str = "helix", bandwidth_bytes_per_s: float = 1e6,
+             latency_s: float = 0.01, activation_bytes: int = 100) -> Simulator:
+    pc = PolicyConfig(max_num_seqs=config.max_num_seqs,
+                      max_num_batched_tokens=config.chunk_tokens or config.max_batched_tokens_unchunked,
+                      chunked_prefill=config.chunk_tokens > 0, self_feeding=False)
+    workers = {p.node: SimWorker(p.node, p.start, p.end, kv_tokens, table_layer_time, pc,
+                                 config.block_size_tokens) for p in plan.placements}
+    kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
+                     high_water=config.high_water)
+    sched = make_scheduler(scheduler, plan, kv, seed=config.seed)
+    net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s))
+    return Simulator(config, workload, sched, workers, net, activation_bytes)
+
+
+def burst(n: int, prompt: int, output: int, gap_s: float = 0.0) -> tuple[TraceRequest, ...]:
+    return tuple(TraceRequest(i * gap_s, prompt, output) for i in range(n))
