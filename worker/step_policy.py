@@ -139,6 +139,7 @@ class StepPolicy:
         self._reqs: dict[Hashable, _Req] = {}
         self._waiting: list[Hashable] = []   # FCFS; preempted requests go back to the front
         self._running: list[Hashable] = []   # admission order (oldest first)
+        self.num_preemptions_total = 0
 
     # --- requests in and out -------------------------------------------------------------------
     def add(self, request_id: Hashable, num_prompt_tokens: int, max_new_tokens: int = 0,
@@ -271,6 +272,7 @@ class StepPolicy:
         req.num_prompt_tokens = max(req.num_prompt_tokens, req.num_available)
         req.num_computed = 0
         req.num_preemptions += 1
+        self.num_preemptions_total += 1
 
     # --- introspection (tests, metrics, the simulator) ------------------------------------------
     def has_work(self) -> bool:

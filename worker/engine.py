@@ -1,0 +1,226 @@
+"""The built-in PyTorch engine: one slice of a LLaMA model, driven one iteration at a time.
+
+``SliceEngine.step(inputs)`` takes what arrived (token ids on the first stage, hidden states on later
+ones), lets the :class:`~worker.step_policy.StepPolicy` pick the iteration's work, runs the slice over
+one ``[num_tokens, hidden]`` matrix and returns hidden states for the next stage or, on the last stage,
+sampled tokens. An engine that holds the whole model (first and last stage at once) feeds its sampled
+tokens back to itself, so ``generate`` is just a loop over ``step``.
+
+Preemption is local: the engine keeps every input it received for a request, so a preempted request is
+recomputed here from those inputs; outputs are emitted only for positions never emitted before, so the
+other stages never notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from helix.errors import HelixUserError
+from worker.io_types import NewRequest, StageInput, StageOutput
+from worker.kv_blocks import KVBlockManager
+from worker.kv_cache import PagedKVCache, num_blocks_for_budget
+from worker.model import SliceModel, SliceWeights
+from worker.sampling import Sampler, SamplingState
+from worker.step_batch import RowSpan, build_step_batch, plan_rows
+from worker.step_policy import PolicyConfig, StepPlan, StepPolicy
+from worker.weights import load_slice
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one engine runs its slice."""
+
+    block_size_tokens: int = 16
+    num_kv_blocks: int | None = None
+    """KV blocks of the pool; None = derive from ``kv_budget_bytes``."""
+    kv_budget_bytes: int = 256 * 2**20
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 512
+    chunked_prefill: bool = True
+    dtype: str = "float32"
+    device: str | None = None
+    """None = CUDA when present, else CPU."""
+    seed: int = 0
+    """Seed of the shared sampling generator (requests with their own ``seed`` use their own)."""
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class _Request:
+    new: NewRequest
+    enter_offset: int
+    tokens: list[int] = field(default_factory=list)               # first stage inputs
+    hidden: list[torch.Tensor] = field(default_factory=list)      # later stage inputs, in order
+    num_inputs: int = 0
+    next_emit: int = 0      # first position whose output was not emitted yet
+    sampling: SamplingState | None = None
+
+
+class SliceEngine:
+    """Runs model layers ``[start, end)`` for many requests (implements ``worker.io_types.Engine``)."""
+
+    def __init__(self, weights: SliceWeights, config: EngineConfig = EngineConfig()) -> None:
+        self.config = config
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _DTYPES[config.dtype]
+        self.weights = weights
+        spec = weights.spec
+        n_layers = weights.end - weights.start
+        num_blocks = config.num_kv_blocks or num_blocks_for_budget(
+            config.kv_budget_bytes, n_layers, config.block_size_tokens, spec.num_kv_heads,
+            spec.head_dim, self.dtype)
+        self.blocks = KVBlockManager(num_blocks, config.block_size_tokens)
+        self.policy = StepPolicy(PolicyConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                              config.chunked_prefill, self_feeding=False), self.blocks)
+        kv = PagedKVCache(n_layers, num_blocks, config.block_size_tokens, spec.num_kv_heads,
+                          spec.head_dim, self.dtype, self.device)
+        self.model = SliceModel(weights, kv, self.device, self.dtype)
+        self.sampler = Sampler(config.eos_token_ids, self.device, config.seed)
+        self._reqs: dict[Hashable, _Request] = {}
+        self.last_plan: StepPlan | None = None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, start: int, end: int,
+                        config: EngineConfig = EngineConfig()) -> "SliceEngine":
+        """Load layers ``[start, end)`` of a HF checkpoint folder (only those tensors)."""
+        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        weights, _ = load_slice(ckpt_dir, start, end, _DTYPES[config.dtype], device)
+        return cls(weights, config)
+
+    # --- Engine interface ------------------------------------------------------------------------
+    def step(self, inputs: Sequence[StageInput] = ()) -> list[StageOutput]:
+        for item in inputs:
+            self._accept(item)
+        plan = self.policy.schedule()
+        self.last_plan = plan
+        if plan.is_empty:
+            return []
+        spans = plan_rows(plan)
+        x = self._inputs(spans)
+        batch = build_step_batch(plan, spans, self.blocks,
+                                 {rid: self._reqs[rid].enter_offset for rid in {s.request_id for s in spans}},
+                                 self.weights.end - self.weights.start, self.device)
+        x = self.model.forward(x, batch)
+        outputs, finished, fed_back = self._outputs(spans, x)
+        self.policy.complete(plan, finished)
+        for rid in finished:
+            del self._reqs[rid]
+        for rid, token_id in fed_back:
+            self._reqs[rid].tokens.append(token_id)
+            self._reqs[rid].num_inputs += 1
+            self.policy.feed(rid)
+        return outputs
+
+    def release(self, request_ids: Sequence[Hashable]) -> None:
+        for rid in request_ids:
+            self.policy.finish(rid)
+            self._reqs.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
+
+    # --- inputs -----------------------------------------------------------------------------------
+    def _accept(self, item: StageInput) -> None:
+        rid = item.request_id
+        if item.new_request is not None:
+            self._admit(item.new_request)
+        req = self._reqs.get(rid)
+        if req is None:
+            raise ValueError(f"input for unknown request {rid!r} without new_request")
+        if item.start_position != req.num_inputs:
+            raise ValueError(f"request {rid!r}: input starts at position {item.start_position}, "
+                             f"expected {req.num_inputs}")
+        if self.weights.is_first:
+            if item.token_ids is None:
+                raise ValueError(f"request {rid!r}: the first stage needs token ids")
+            req.tokens.extend(item.token_ids)
+        else:
+            if item.hidden_states is None:
+                raise ValueError(f"request {rid!r}: a later stage needs hidden states")
+            req.hidden.append(item.hidden_states.to(self.device, self.dtype))
+        req.num_inputs += item.num_tokens
+        self.policy.feed(rid, item.num_tokens)
+
+    def _admit(self, new: NewRequest) -> None:
+        w = self.weights
+        enter = w.start if new.enter_layer is None else new.enter_layer
+        if not w.start <= enter < w.end:
+            raise HelixUserError(f"request {new.request_id!r}: enter layer {enter} is outside this "
+                                 f"slice [{w.start}, {w.end})")
+        if enter != w.start and w.is_first:
+            raise HelixUserError(f"request {new.request_id!r}: the first stage cannot skip layers")
+        self.policy.add(new.request_id, new.num_prompt_tokens, new.sampling.max_tokens,
+                        num_available_tokens=0)
+        req = _Request(new, enter - w.start)
+        if w.is_last:
+            req.sampling = self.sampler.new_state(new.sampling, new.prompt_token_ids)
+            req.next_emit = new.num_prompt_tokens - 1   # positions before the prompt's last sample nothing
+        self._reqs[new.request_id] = req
+
+    def _inputs(self, spans: Sequence[RowSpan]) -> torch.Tensor:
+        """The step's input matrix ``[num_tokens, hidden]``."""
+        if self.weights.is_first:
+            ids = [t for s in spans for t in self._reqs[s.request_id].tokens[s.start:s.end]]
+            return self.model.embed(torch.tensor(ids, device=self.device))
+        parts = []
+        for s in spans:
+            req = self._reqs[s.request_id]
+            if len(req.hidden) > 1:   # keep one tensor per request: slicing stays cheap
+                req.hidden = [torch.cat(req.hidden)]
+            parts.append(req.hidden[0][s.start:s.end])
+        return torch.cat(parts)
+
+    # --- outputs ----------------------------------------------------------------------------------
+    def _outputs(self, spans: Sequence[RowSpan], x: torch.Tensor):
+        """Outputs for never-emitted positions; returns (outputs, finished ids, tokens to feed back)."""
+        if not self.weights.is_last:
+            outs = []
+            for s in spans:
+                req = self._reqs[s.request_id]
+                first = max(s.start, req.next_emit)
+                if first < s.end:
+                    rows = x[s.row_start + first - s.start:s.row_start + s.end - s.start]
+                    outs.append(StageOutput(s.request_id, first, hidden_states=rows.clone(),
+                                            new_request=req.new if first == 0 else None))
+                    req.next_emit = s.end
+            return outs, [], []
+        return self._sample(spans, x)
+
+    def _sample(self, spans: Sequence[RowSpan], x: torch.Tensor):
+        chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
+        if not chosen:
+            return [], [], []
+        rows = torch.tensor([s.row_start + s.end - s.start - 1 for s in chosen], device=self.device)
+        logits = self.model.logits(x[rows])
+        states = [self._reqs[s.request_id].sampling for s in chosen]
+        tokens = self.sampler.sample(logits, states)
+        outs, finished, fed_back = [], [], []
+        for s, st, tok in zip(chosen, states, tokens):
+            req = self._reqs[s.request_id]
+            st.output_token_ids.append(tok.token_id)
+            req.next_emit = s.end
+            reason = self._finish_reason(st, tok.token_id)
+            outs.append(StageOutput(s.request_id, s.end, token=tok, finish_reason=reason,
+                                    new_request=req.new if len(st.output_token_ids) == 1 else None))
+            if reason is not None:
+                finished.append(s.request_id)
+            elif self.weights.is_first:
+                fed_back.append((s.request_id, tok.token_id))
+        return outs, finished, fed_back
+
+    def _finish_reason(self, st: SamplingState, token_id: int) -> str | None:
+        p = st.params
+        if len(st.output_token_ids) >= p.min_tokens:
+            if token_id in p.stop_token_ids:
+                return "stop"
+            if not p.ignore_eos and token_id in self.sampler.eos_token_ids:
+                return "stop"
+        if len(st.output_token_ids) >= p.max_tokens:
+            return "length"
+        return None

@@ -1,0 +1,63 @@
+"""Paged KV storage for the layers of one slice.
+
+One key tensor and one value tensor per layer of the slice, each ``[num_blocks * block_size, kv_heads,
+head_dim]``: a *slot* is one position of one block (``slot = block_id * block_size + offset``). The
+block ids come from :class:`worker.kv_blocks.KVBlockManager`; the same block id is used in every layer,
+so a request that enters the slice at a later layer simply never touches the earlier layers' slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from helix.errors import InfeasibleError
+
+
+def kv_bytes_per_block(num_layers: int, block_size_tokens: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes one block occupies across all layers of the slice (keys and values)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size_tokens * num_kv_heads * head_dim * elem
+
+
+def num_blocks_for_budget(kv_budget_bytes: int, num_layers: int, block_size_tokens: int,
+                          num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Blocks that fit in ``kv_budget_bytes``; InfeasibleError when not even one does."""
+    per_block = kv_bytes_per_block(num_layers, block_size_tokens, num_kv_heads, head_dim, dtype)
+    n = kv_budget_bytes // per_block
+    if n < 1:
+        raise InfeasibleError(f"KV budget of {kv_budget_bytes} bytes holds no block of "
+                              f"{block_size_tokens} tokens ({per_block} bytes for {num_layers} layers)")
+    return int(n)
+
+
+class PagedKVCache:
+    """Key/value tensors of ``num_layers`` layers, addressed by slot."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size_tokens: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.block_size_tokens = block_size_tokens
+        shape = (num_layers, num_blocks * block_size_tokens, num_kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` ([num_tokens, kv_heads, head_dim]) at ``slots`` ([num_tokens]) of ``layer``
+        (index within the slice)."""
+        self.keys[layer].index_copy_(0, slots, k)
+        self.values[layer].index_copy_(0, slots, v)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``slots`` (any shape ``S``) -> ``[*S, kv_heads, head_dim]`` each."""
+        return self.keys[layer][slots], self.values[layer][slots]
+
+
+def slots_for_positions(block_table: Sequence[int], start: int, end: int, block_size_tokens: int,
+                        device: torch.device) -> torch.Tensor:
+    """Slots of positions ``[start, end)`` of a request with ``block_table``: ``[end - start]`` long."""
+    positions = torch.arange(start, end)
+    table = torch.tensor(block_table, dtype=torch.long)
+    slots = table[positions // block_size_tokens] * block_size_tokens + positions % block_size_tokens
+    return slots.to(device)

@@ -1,0 +1,166 @@
+"""LLaMA decoder math for a slice of layers ``[start, end)``, with selective batching over paged KV.
+
+One step's tokens (decodes and prefill chunks of many requests) form one ``[num_tokens, hidden]`` matrix
+that every non-attention op (norms, projections, MLP, residuals) processes at once (Orca's selective
+batching). Attention is per request over its paged KV: all decodes of the step in one padded batched
+call (padding masked out, so exact), and one call per prefill chunk (causal, offset by the chunk start).
+
+The math is the Hugging Face ``LlamaForCausalLM`` forward: RMSNorm in float32, rotary embeddings of
+:mod:`worker.rope`, grouped-query attention with scale ``head_dim ** -0.5``, SwiGLU MLP
+``down(silu(gate(x)) * up(x))``. q/k/v and gate/up projections are concatenated into one matrix each
+(one matmul instead of three / two; same dot products).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from helix.models import ModelSpec
+from worker.kv_cache import PagedKVCache
+from worker.rope import RotaryTable, apply_rotary
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer (shapes as ``[out, in]`` like ``nn.Linear.weight``)."""
+
+    qkv: torch.Tensor         # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: torch.Tensor           # [hidden, heads * head_dim]
+    gate_up: torch.Tensor     # [2 * intermediate, hidden]
+    down: torch.Tensor        # [hidden, intermediate]
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor   # [hidden]
+
+
+@dataclass
+class SliceWeights:
+    """Weights of layers ``[start, end)``; ``embed`` only on the first slice, ``final_norm`` and
+    ``lm_head`` only on the last."""
+
+    spec: ModelSpec
+    start: int
+    end: int
+    layers: list[LayerWeights]
+    embed: torch.Tensor | None = None       # [vocab, hidden]
+    final_norm: torch.Tensor | None = None  # [hidden]
+    lm_head: torch.Tensor | None = None     # [vocab, hidden]
+
+    @property
+    def is_first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.spec.num_layers
+
+
+@dataclass
+class PrefillAttention:
+    """Attention of one prefill chunk: rows ``[row_start, row_start + num_tokens)`` of the step,
+    positions ``[start, start + num_tokens)``, attending to positions ``[0, start + num_tokens)``."""
+
+    row_start: int
+    num_tokens: int
+    start: int
+    context_slots: torch.Tensor   # [start + num_tokens] long
+    causal_mask: torch.Tensor | None   # [num_tokens, start + num_tokens] bool, None when start == 0
+
+
+@dataclass
+class StepBatch:
+    """Everything about one step that every layer needs; built once per step."""
+
+    positions: torch.Tensor            # [num_tokens] long
+    slots: torch.Tensor                # [num_tokens] long: where each token's K/V goes
+    decode_rows: torch.Tensor          # [num_decodes] long: rows of the step that are decodes
+    decode_slots: torch.Tensor         # [num_decodes, max_context] long (padding points at slot 0)
+    decode_mask: torch.Tensor | None   # [num_decodes, 1, 1, max_context] bool, None if no padding
+    prefills: list[PrefillAttention]
+    entry_rows: dict[int, torch.Tensor]
+    """For a slice layer index ``i``: bool ``[num_tokens]`` rows that run layer ``i`` (requests that
+    enter the slice later skip it). Absent index = every row runs the layer."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm: normalise in float32, scale in the input dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class SliceModel:
+    """Runs ``SliceWeights`` over a :class:`StepBatch` with a :class:`PagedKVCache`."""
+
+    def __init__(self, weights: SliceWeights, kv: PagedKVCache, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.w = weights
+        self.spec = weights.spec
+        self.kv = kv
+        self.device = device
+        self.rope = RotaryTable(self.spec, device, dtype)
+        self.scale = self.spec.head_dim ** -0.5
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[num_tokens]`` ids -> ``[num_tokens, hidden]`` (first slice only)."""
+        assert self.w.embed is not None, "only the first slice embeds token ids"
+        return self.w.embed[token_ids]
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """Run every layer of the slice over ``x`` ([num_tokens, hidden]); returns the new hidden states."""
+        cos, sin = self.rope.lookup(batch.positions)
+        for i, layer in enumerate(self.w.layers):
+            out = self._layer(i, layer, x, batch, cos, sin)
+            rows = batch.entry_rows.get(i)
+            # Rows of requests that enter the slice after layer i were computed but are discarded
+            # (their KV at layer i is never read): overlaps are a few layers, exactness is unaffected.
+            x = out if rows is None else torch.where(rows[:, None], out, x)
+        return x
+
+    @torch.inference_mode()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head (last slice only): ``[n, hidden]`` -> ``[n, vocab]`` float32."""
+        assert self.w.lm_head is not None, "only the last slice has the LM head"
+        h = rms_norm(x, self.w.final_norm, self.spec.rms_norm_eps)
+        return (h @ self.w.lm_head.T).float()
+
+    def _layer(self, i: int, w: LayerWeights, x: torch.Tensor, batch: StepBatch, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        n, d = x.shape[0], spec.head_dim
+        h = rms_norm(x, w.input_norm, spec.rms_norm_eps)
+        qkv = h @ w.qkv.T                                  # [n, (H + 2 KVH) d]
+        q_end, k_end = spec.num_heads * d, (spec.num_heads + spec.num_kv_heads) * d
+        q = apply_rotary(qkv[:, :q_end].view(n, spec.num_heads, d), cos, sin)
+        k = apply_rotary(qkv[:, q_end:k_end].view(n, spec.num_kv_heads, d), cos, sin)
+        v = qkv[:, k_end:].view(n, spec.num_kv_heads, d)
+        self.kv.write(i, batch.slots, k, v)
+        attn = self._attention(i, q, batch)                # [n, H * d]
+        x = x + attn @ w.o.T
+        h = rms_norm(x, w.post_norm, spec.rms_norm_eps)
+        gate, up = (h @ w.gate_up.T).chunk(2, dim=-1)      # [n, intermediate] each
+        return x + (F.silu(gate) * up) @ w.down.T
+
+    def _attention(self, i: int, q: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """Per-request attention over paged KV; ``q`` [n, H, d] -> [n, H * d]."""
+        n, heads, d = q.shape
+        out = torch.empty_like(q)
+        if batch.decode_rows.numel():
+            k, v = self.kv.read(i, batch.decode_slots)     # [B, L, KVH, d]
+            qd = q[batch.decode_rows][:, :, None, :]        # [B, H, 1, d]
+            o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=batch.decode_mask, scale=self.scale,
+                                               enable_gqa=heads != k.shape[2])
+            out[batch.decode_rows] = o[:, :, 0, :]
+        for p in batch.prefills:
+            k, v = self.kv.read(i, p.context_slots)        # [ctx, KVH, d]
+            qc = q[p.row_start:p.row_start + p.num_tokens].transpose(0, 1)[None]   # [1, H, t, d]
+            o = F.scaled_dot_product_attention(
+                qc, k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=self.scale,
+                attn_mask=p.causal_mask, is_causal=p.causal_mask is None,
+                enable_gqa=heads != k.shape[1])
+            out[p.row_start:p.row_start + p.num_tokens] = o[0].transpose(0, 1)
+        return out.reshape(n, heads * d)

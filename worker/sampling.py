@@ -1,0 +1,170 @@
+"""Token sampling with vLLM's ``SamplingParams`` names and semantics.
+
+Order of operations (as vLLM's sampler): penalties on the raw logits (repetition over prompt + output
+tokens, presence / frequency over output tokens), EOS / stop tokens masked while fewer than
+``min_tokens`` were produced, then temperature (0 = greedy argmax), min_p, top_k, top_p, and a draw.
+A request with a ``seed`` draws from its own generator, so its tokens do not depend on its neighbours in
+the batch. Logprobs are those of the raw model distribution (``log_softmax`` of the logits before any
+processing), like vLLM's default ``raw_logprobs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from helix.errors import HelixUserError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (names and defaults of ``vllm.SamplingParams``)."""
+
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 or -1 = off."""
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    """Top-n logprobs to return per token (plus the sampled token's)."""
+
+    def __post_init__(self) -> None:
+        checks = [(self.temperature >= 0, "temperature must be >= 0"),
+                  (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+                  (self.top_k >= -1, "top_k must be -1, 0 or positive"),
+                  (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+                  (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+                  (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+                  (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+                  (self.max_tokens >= 1, "max_tokens must be >= 1"),
+                  (0 <= self.min_tokens <= self.max_tokens, "min_tokens must be in [0, max_tokens]"),
+                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0")]
+        for ok, msg in checks:
+            if not ok:
+                raise HelixUserError(f"sampling params: {msg}, got {self!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SamplingState:
+    """What the sampler needs to know about one request across steps."""
+
+    params: SamplingParams
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+class Sampler:
+    """Samples one token per row of a ``[num_rows, vocab]`` logits matrix."""
+
+    def __init__(self, eos_token_ids: Sequence[int] = (), device: torch.device | str = "cpu",
+                 seed: int = 0) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def new_state(self, params: SamplingParams, prompt_token_ids: Sequence[int] = ()) -> SamplingState:
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
+        return SamplingState(params, tuple(prompt_token_ids), [], gen)
+
+    def sample(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampledToken]:
+        """One token per row; appends nothing to the states (the caller decides what is kept)."""
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(
+            s.params.logprobs is not None for s in states) else None
+        logits = self._penalize(logits.clone(), states)
+        out = []
+        greedy_ids = logits.argmax(dim=-1).tolist()
+        for row, st in enumerate(states):
+            p = st.params
+            tok = greedy_ids[row] if p.greedy else self._draw(logits[row], st)
+            out.append(self._with_logprobs(tok, row, p, raw_logprobs))
+        return out
+
+    def _penalize(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        for row, st in enumerate(states):
+            p = st.params
+            if p.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted({*st.prompt_token_ids, *st.output_token_ids}),
+                                    dtype=torch.long, device=logits.device)
+                if seen.numel():
+                    vals = logits[row, seen]
+                    logits[row, seen] = torch.where(vals > 0, vals / p.repetition_penalty,
+                                                    vals * p.repetition_penalty)
+            if (p.presence_penalty or p.frequency_penalty) and st.output_token_ids:
+                counts = torch.bincount(torch.tensor(st.output_token_ids, device=logits.device),
+                                        minlength=vocab)[:vocab].float()
+                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+            if len(st.output_token_ids) < p.min_tokens:
+                banned = [*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)]
+                if banned:
+                    logits[row, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+        return logits
+
+    def _draw(self, logits: torch.Tensor, st: SamplingState) -> int:
+        probs = processed_probs(logits, st.params)
+        # Exponential race (as vLLM): argmax(p / Exp(1)) is a draw from p, one generator per request.
+        q = torch.empty_like(probs).exponential_(generator=st.generator or self.generator)
+        return int((probs / q).argmax())
+
+    @staticmethod
+    def _with_logprobs(tok: int, row: int, p: SamplingParams,
+                       raw: torch.Tensor | None) -> SampledToken:
+        if raw is None or p.logprobs is None:
+            return SampledToken(tok, float("nan"))
+        top = ()
+        if p.logprobs:
+            vals, ids = raw[row].topk(p.logprobs)
+            top = tuple(zip(ids.tolist(), vals.tolist()))
+        return SampledToken(tok, float(raw[row, tok]), top)
+
+
+def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Probabilities of one row ([vocab]) after temperature, min_p, top_k and top_p, in vLLM's order;
+    each filter sees the distribution renormalised after the previous one (temperature > 0)."""
+    probs = torch.softmax(logits / p.temperature, dim=-1)
+    if p.min_p > 0:
+        probs = _renormalized(probs, probs >= p.min_p * probs.max())
+    if p.top_k > 0:
+        kth = probs.topk(min(p.top_k, probs.numel())).values[-1]
+        probs = _renormalized(probs, probs >= kth)
+    if p.top_p < 1:
+        # Drop the low tail whose cumulative mass stays within 1 - top_p (always keep the top token).
+        sorted_probs, order = probs.sort()
+        tail = sorted_probs.cumsum(0) <= 1 - p.top_p
+        tail[-1] = False
+        drop = torch.zeros_like(tail)
+        drop[order] = tail
+        probs = _renormalized(probs, ~drop)
+    return probs
+
+
+def _renormalized(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    return probs / probs.sum()
