@@ -1,0 +1,212 @@
+"""``solve(problem, method=...) -> Plan``: the planner's one verb.
+
+For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement as a
+warm start (the best is kept) -> the class MILP (``planner.milp_classes``) with node capacities
+capped at the bound, warm-started, stopped as soon as the proven gap is within ``gap`` or the time
+limit passes -> extract -> exact max flow -> independent verification -> Plan. ``milp-paper`` runs
+the paper's node-level formulation (``planner.milp_paper``) as the baseline. Heuristic methods return
+their placement with the fixed-point bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from helix.errors import HelixUserError, InfeasibleError
+from helix.plan import ArcFlow, NodePlacement, Plan
+from planner import milp_classes, milp_paper
+from planner.bound import fixed_point_bound, layer_counts
+from planner.flowgraph import FlowResult, Placement, max_flow
+from planner.heuristics import HEURISTICS, WARM_STARTS
+from planner.latency import path_stats
+from planner.linear import LinearModel
+from planner.problem import PlacementProblem
+from planner.solvers import HighsAdapter, SolveOptions, make_solver
+from planner.verify import PlannerBug, verify
+
+log = logging.getLogger("helix.planner")
+
+METHODS = ("milp", "milp-paper", *HEURISTICS)
+
+#: progress(elapsed_s, incumbent_tokens_per_s, bound_tokens_per_s)
+Progress = Callable[[float, float, float], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    placement: Placement
+    flows: FlowResult
+    source: str
+
+    @property
+    def value(self) -> float:
+        return self.flows.value_tokens_per_s
+
+
+def check_feasible(problem: PlacementProblem) -> None:
+    """Raise :class:`InfeasibleError` with numbers when no placement can hold the model once."""
+    L = problem.num_layers
+    most = sum(max(layer_counts(n, L), default=0) for n in problem.nodes)
+    if most < L:
+        raise InfeasibleError(f"{problem.model} needs {L} layers placed, but the cluster's nodes can "
+                              f"hold at most {most} between them (memory limits)")
+
+
+def min_layers_for_depth(num_layers: int, max_depth: int | None) -> int:
+    """With every node holding >= ceil(L / D) layers and no partial inference, no path exceeds D."""
+    return 1 if max_depth is None else math.ceil(num_layers / max_depth)
+
+
+def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "highs",
+          time_limit_s: float = 60.0, threads: int = 1, seed: int = 0, gap: float = 0.01,
+          partial_inference: bool = True, max_depth: int | None = None,
+          progress: Progress | None = None) -> Plan:
+    """Place ``problem``'s layers with ``method``; the result is verified before it is returned."""
+    if method not in METHODS:
+        raise HelixUserError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if max_depth is not None and max_depth < 1:
+        raise HelixUserError(f"--max-depth must be >= 1, got {max_depth}")
+    adapter = make_solver(solver)
+    t0 = time.perf_counter()
+    check_feasible(problem)
+    partial = partial_inference and max_depth is None
+    min_k = min_layers_for_depth(problem.num_layers, max_depth)
+    bound = fixed_point_bound(problem)
+    extras: dict = {"bound_fixed_point": bound}
+    if method in HEURISTICS:
+        cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
+        if not cand.placement:
+            raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
+        return _plan(problem, cand, bound, method, None, t0, partial, extras)
+    best = _best_warm_start(problem, seed, partial, min_k)
+    if method == "milp-paper":
+        placement, paper_bound, status = milp_paper.run(problem, adapter, _options(
+            time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
+        extras.update(status=status, bound_paper_milp=paper_bound)
+        cand = _evaluate(problem, placement, method, partial) if placement else None
+        if cand is None or cand.value <= 0:
+            log.warning("the paper MILP found no placement in %.0f s; returning the best heuristic (%s)",
+                        time_limit_s, best.source)
+            cand = best
+        return _plan(problem, cand, paper_bound if paper_bound is not None else bound, method,
+                     adapter.name, t0, partial, extras)
+    cand, bound, status = _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads,
+                                          seed, gap, partial, min_k, progress, extras)
+    extras["status"] = status
+    return _plan(problem, cand, bound, method, adapter.name, t0, partial, extras)
+
+
+def _options(time_limit_s, threads, seed, gap, progress, t0, warm=None, stop=None):
+    def cb(elapsed, primal, dual):
+        if progress is not None:
+            progress(time.perf_counter() - t0, primal, dual)
+        return stop(primal, dual) if stop else False
+    remaining = max(1.0, time_limit_s - (time.perf_counter() - t0))
+    return SolveOptions(time_limit_s=remaining, threads=threads, seed=seed, rel_gap=gap,
+                        warm_start=warm, progress=cb)
+
+
+def _evaluate(problem, placement, source, partial) -> Candidate:
+    return Candidate(dict(placement), max_flow(problem, placement, partial), source)
+
+
+def _best_warm_start(problem, seed, partial, min_k) -> Candidate:
+    best = Candidate({}, FlowResult(0.0, {}, {}), "none")
+    for name, heuristic in WARM_STARTS.items():
+        placement = heuristic(problem, seed)
+        if any(e - s < min_k for s, e in placement.values()):
+            continue
+        cand = _evaluate(problem, placement, name, partial)
+        if cand.value > best.value:
+            best = cand
+    return best
+
+
+def class_model_is_exact(problem: PlacementProblem, bound: float) -> bool:
+    """One region, every node pair linked both ways with capacity >= the bound: links never bind."""
+    if len({n.region for n in problem.nodes}) != 1:
+        return False
+    for a in problem.nodes:
+        for b in problem.nodes:
+            if a.name != b.name:
+                link = problem.link(a.name, b.name)
+                if link is None or link.capacity_tokens_per_s < bound:
+                    return False
+    return True
+
+
+def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, gap, partial,
+                    min_k, progress, extras):
+    if best.value > 0 and bound <= best.value * (1 + gap):
+        return best, bound, "gap"  # a warm start is already proven within the gap
+    model = milp_classes.build_class_model(problem, partial, min_k, flow_bound=bound)
+    exact = class_model_is_exact(problem, bound)
+    warm = _complete(model.lp, milp_classes.hold_values(model, best.placement)) if best.placement \
+        else None
+
+    def stop(primal, dual):
+        inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
+        return inc > 0 and min(bound, dual) <= inc * (1 + gap)
+
+    res = adapter.solve(model.lp, _options(time_limit_s, threads, seed, gap, progress, t0, warm, stop))
+    extras.update(warm_start=best.source, warm_start_tokens_per_s=best.value, classes=len(model.classes),
+                  class_model_exact=exact, milp_seconds=res.seconds,
+                  bound_class_milp=res.bound)
+    if res.bound is not None:
+        bound = min(bound, res.bound)
+    cand = best
+    if res.values is not None:
+        bad = model.lp.violations(res.values, tol=1e-5)
+        if bad:
+            raise AssertionError(f"solver returned a solution violating {bad[:3]}")
+        mine = _evaluate(problem, milp_classes.extract(model, res.values), "milp", partial)
+        if exact:
+            verify(problem, mine.placement, mine.flows, partial, exact_objective=None)
+            if mine.value < res.objective * (1 - 1e-6):
+                raise AssertionError(f"class model is exact but max flow {mine.value} < "
+                                     f"objective {res.objective}")
+        if mine.value > cand.value:
+            cand = mine
+    if cand.value <= 0:
+        raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
+                              "(is a region or the coordinator cut off?)")
+    status = res.status
+    if bound <= cand.value * (1 + gap):
+        status = "optimal" if bound <= cand.value * (1 + 1e-6) else "gap"
+    return cand, max(bound, cand.value), status
+
+
+def _complete(lp: LinearModel, fixed: dict[int, float]):
+    """A full assignment for a warm start: fix the integers, solve the LP for the rest."""
+    if not fixed:
+        return None
+    lp2 = dataclasses.replace(lp, lb=list(lp.lb), ub=list(lp.ub), integer=[False] * lp.num_vars)
+    for i, v in fixed.items():
+        lp2.lb[i] = lp2.ub[i] = v
+    res = HighsAdapter().solve(lp2, SolveOptions(time_limit_s=30.0))
+    return list(res.values) if res.status == "optimal" and res.values else None
+
+
+def _plan(problem, cand: Candidate, bound, method, solver, t0, partial, extras) -> Plan:
+    verify(problem, cand.placement, cand.flows, partial)
+    stats = path_stats(problem, cand.placement, cand.flows)
+    used = set(cand.placement)
+    extras = {**extras, "found_by": cand.source, "depth_max": stats.depth_max,
+              "depth_mean": round(stats.depth_mean, 3), "latency_mean_s": stats.latency_mean_s,
+              "latency_max_s": stats.latency_max_s,
+              "unused_nodes": sorted(n.name for n in problem.nodes if n.name not in used)}
+    if bound is not None and bound < cand.value * (1 - 1e-6):
+        raise PlannerBug(f"bound {bound} is below a found max flow {cand.value}")
+    placements = tuple(NodePlacement(n, s, e) for n, (s, e) in
+                       sorted(cand.placement.items(), key=lambda t: (t[1], t[0])))
+    arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(cand.flows.arc_flows.items()))
+    return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,
+                arc_flows=arcs, max_flow_tokens_per_s=cand.value,
+                upper_bound_tokens_per_s=None if bound is None else max(bound, cand.value),
+                method=method, solver=solver, solve_seconds=time.perf_counter() - t0,
+                partial_inference=partial, spec_hash=problem.spec_hash, extras=extras)
