@@ -8,4 +8,5 @@ stays fast.
 
 COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.validate",
+    "helix.commands.simulate",
 )
