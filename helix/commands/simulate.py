@@ -1,0 +1,123 @@
+"""``helix simulate``: replay a trace through a plan (or compare every placement x scheduler)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from helix.errors import HelixUserError
+
+
+def _summary_table(results, title: str):
+    from rich.table import Table
+    table = Table(title=title)
+    for col in ("run", "decode tok/s", "done", "unfinished", "TTFT p50/p99 s",
+                "decode s/tok mean/p99", "ITL p99 s", "preempt", "mean util"):
+        table.add_column(col, justify="right" if col != "run" else "left")
+    for r in results:
+        util = sum(r.node_utilization.values()) / max(1, len(r.node_utilization))
+        table.add_row(r.label or r.scheduler, f"{r.decode_throughput_tokens_per_s:.1f}",
+                      str(r.requests_completed), str(r.requests_unfinished),
+                      f"{_f(r.ttft.p50_s)}/{_f(r.ttft.p99_s)}",
+                      f"{_f(r.request_decode_latency.mean_s)}/{_f(r.request_decode_latency.p99_s)}",
+                      _f(r.inter_token_latency.p99_s), str(r.preemptions), f"{util:.2f}")
+    return table
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def simulate(
+    cluster: Path = typer.Argument(..., help="Cluster spec YAML."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Plan YAML from `helix plan` "
+                                        "(default: plan now with --method)."),
+    method: str = typer.Option("milp", "--method", help="Placement method when no --plan is given."),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="Planner time limit, seconds."),
+    scheduler: str = typer.Option("helix", "--scheduler",
+                                  help="helix | swarm | random | shortest-queue"),
+    mode: str = typer.Option("offline", "--mode", help="offline (saturated) | online (timed arrivals)"),
+    load: float = typer.Option(0.75, "--load", help="Online: arrival rate as a fraction of the "
+                               "plan's max flow."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Online: arrival rate in requests/s "
+                                         "(overrides --load)."),
+    trace: str = typer.Option("conv", "--trace", help="conv | code | path to an Azure-format CSV."),
+    poisson: bool = typer.Option(False, "--poisson", help="Online: Poisson arrivals, lengths from "
+                                 "the trace."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Use the first N requests."),
+    max_prompt: int = typer.Option(2048, "--max-prompt", help="Drop requests with longer prompts."),
+    max_output: int = typer.Option(1024, "--max-output", help="Drop requests with longer outputs."),
+    duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done)."),
+    chunk_tokens: int = typer.Option(0, "--chunk-tokens", help="Chunked-prefill budget per step "
+                                     "(0 = off: whole prompts)."),
+    high_water: float = typer.Option(0.9, "--high-water", help="KV high-water mark for masking."),
+    seed: int = typer.Option(0, "--seed"),
+    compare_all: bool = typer.Option(False, "--compare", help="Every placement method x {helix, "
+                                     "swarm, random} schedulers, one table and one plot."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG figures to this folder."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
+) -> None:
+    """Simulate serving a trace on a cluster with a plan: throughput, latencies, utilization.
+
+    The simulator drives the live system's own scheduling objects (coordinator pipeline builder,
+    worker step policy) with a simulated clock and the cost model's step times.
+    """
+    from rich.console import Console
+
+    from coordinator.schedulers import SCHEDULERS
+    from helix.plan import Plan
+    from helix.sim import run as simrun
+    from helix.sim.engine import MODES, SimConfig
+    from helix.spec import load_cluster
+
+    if mode not in MODES:
+        raise HelixUserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if scheduler not in SCHEDULERS:
+        raise HelixUserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if chunk_tokens < 0 or duration < 0 or not 0 < high_water <= 1:
+        raise HelixUserError("--chunk-tokens and --duration must be >= 0, --high-water in (0, 1]")
+    console = Console() if Console().is_terminal else Console(width=150)
+    spec = load_cluster(cluster)
+    config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
+                       high_water=high_water, seed=seed)
+    opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
+                                  max_output_tokens=max_output, poisson=poisson,
+                                  num_requests=num_requests, load=load, rate_per_s=rate)
+    if compare_all:
+        plans = {method: Plan.load(plan)} if plan is not None else {}
+        methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
+        rows = simrun.compare(spec, config, opts, methods=methods, time_limit_s=time_limit,
+                              plans=plans, progress=lambda s: console.log(s))
+        results = [r.result for r in rows]
+        console.print(_summary_table(results, f"{cluster.name} {mode}: placement+scheduler"))
+        if plot is not None:
+            from helix.sim.plots import plot_compare, plot_results
+            paths = [plot_compare(rows, plot), *plot_results(results, plot)]
+            console.print("wrote " + ", ".join(str(p) for p in paths))
+        if json_out is not None:
+            json_out.write_text(json.dumps([{"method": r.method, "scheduler": r.scheduler,
+                                             "max_flow_tokens_per_s": r.max_flow_tokens_per_s,
+                                             **r.result.to_dict()} for r in rows], indent=1))
+        return
+    the_plan = Plan.load(plan) if plan is not None else simrun.make_plan(spec, method, time_limit, seed)
+    workload = simrun.make_workload(opts, mode, the_plan, seed)
+    config = SimConfig(**{**config.__dict__, "label": f"{the_plan.method}+{scheduler}"})
+    result = simrun.simulate(spec, the_plan, workload, config, scheduler)
+    console.print(_summary_table([result], f"{cluster.name} {mode}, plan {the_plan.method} "
+                                 f"(max flow {the_plan.max_flow_tokens_per_s:.0f} tokens/s)"))
+    console.print(f"simulated {result.duration_s:.0f} s in {result.wall_s:.1f} s wall "
+                  f"({result.sim_s_per_wall_s:.1f} sim s / wall s, {result.events} events); "
+                  f"{result.requests_arrived} arrived, {result.requests_rejected} rejected")
+    if plot is not None:
+        from helix.sim.plots import plot_results
+        paths = plot_results([result], plot)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.to_dict(), indent=1))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)

@@ -1,0 +1,111 @@
+"""The simulator's front door: pick a workload, get plans, run one simulation or a comparison.
+
+Used by ``helix simulate`` and ``scripts/bench_sim.py``. Placements come from the planner's Python
+API (``planner.build.build_problem`` + ``planner.solve.solve``); this module places nothing itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from helix.errors import HelixUserError
+from helix.plan import Plan
+from helix.sim.build import build_simulator
+from helix.sim.engine import SimConfig
+from helix.sim.metrics import SimResult
+from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, poisson_workload,
+                                rescale_to_rate, resolve_trace)
+from helix.spec import ClusterSpec
+
+#: Placement methods and schedulers of ``--compare`` (the paper's comparison grid).
+COMPARE_METHODS = ("milp", "petals", "swarm", "separate", "uniform")
+COMPARE_SCHEDULERS = ("helix", "swarm", "random")
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """Where requests come from."""
+
+    trace: str = "conv"
+    """``conv``, ``code`` (Azure 2023 traces in the shared data) or a CSV path in that format."""
+    max_prompt_tokens: int = 2048
+    max_output_tokens: int = 1024
+    poisson: bool = False
+    """Online: Poisson arrivals with lengths drawn from the trace, instead of the trace's times."""
+    num_requests: int | None = None
+    """Use only the first N requests (None: all)."""
+    load: float = 0.75
+    """Online: arrival rate as a fraction of the plan's max flow, converted to requests/s."""
+    rate_per_s: float | None = None
+    """Online: explicit arrival rate (requests/s); overrides ``load``."""
+
+
+def online_rate_per_s(plan: Plan, requests: tuple[TraceRequest, ...], load: float) -> float:
+    """``load`` x max flow in requests/s: the flow counts prompt + output tokens of each request."""
+    mean_prompt, mean_output = mean_lengths(requests)
+    if plan.max_flow_tokens_per_s <= 0:
+        raise HelixUserError(f"plan {plan.method!r} has zero max flow: nothing can be served")
+    return load * plan.max_flow_tokens_per_s / (mean_prompt + mean_output)
+
+
+def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0
+                  ) -> tuple[TraceRequest, ...]:
+    """The requests of one run (offline: in trace order; online: timed at the target rate)."""
+    base = load_azure_trace(resolve_trace(opts.trace), opts.max_prompt_tokens, opts.max_output_tokens)
+    n = opts.num_requests or len(base)
+    if n < 1:
+        raise HelixUserError(f"--num-requests must be >= 1, got {n}")
+    if mode == "offline":
+        return base[:n]
+    if opts.load <= 0 and opts.rate_per_s is None:
+        raise HelixUserError(f"--load must be > 0, got {opts.load}")
+    rate = opts.rate_per_s or online_rate_per_s(plan, base, opts.load)
+    if opts.poisson:
+        return poisson_workload(rate, n, seed=seed, lengths=base)
+    return rescale_to_rate(base[:n], rate)
+
+
+def make_plan(spec: ClusterSpec, method: str, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
+    """Ask the planner for ``method``'s placement of ``spec``."""
+    from planner.build import build_problem
+    from planner.solve import solve
+    return solve(build_problem(spec), method=method, time_limit_s=time_limit_s, seed=seed)
+
+
+def simulate(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
+             scheduler: str = "helix") -> SimResult:
+    return build_simulator(spec, plan, workload, config, scheduler).run()
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    method: str
+    scheduler: str
+    max_flow_tokens_per_s: float
+    result: SimResult
+
+
+def compare(spec: ClusterSpec, config: SimConfig, opts: WorkloadOptions,
+            methods: Sequence[str] = COMPARE_METHODS, schedulers: Sequence[str] = COMPARE_SCHEDULERS,
+            time_limit_s: float = 60.0, plans: dict[str, Plan] | None = None,
+            progress: Callable[[str], None] | None = None) -> list[CompareRow]:
+    """Every method x scheduler on one workload. Online, the arrival rate comes from the first
+    method's plan (Helix's by default), so every row sees the same requests."""
+    plans = dict(plans or {})
+    for m in methods:
+        if m not in plans:
+            if progress:
+                progress(f"planning {m}")
+            plans[m] = make_plan(spec, m, time_limit_s, config.seed)
+    workload = make_workload(opts, config.mode, plans[methods[0]], config.seed)
+    rows = []
+    for m in methods:
+        for s in schedulers:
+            if progress:
+                progress(f"simulating {m} + {s}")
+            cfg = dataclasses.replace(config, label=f"{m}+{s}")
+            rows.append(CompareRow(m, s, plans[m].max_flow_tokens_per_s,
+                                   simulate(spec, plans[m], workload, cfg, s)))
+    return rows
