@@ -1,0 +1,107 @@
+"""The ZeroMQ data plane: each endpoint binds one PULL socket; senders keep one PUSH socket per peer.
+
+PUSH/PULL keeps the order of messages from one sender to one receiver, which is all a pipeline needs
+(a request's inputs at a stage all come from one upstream stage, or from the coordinator and the last
+stage in causal order). Messages are :mod:`worker.wire` frames, sent with ``copy=False`` so a hidden-state
+tensor goes from the engine's output to the socket without a Python-side copy.
+
+Sockets are not thread-safe: receiving belongs to the thread that calls :meth:`DataPlane.recv`;
+sending takes a lock, so several threads may send.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import zmq
+
+from worker.wire import Message, decode, encode
+
+#: Peer name -> ``tcp://host:port``.
+PeerBook = Mapping[str, str]
+
+
+class DataPlane:
+    """One endpoint of the data plane: a bound PULL socket and PUSH sockets to named peers."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None,
+                 context: zmq.Context | None = None) -> None:
+        self._ctx = context or zmq.Context.instance()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        if port is None or port == 0:
+            port = self._pull.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._pull.bind(f"tcp://{host}:{port}")
+        self.address = f"tcp://{host}:{port}"
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._peers: dict[str, str] = {}
+        self._push: dict[str, zmq.Socket] = {}
+        self._send_lock = threading.Lock()
+        self.bytes_sent = 0
+        self.messages_sent = 0
+
+    def set_peers(self, peers: PeerBook) -> None:
+        """Add or change peer addresses (a changed address gets a new socket)."""
+        with self._send_lock:
+            for name, addr in peers.items():
+                if self._peers.get(name) != addr and name in self._push:
+                    self._push.pop(name).close(linger=0)
+                self._peers[name] = addr
+
+    @property
+    def peers(self) -> dict[str, str]:
+        return dict(self._peers)
+
+    def _socket(self, peer: str) -> zmq.Socket:
+        sock = self._push.get(peer)
+        if sock is None:
+            if peer not in self._peers:
+                raise KeyError(f"unknown data-plane peer {peer!r}; known: {sorted(self._peers)}")
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self._peers[peer])
+            self._push[peer] = sock
+        return sock
+
+    def send(self, peer: str, msg: Message) -> None:
+        frames = encode(msg)
+        self.send_frames(peer, frames)
+
+    def send_frames(self, peer: str, frames: list) -> None:
+        with self._send_lock:
+            self._socket(peer).send_multipart(frames, copy=False)
+            self.messages_sent += 1
+            self.bytes_sent += sum(len(f) for f in frames)
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a message is ready within ``timeout_s``."""
+        return bool(self._poller.poll(max(0, int(timeout_s * 1000))))
+
+    def recv(self, timeout_s: float) -> Message | None:
+        """The next message, or None when none arrives within ``timeout_s``."""
+        if not self._pull.poll(max(0, int(timeout_s * 1000))):
+            return None
+        return decode(self._pull.recv_multipart(copy=False))
+
+    def recv_ready(self, max_messages: int = 1024) -> list[Message]:
+        """Every message already queued (up to ``max_messages``), without waiting."""
+        out: list[Message] = []
+        for _ in range(max_messages):
+            try:
+                frames = self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            out.append(decode(frames))
+        return out
+
+    def close(self) -> None:
+        with self._send_lock:
+            for sock in self._push.values():
+                sock.close(linger=0)
+            self._push.clear()
+        self._pull.close(linger=0)
