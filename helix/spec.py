@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -36,6 +35,7 @@ from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
 from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
 from helix.plan import COORDINATOR
 from helix.profiles import MeasuredProfile, load_profile
+from helix.spec_errors import expand_node_groups, first_error, point_at_entries
 from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
 
 
@@ -217,7 +217,7 @@ class ClusterSpec(_Frozen):
     @field_validator("nodes", mode="before")
     @classmethod
     def _expand_counts(cls, value: Any) -> Any:
-        return _expand_node_groups(value)
+        return expand_node_groups(value)[0]
 
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> "ClusterSpec":
@@ -312,47 +312,6 @@ class ClusterSpec(_Frozen):
 
 # --- validation helpers ---------------------------------------------------------------------------
 
-def _expand_node_groups(value: Any) -> Any:
-    """``{name: "t4-{i}", count: 12, ...}`` becomes 12 nodes t4-0 .. t4-11."""
-    return _expand_with_origin(value)[0]
-
-
-def _expand_with_origin(value: Any) -> tuple[Any, list[tuple[int, str | None]]]:
-    """Expanded node list, and for each expanded node its entry index in the YAML (and its name
-    when it came from a ``count`` group), so errors point at what the user wrote."""
-    if not isinstance(value, (list, tuple)):
-        return value, []
-    out: list[Any] = []
-    origin: list[tuple[int, str | None]] = []
-    for index, entry in enumerate(value):
-        if isinstance(entry, dict) and "count" in entry:
-            entry = dict(entry)
-            count = entry.pop("count")
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise ValueError(f"count must be a positive integer, got {count!r}")
-            name = str(entry.get("name", ""))
-            if "{i}" not in name:
-                raise ValueError(f"a node group with count needs '{{i}}' in its name, got {name!r}")
-            for i in range(count):
-                out.append({**entry, "name": name.replace("{i}", str(i))})
-                origin.append((index, name.replace("{i}", str(i))))
-        else:
-            out.append(entry)
-            origin.append((index, None))
-    return out, origin
-
-
-def _point_at_entries(message: str, origin: list[tuple[int, str | None]]) -> str:
-    """Rewrite ``nodes[7]`` (expanded index) as ``nodes[2] (t4-5)`` (the YAML entry)."""
-    def repl(m: re.Match[str]) -> str:
-        i = int(m.group(1))
-        if i >= len(origin):
-            return m.group(0)
-        index, name = origin[i]
-        return f"nodes[{index}] ({name})" if name else f"nodes[{index}]"
-    return re.sub(r"nodes\[(\d+)\]", repl, message)
-
-
 def _check_cluster(spec: ClusterSpec) -> None:
     if not spec.regions:
         raise ValueError("regions: at least one region is needed")
@@ -388,49 +347,19 @@ def _check_cluster(spec: ClusterSpec) -> None:
                                  f"{', '.join(sorted(labels))}")
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("function-after[_check_references()]",):
-            continue
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _first_error(exc: ValidationError, source: str) -> SpecError:
-    err = exc.errors()[0]
-    loc = _format_loc(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
-    msg = err["msg"]
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix):]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    elif "input" in err and err["type"] not in ("value_error",) and not isinstance(
-            err["input"], (dict, list)):
-        msg = f"{msg} (got {err['input']!r})"
-    where = f"{source}: {loc}" if loc else source
-    return SpecError(f"{where}: {msg}")
-
-
 def parse_cluster(data: Any, source: str = "cluster spec", base_dir: Path | None = None
                   ) -> ClusterSpec:
     """Validate already-parsed YAML data. Raises :class:`SpecError` with one clear line."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at top level, got {type(data).__name__}")
     try:
-        _, origin = _expand_with_origin(data.get("nodes"))
+        _, origin = expand_node_groups(data.get("nodes"))
     except ValueError as exc:
         raise SpecError(f"{source}: nodes: {exc}") from None
     try:
         return ClusterSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise SpecError(_point_at_entries(str(_first_error(exc, source)), origin)) from None
+        raise SpecError(point_at_entries(str(first_error(exc, source)), origin)) from None
     except SpecError as exc:  # raised while resolving the model or reading a profile
         raise SpecError(f"{source}: {exc}") from None
 
