@@ -180,13 +180,27 @@ class StepPolicy:
         """Pick the work of the next step (see the module docstring for the rules)."""
         step = _StepBuilder(self.config)
         preempted: list[Hashable] = []
-        for rid in [r for r in self._running if self._reqs[r].decoding]:
-            req = self._reqs[rid]
-            if rid in preempted or req.pending < 1 or not step.room_for(1):
+        # One pass splits running requests into ready decodes and prefills (same order and result
+        # as filtering twice; a request only changes class here by being preempted, and preempted
+        # ones are skipped below). Pipeline stages hold many requests that are not ready, and the
+        # simulator calls this for every step of every node, so the scan is kept cheap.
+        reqs = self._reqs
+        ready_decodes: list[Hashable] = []
+        prefilling: list[Hashable] = []
+        for r in self._running:
+            q = reqs[r]
+            if q.num_computed >= q.num_prompt_tokens:
+                if q.num_available > q.num_computed:
+                    ready_decodes.append(r)
+            else:
+                prefilling.append(r)
+        for rid in ready_decodes:
+            if rid in preempted or not step.room_for(1):
                 continue
+            req = reqs[rid]
             if self._grow(rid, req.num_computed + 1, step, preempted):
                 step.decode(rid, req.num_computed)
-        for rid in [r for r in self._running if not self._reqs[r].decoding]:
+        for rid in prefilling:
             if rid not in preempted:
                 self._schedule_prefill(rid, step, preempted, running=True)
         while self._waiting and step.room_for(1):
