@@ -1,0 +1,300 @@
+"""The live coordinator: request pool, pipeline choice, token streaming, admission control.
+
+It drives the *same* scheduling objects as the simulator (:func:`coordinator.schedulers.make_scheduler`
+with ``helix``: IWRR per vertex over the plan's flows, KV masking by
+:class:`~coordinator.kv_estimator.KVEstimator`), corrects the KV estimate with the workers' real block
+counts (a stats poller calls :meth:`KVEstimator.observe` every ``stats_interval_s``), and moves
+requests over the ZeroMQ data plane:
+
+``submit`` -> schedule (or wait in a bounded queue; full -> :class:`QueueFull`) -> token ids, the
+``NewRequest`` and the route to the first stage -> ... -> the last stage samples and sends the token
+here (and straight to the first stage) -> detokenize, stop strings, stream to the caller. A finish,
+a stop string or a cancellation releases the scheduler's reservation and, unless the last stage
+already did, frees the request's KV on every stage of its pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coordinator.kv_estimator import KVEstimator
+from coordinator.pipeline import Pipeline, RequestInfo
+from coordinator.requests import Delta, Done, LiveRequest, RequestHandle
+from coordinator.schedulers import Scheduler, make_scheduler
+from coordinator.textcodec import Detokenizer, TextCodec
+from helix.errors import HelixUserError
+from helix.plan import COORDINATOR, Plan
+from worker.control import WORKER_SERVICE, ControlClient, ControlError
+from worker.io_types import NewRequest, StageInput
+from worker.sampling import SamplingParams
+from worker.server import WorkerStats
+from worker.transport import DataPlane
+from worker.wire import Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireInput
+
+log = logging.getLogger("helix.coordinator")
+
+
+@dataclass(frozen=True)
+class WorkerHandle:
+    """Where one worker listens."""
+
+    node: str
+    control_address: str
+    data_address: str
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the live coordinator runs."""
+
+    max_waiting_requests: int = 64
+    """Requests that may wait for a pipeline; one more is refused (HTTP 503 with Retry-After)."""
+    retry_after_s: int = 1
+    kv_high_water: float = 0.9
+    stats_interval_s: float = 0.25
+    request_timeout_s: float = 60.0
+    """A request with no output for this long is cancelled."""
+    configure_timeout_s: float = 180.0
+    health_window_s: float = 30.0
+    engine: dict = field(default_factory=dict)
+    """Engine options for every worker (``worker.engine.EngineConfig`` field names)."""
+
+
+class QueueFull(Exception):
+    """Every pipeline is masked and the waiting queue is full."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"server busy: the request queue is full; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class Observer(Protocol):
+    """Latency and usage hooks (the HTTP server's Prometheus metrics implement them)."""
+
+    def first_token(self, ttft_s: float) -> None: ...
+    def next_token(self, itl_s: float) -> None: ...
+    def finished(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+
+class Coordinator:
+    """Serves ``plan`` with the workers given to :meth:`attach`."""
+
+    def __init__(self, plan: Plan, model_path: str, config: RuntimeConfig = RuntimeConfig(),
+                 codec: TextCodec | None = None, host: str = "127.0.0.1",
+                 observer: Observer | None = None) -> None:
+        self.plan = plan
+        self.model_path = model_path
+        self.config = config
+        self.codec = codec or TextCodec(model_path)
+        self.observer = observer
+        self.data = DataPlane(host)
+        self.workers: dict[str, WorkerHandle] = {}
+        self.clients: dict[str, ControlClient] = {}
+        self.stats: dict[str, WorkerStats] = {}
+        self.scheduler: Scheduler | None = None
+        self.pipeline_counts: Counter[tuple[str, ...]] = Counter()
+        self._lock = threading.RLock()
+        self._live: dict[int, LiveRequest] = {}
+        self._waiting: deque[LiveRequest] = deque()
+        self._next_id = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.last_token_unix_s: float | None = None
+
+    # --- workers ----------------------------------------------------------------------------------
+    def attach(self, workers: Sequence[WorkerHandle]) -> None:
+        """Configure every worker's slice and peers, build the scheduler, start serving."""
+        missing = {p.node for p in self.plan.placements} - {w.node for w in workers}
+        if missing:
+            raise HelixUserError(f"no worker for plan node(s) {sorted(missing)}")
+        for w in workers:
+            self.workers[w.node] = w
+            self.clients[w.node] = ControlClient(w.control_address, WORKER_SERVICE)
+        engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            replies = dict(zip([w.node for w in workers],
+                               pool.map(lambda w: self._configure(w, engine), workers)))
+        peers = {w.node: w.data_address for w in workers} | {COORDINATOR: self.data.address}
+        for node, client in self.clients.items():
+            client.call("SetPeers", {"peers": peers})
+        self.data.set_peers(peers)
+        self.stats = {n: WorkerStats.from_dict(r) for n, r in replies.items()}
+        kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
+                         self.config.kv_high_water)
+        self.scheduler = make_scheduler("helix", self.plan, kv)
+        for target, name in ((self._receive_loop, "receiver"), (self._stats_loop, "stats")):
+            t = threading.Thread(target=target, name=f"helix-coordinator-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _configure(self, w: WorkerHandle, engine: dict) -> dict:
+        p = self.plan.placement_of(w.node)
+        try:
+            return self.clients[w.node].call("Configure", {"start": p.start, "end": p.end, "engine": engine},
+                                             timeout_s=self.config.configure_timeout_s)
+        except ControlError as exc:
+            raise HelixUserError(f"worker {w.node!r} failed to load its slice [{p.start}, {p.end}) of "
+                                 f"{self.model_path}: {exc.details.strip().splitlines()[-1]}") from None
+
+    # --- requests ---------------------------------------------------------------------------------
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, stop: Sequence[str] = (),
+               loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+        """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`."""
+        if self.scheduler is None:
+            raise RuntimeError("coordinator has no workers yet (call attach)")
+        n_prompt = len(prompt_token_ids)
+        limit = self.codec.max_context_tokens
+        if n_prompt == 0:
+            raise HelixUserError("the prompt is empty")
+        if n_prompt + params.max_tokens > limit:
+            raise HelixUserError(f"prompt ({n_prompt} tokens) plus max_tokens ({params.max_tokens}) "
+                                 f"exceeds the model's context of {limit} tokens")
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            handle = RequestHandle(rid, self.cancel, loop)
+            req = LiveRequest(rid, tuple(prompt_token_ids), params,
+                              Detokenizer(self.codec, tuple(s for s in stop if s)), handle)
+            if not self._try_dispatch(req):
+                if len(self._waiting) >= self.config.max_waiting_requests:
+                    raise QueueFull(self.config.retry_after_s)
+                self._waiting.append(req)
+            self._live[rid] = req
+        return handle
+
+    def cancel(self, request_id: int) -> None:
+        """Abort a request: free its reservation and its KV on every stage."""
+        with self._lock:
+            req = self._live.get(request_id)
+            if req is None or req.done:
+                return
+            if req in self._waiting:
+                self._waiting.remove(req)
+            self._end(req, "abort", release_stages=True)
+
+    def _try_dispatch(self, req: LiveRequest) -> bool:
+        info = RequestInfo(req.request_id, len(req.prompt_token_ids), req.params.max_tokens)
+        pipeline = self.scheduler.schedule(info)
+        if pipeline is None:
+            return False
+        req.pipeline = pipeline
+        self.pipeline_counts[pipeline.nodes] += 1
+        route = Route(tuple(Hop(s.node, s.start) for s in pipeline.stages))
+        first = pipeline.stages[0]
+        new = NewRequest(req.request_id, len(req.prompt_token_ids), req.params,
+                         req.prompt_token_ids, enter_layer=first.start)
+        item = StageInput(req.request_id, 0, token_ids=req.prompt_token_ids, new_request=new)
+        self.data.send(first.node, InputBatch((WireInput(item, route),)))
+        return True
+
+    def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
+        """Finish ``req`` (under the lock): release KV, tell the caller, admit waiting requests."""
+        req.done = True
+        self._live.pop(req.request_id, None)
+        if req.pipeline is not None:
+            self.scheduler.release(req.request_id)
+            if release_stages:
+                for node in dict.fromkeys(req.pipeline.nodes):
+                    self.data.send(node, Release((req.request_id,)))
+        req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error))
+        if self.observer is not None and req.first_token_s is not None:
+            self.observer.finished(time.perf_counter() - req.arrival_s, len(req.prompt_token_ids),
+                                   req.num_output_tokens)
+        while self._waiting and self._try_dispatch(self._waiting[0]):
+            self._waiting.popleft()
+
+    # --- tokens from the last stages ----------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while not self._stop.is_set():
+            msg = self.data.recv(0.05)
+            if isinstance(msg, TokenBatch):
+                self.last_token_unix_s = time.time()
+                with self._lock:
+                    for ev in msg.tokens:
+                        self._on_token(ev)
+            elif msg is not None:
+                log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
+
+    def _on_token(self, ev: TokenEvent) -> None:
+        req = self._live.get(ev.request_id)
+        if req is None or req.done:
+            return   # cancelled while the token was in flight
+        now = time.perf_counter()
+        if self.observer is not None:
+            if req.first_token_s is None:
+                self.observer.first_token(now - req.arrival_s)
+            else:
+                self.observer.next_token(now - req.last_token_s)
+        req.first_token_s = req.first_token_s or now
+        req.last_token_s = now
+        req.num_output_tokens += 1
+        text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)
+        req.handle.push(Delta((ev.token.token_id,), text, (ev.token,)))
+        if ev.finish_reason is not None:
+            self._end(req, ev.finish_reason, release_stages=False)
+        elif req.detok.stopped:
+            self._end(req, "stop", release_stages=True)
+
+    # --- worker stats, health -----------------------------------------------------------------------
+    def _stats_loop(self) -> None:
+        while not self._stop.wait(self.config.stats_interval_s):
+            self.poll_stats()
+
+    def poll_stats(self) -> None:
+        """Read every worker's real KV use and feed it to the estimator (drained nodes read full)."""
+        for node, client in self.clients.items():
+            try:
+                s = WorkerStats.from_dict(client.call("Stats", timeout_s=2.0))
+            except ControlError as exc:
+                log.warning("coordinator: stats of %s failed: %s", node, exc)
+                continue
+            self.stats[node] = s
+            used = s.kv_used_token_layers if not s.draining else 2 * s.kv_capacity_token_layers
+            with self._lock:
+                self.scheduler.kv.observe(node, used)
+
+    @property
+    def num_running(self) -> int:
+        with self._lock:
+            return len(self._live) - len(self._waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def kv_usage_fraction(self) -> dict[str, float]:
+        return {n: (s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0)
+                for n, s in self.stats.items()}
+
+    def healthy(self, probe_timeout_s: float = 10.0) -> bool:
+        """A token arrived within ``health_window_s``, or a one-token probe succeeds now."""
+        last = self.last_token_unix_s
+        if last is not None and time.time() - last < self.config.health_window_s:
+            return True
+        try:
+            handle = self.submit(self.codec.encode("health") or [0], SamplingParams(temperature=0, max_tokens=1))
+            return any(isinstance(ev, Done) and ev.error is None and ev.finish_reason != "abort"
+                       for ev in handle.events(timeout_s=probe_timeout_s))
+        except Exception:   # QueueFull, timeout, a dead worker: all mean "not healthy now"
+            return False
+
+    def close(self, shutdown_workers: bool = False) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2.0)
+        for client in self.clients.values():
+            if shutdown_workers:
+                try:
+                    client.call("Shutdown", timeout_s=2.0)
+                except ControlError:
+                    pass
+            client.close()
+        self.data.close()

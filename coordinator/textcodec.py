@@ -1,0 +1,138 @@
+"""Text in and out of the coordinator: the checkpoint's tokenizer, chat template and stop strings.
+
+The tokenizer is ``tokenizer.json`` from the checkpoint folder, read with the ``tokenizers`` library;
+``tokenizer_config.json`` gives the BOS/EOS tokens, whether to prepend BOS, and the chat template
+(Jinja, rendered in a sandbox with ``messages``, ``add_generation_prompt``, ``bos_token`` and
+``eos_token`` as in ``transformers``). Without a template we use :data:`DEFAULT_CHAT_TEMPLATE`:
+
+    <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n
+
+(one ``<|role|>`` line then the content per message, and an open assistant turn at the end).
+
+:class:`Detokenizer` turns a growing list of output token ids into text deltas, holding back an
+incomplete UTF-8 sequence and any tail that could still become a stop string, so a streamed reply
+never shows text that the final reply cuts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from helix.errors import HelixUserError
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):   # {"content": "<s>", ...} in older tokenizer configs
+        return value.get("content")
+    return value
+
+
+class TextCodec:
+    """Tokenizer, special tokens and chat template of one checkpoint folder."""
+
+    def __init__(self, ckpt_dir: str | Path) -> None:
+        from tokenizers import Tokenizer
+        path = Path(ckpt_dir)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise HelixUserError(f"model {str(path)!r}: no tokenizer.json (the coordinator needs the "
+                                 f"checkpoint's tokenizer)")
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        model_cfg_file = path / "config.json"
+        model_cfg = json.loads(model_cfg_file.read_text()) if model_cfg_file.is_file() else {}
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.add_bos = bool(cfg.get("add_bos_token", True)) and self.bos_token is not None
+        self.bos_token_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_ids = self._eos_ids(model_cfg)
+        self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self.max_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
+
+    def _eos_ids(self, model_cfg: dict) -> tuple[int, ...]:
+        eos = model_cfg.get("eos_token_id")
+        ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        if not ids and self.eos_token:
+            tid = self.tokenizer.token_to_id(self.eos_token)
+            ids = [tid] if tid is not None else []
+        return tuple(int(i) for i in ids)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        """The prompt text for ``messages`` (each ``{"role", "content"}``) with an open assistant turn."""
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):
+            raise TemplateError(message)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=True,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except TemplateError as exc:
+            raise HelixUserError(f"chat template: {exc}") from None
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        text = self.render_chat(messages)
+        # A template that writes BOS itself must not get a second one.
+        starts_with_bos = bool(self.bos_token) and text.startswith(self.bos_token)
+        return self.encode(text, add_bos=False if starts_with_bos else None)
+
+
+@dataclass
+class Detokenizer:
+    """Incremental text of one request's output tokens, with stop strings applied."""
+
+    codec: TextCodec
+    stop: tuple[str, ...] = ()
+    token_ids: list[int] | None = None
+    sent_chars: int = 0
+    stopped: bool = False
+
+    def __post_init__(self) -> None:
+        self.token_ids = []
+        self.text = ""
+
+    def add(self, token_id: int, final: bool) -> str:
+        """Append a token; the new text to show. Sets ``stopped`` when a stop string appeared (the text
+        is then cut before it, and the caller finishes the request)."""
+        self.token_ids.append(token_id)
+        text = self.codec.decode(self.token_ids)
+        cut = min((i for i in (text.find(s) for s in self.stop if s) if i >= 0), default=None)
+        if cut is not None:
+            text, self.stopped, final = text[:cut], True, True
+        self.text = text
+        visible = len(text) if final else self._safe_len(text)
+        delta = text[self.sent_chars:visible] if visible > self.sent_chars else ""
+        self.sent_chars = max(self.sent_chars, visible)
+        return delta
+
+    def _safe_len(self, text: str) -> int:
+        n = len(text)
+        if text.endswith("\ufffd"):   # an incomplete UTF-8 sequence: wait for the next token
+            n -= 1
+        hold = 0
+        for s in self.stop:   # a tail that may still grow into a stop string stays hidden
+            for k in range(min(len(s) - 1, n), 0, -1):
+                if text[n - k:n] == s[:k]:
+                    hold = max(hold, k)
+                    break
+        return n - hold

@@ -1,0 +1,276 @@
+"""A worker process: one slice engine behind a ZeroMQ data plane and a gRPC control service.
+
+Plain class (a test builds it directly; :mod:`worker.actor` wraps it for Ray). The control service
+configures the slice and the peer address book, and answers health, stats, drain and shutdown. Once
+configured, a loop thread repeats: take every data-plane message that arrived, run one engine step,
+forward what it produced along each request's :class:`~worker.wire.Route`:
+
+- a middle stage sends hidden states to the next hop (one message per destination per step);
+- the last stage sends the sampled tokens to the coordinator *and* each unfinished request's token
+  straight to its first stage as the next step's input; a finished request is released on the
+  route's other stages.
+
+A ``Release`` (cancellation, or a finish reported by the last stage) frees the request's KV; a short
+tombstone list drops inputs of a released request that were still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import OrderedDict, defaultdict
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from helix.errors import HelixUserError
+from helix.plan import COORDINATOR
+from worker.control import ControlServer, WORKER_SERVICE, service_handler, start_server
+from worker.engine import EngineConfig, SliceEngine
+from worker.io_types import StageInput, StageOutput
+from worker.transport import DataPlane
+from worker.wire import InputBatch, Release, Route, TokenBatch, TokenEvent, WireInput
+
+log = logging.getLogger("helix.worker")
+
+_TOMBSTONES = 4096
+_IDLE_POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One snapshot of a worker, as the control service reports it."""
+
+    node: str
+    configured: bool
+    start: int
+    end: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    block_size_tokens: int
+    num_waiting: int
+    """Requests with inputs not yet computed (policy queue)."""
+    num_running: int
+    num_requests: int
+    """Requests holding state on this worker."""
+    steps_total: int
+    step_time_s_avg: float
+    """Exponential average of non-empty step times."""
+    last_step_unix_s: float | None
+    """Wall time the last non-empty step finished without error (None: never)."""
+    last_error: str | None
+    draining: bool
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.kv_blocks_total - self.kv_blocks_used
+
+    @property
+    def kv_used_token_layers(self) -> int:
+        return self.kv_blocks_used * self.block_size_tokens * (self.end - self.start)
+
+    @property
+    def kv_capacity_token_layers(self) -> int:
+        return self.kv_blocks_total * self.block_size_tokens * (self.end - self.start)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kv_blocks_free": self.kv_blocks_free}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkerStats":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def engine_config_from(overrides: dict[str, Any]) -> EngineConfig:
+    known = {f.name for f in fields(EngineConfig)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise HelixUserError(f"unknown engine option(s) {bad}; known: {sorted(known)}")
+    if "eos_token_ids" in overrides:
+        overrides = {**overrides, "eos_token_ids": tuple(overrides["eos_token_ids"])}
+    return EngineConfig(**overrides)
+
+
+class WorkerServer:
+    """Serves one slice of ``model_path`` as node ``node``."""
+
+    def __init__(self, node: str, model_path: str, host: str = "127.0.0.1", data_port: int = 0,
+                 control_port: int = 0, torch_threads: int | None = None) -> None:
+        self.node = node
+        self.model_path = model_path
+        self.torch_threads = torch_threads
+        self.engine: SliceEngine | None = None
+        self.data = DataPlane(host, data_port)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._routes: dict[Any, Route] = {}
+        self._released: OrderedDict[Any, None] = OrderedDict()
+        self._steps = 0
+        self._step_avg_s = 0.0
+        self._last_ok: float | None = None
+        self._last_error: str | None = None
+        self._draining = False
+        self.control: ControlServer = start_server([self._handler()], host, control_port)
+
+    # --- control ----------------------------------------------------------------------------------
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {"node": self.node, "control": self.control.address, "data": self.data.address}
+
+    def configure(self, start: int, end: int, engine: dict[str, Any] | None = None) -> dict:
+        """Load layers ``[start, end)`` and start the loop; raises on a bad checkpoint or slice."""
+        if self.torch_threads:
+            import torch
+            torch.set_num_threads(self.torch_threads)
+        config = engine_config_from(engine or {})
+        new_engine = SliceEngine.from_checkpoint(self.model_path, start, end, config)
+        with self._lock:
+            self.engine = new_engine
+            self._routes.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"helix-worker-{self.node}",
+                                            daemon=True)
+            self._thread.start()
+        return self.stats().to_dict()
+
+    def set_peers(self, peers: dict[str, str]) -> None:
+        self.data.set_peers(peers)
+
+    def stats(self) -> WorkerStats:
+        with self._lock:
+            e = self.engine
+            return WorkerStats(
+                node=self.node, configured=e is not None,
+                start=e.weights.start if e else 0, end=e.weights.end if e else 0,
+                kv_blocks_total=e.blocks.num_blocks if e else 0,
+                kv_blocks_used=e.blocks.num_used_blocks if e else 0,
+                block_size_tokens=e.blocks.block_size_tokens if e else 0,
+                num_waiting=len(e.policy.waiting_ids) if e else 0,
+                num_running=len(e.policy.running_ids) if e else 0,
+                num_requests=len(self._routes),
+                steps_total=self._steps, step_time_s_avg=self._step_avg_s,
+                last_step_unix_s=self._last_ok, last_error=self._last_error,
+                draining=self._draining)
+
+    def drain(self) -> None:
+        """Stop taking new requests (the coordinator stops routing here); running ones finish."""
+        self._draining = True
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self.control.stop()
+        self.data.close()
+
+    def _handler(self):
+        def configure(req, _ctx):
+            return self.configure(int(req["start"]), int(req["end"]), req.get("engine"))
+
+        def set_peers(req, _ctx):
+            self.set_peers(req["peers"])
+            return {}
+
+        def health(_req, _ctx):
+            s = self.stats()
+            return {"node": self.node, "configured": s.configured, "last_step_unix_s": s.last_step_unix_s,
+                    "last_error": s.last_error}
+
+        def shutdown(_req, _ctx):
+            threading.Thread(target=self.shutdown, daemon=True).start()
+            return {}
+
+        def drain(_req, _ctx):
+            self.drain()
+            return {}
+
+        return service_handler(WORKER_SERVICE, {
+            "Configure": configure, "SetPeers": set_peers, "Health": health,
+            "Stats": lambda _r, _c: self.stats().to_dict(), "Drain": drain, "Shutdown": shutdown})
+
+    # --- data loop --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            busy = self.engine is not None and self.engine.has_work()
+            first = self.data.recv(0.0 if busy else _IDLE_POLL_S)
+            msgs = ([first] if first is not None else []) + self.data.recv_ready()
+            if not msgs and not busy:
+                continue
+            try:
+                self._step(msgs)
+            except Exception:   # keep serving the others; health and stats report the error
+                self._last_error = traceback.format_exc(limit=4)
+                log.exception("worker %s: step failed", self.node)
+
+    def _step(self, msgs: list) -> None:
+        with self._lock:
+            inputs = self._accept(msgs)
+            t0 = time.perf_counter()
+            outputs = self.engine.step(inputs)
+            if outputs or inputs:
+                dt = time.perf_counter() - t0
+                self._steps += 1
+                self._step_avg_s = dt if self._steps == 1 else 0.9 * self._step_avg_s + 0.1 * dt
+                self._last_ok = time.time()
+            sends = self._route_outputs(outputs)
+        for peer, msg in sends:
+            self.data.send(peer, msg)
+
+    def _accept(self, msgs: list) -> list[StageInput]:
+        inputs: list[StageInput] = []
+        for msg in msgs:
+            if isinstance(msg, Release):
+                self._release(msg.request_ids)
+            elif isinstance(msg, InputBatch):
+                for w in msg.inputs:
+                    rid = w.item.request_id
+                    if rid in self._released:
+                        continue
+                    if w.route is not None:
+                        self._routes[rid] = w.route
+                    inputs.append(w.item)
+            else:
+                log.warning("worker %s: ignoring unexpected %s", self.node, type(msg).__name__)
+        return inputs
+
+    def _release(self, request_ids) -> None:
+        self.engine.release(list(request_ids))
+        for rid in request_ids:
+            self._routes.pop(rid, None)
+            self._released[rid] = None
+        while len(self._released) > _TOMBSTONES:
+            self._released.popitem(last=False)
+
+    def _route_outputs(self, outputs: list[StageOutput]) -> list[tuple[str, object]]:
+        if not outputs:
+            return []
+        if self.engine.weights.is_last:
+            return self._route_tokens(outputs)
+        by_peer: dict[str, list[WireInput]] = defaultdict(list)
+        for o in outputs:
+            route = self._routes[o.request_id]
+            hop = route.next_after(self.node)
+            new = replace(o.new_request, enter_layer=hop.enter_layer) if o.new_request else None
+            item = StageInput(o.request_id, o.start_position, hidden_states=o.hidden_states,
+                              new_request=new)
+            by_peer[hop.node].append(WireInput(item, route if new is not None else None))
+        return [(peer, InputBatch(tuple(items))) for peer, items in by_peer.items()]
+
+    def _route_tokens(self, outputs: list[StageOutput]) -> list[tuple[str, object]]:
+        self_feeding = self.engine.weights.is_first
+        tokens, feed, sends = [], defaultdict(list), []
+        for o in outputs:
+            route = self._routes[o.request_id]
+            tokens.append(TokenEvent(o.request_id, o.start_position, o.token, o.finish_reason, self.node))
+            if o.finish_reason is not None:
+                for node in set(route.nodes) - {self.node}:
+                    sends.append((node, Release((o.request_id,))))
+                self._routes.pop(o.request_id, None)
+            elif not self_feeding:
+                item = StageInput(o.request_id, o.start_position, token_ids=(o.token.token_id,))
+                feed[route.hops[0].node].append(WireInput(item))
+        # The next step's input first: the coordinator's copy is only for streaming.
+        out = [(peer, InputBatch(tuple(items))) for peer, items in feed.items()]
+        return out + [(COORDINATOR, TokenBatch(tuple(tokens)))] + sends
