@@ -57,3 +57,27 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
 
 def burst(n: int, prompt: int, output: int, gap_s: float = 0.0) -> tuple[TraceRequest, ...]:
     return tuple(TraceRequest(i * gap_s, prompt, output) for i in range(n))
+
+
+def pipelines_plan(spec, groups: list[tuple[list[str], list[int]]]) -> Plan:
+    """Disjoint pipelines over ``spec``'s nodes; each pipeline's flow is its slowest stage's T(k)."""
+    from helix.costmodel import CostModel
+    cost = CostModel.for_cluster(spec)
+    placements, arcs, total = [], [], 0.0
+    for names, layers in groups:
+        start, prev = 0, COORDINATOR
+        flow = min(cost.throughput_tokens_per_s(spec.node(n), k) for n, k in zip(names, layers))
+        for n, k in zip(names, layers):
+            placements.append(NodePlacement(n, start, start + k))
+            arcs.append(ArcFlow(prev, n, flow))
+            start, prev = start + k, n
+        arcs.append(ArcFlow(prev, COORDINATOR, flow))
+        total += flow
+    return Plan(spec.model.name, spec.model.num_layers, tuple(placements), tuple(arcs), total,
+                method="hand")
+
+
+def single24_plan(spec) -> Plan:
+    """A100s 4 x 20 layers, L4s 8 x 10 layers: two pipelines (the T4s stay idle)."""
+    return pipelines_plan(spec, [([f"a100-{i}" for i in range(4)], [20] * 4),
+                                 ([f"l4-{i}" for i in range(8)], [10] * 8)])

@@ -1,0 +1,64 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from helix.cli import main
+from helix.spec import load_cluster
+from sim_factories import single24_plan
+
+REPO = Path(__file__).resolve().parents[2]
+SINGLE24 = REPO / "cluster_specs" / "single24.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.yaml"
+    single24_plan(load_cluster(SINGLE24)).save(path)
+    return path
+
+
+def test_simulate_writes_json_and_plots(plan_file, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "20",
+               "--json", str(out), "--plot", str(tmp_path / "png")])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["mode"] == "offline" and d["scheduler"] == "helix" and d["duration_s"] == 20
+    assert d["decode_throughput_tokens_per_s"] > 0 and d["tokens_generated"] > 0
+    assert set(d["node_utilization"]) == {f"a100-{i}" for i in range(4)} | {f"l4-{i}" for i in range(8)}
+    assert any(0 < u <= 1 for u in d["node_utilization"].values())
+    for name in ("throughput.png", "latency_cdf.png", "node_utilization.png"):
+        assert (tmp_path / "png" / name).stat().st_size > 1000
+    assert "decode tok/s" in capsys.readouterr().out
+
+
+def test_online_with_poisson_and_swarm(plan_file, tmp_path):
+    out = tmp_path / "r.json"
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--mode", "online",
+               "--rate", "0.5", "--poisson", "--num-requests", "8", "--scheduler", "swarm",
+               "--duration", "0", "--chunk-tokens", "256", "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["requests_arrived"] == 8 and d["requests_completed"] == 8
+    assert d["tokens_generated"] == d["tokens_requested_completed"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "sideways"], "--mode"),
+    (["--scheduler", "fastest"], "--scheduler"),
+    (["--trace", "/no/such.csv"], "no such file"),
+    (["--high-water", "1.5"], "--high-water"),
+])
+def test_bad_options_are_one_line_errors(plan_file, capsys, args, message):
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_plan_for_another_cluster_is_refused(plan_file, capsys):
+    rc = main(["simulate", str(REPO / "cluster_specs" / "geo24.yaml"), "--plan", str(plan_file),
+               "--duration", "1"])
+    assert rc == 2
+    assert "lacks" in capsys.readouterr().err
