@@ -83,15 +83,19 @@ def fixed_point_bound(problem: PlacementProblem) -> float:
 def _largest_root(h, pts: list[float]) -> float:
     """Largest F in [pts[0], pts[-1]] with h(F) >= 0, for h convex between consecutive pts.
 
-    Returns a value >= the true root (the upper end of the final bisection bracket)."""
-    if h(pts[-1]) >= 0:
+    Returns a value >= the true root (the upper end of the final bisection bracket). Values of h
+    within rounding of 0 count as >= 0, which can only raise the bound (keeps it valid)."""
+    def ok(F: float) -> bool:
+        return h(F) >= -1e-9 * max(1.0, F)
+
+    if ok(pts[-1]):
         return pts[-1]
     for a, b in zip(reversed(pts[:-1]), reversed(pts[1:])):
-        if h(a) >= 0:  # convex, >= 0 at a and < 0 at b: exactly one crossing inside
+        if ok(a):  # convex, >= 0 at a and < 0 at b: exactly one crossing inside
             lo, hi = a, b
             for _ in range(200):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if h(mid) >= 0 else (lo, mid)
+                lo, hi = (mid, hi) if ok(mid) else (lo, mid)
                 if hi - lo <= 1e-9 * max(1.0, hi):
                     break
             return hi

@@ -19,7 +19,7 @@ from typing import Callable
 
 from helix.errors import HelixUserError, InfeasibleError
 from helix.plan import ArcFlow, NodePlacement, Plan
-from planner import milp_classes, milp_paper
+from planner import construct, milp_classes, milp_paper
 from planner.bound import fixed_point_bound, layer_counts
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.heuristics import HEURISTICS, WARM_STARTS
@@ -117,7 +117,9 @@ def _evaluate(problem, placement, source, partial) -> Candidate:
 
 def _best_warm_start(problem, seed, partial, min_k) -> Candidate:
     best = Candidate({}, FlowResult(0.0, {}, {}), "none")
-    for name, heuristic in WARM_STARTS.items():
+    starts = {**WARM_STARTS, "sweep": lambda p, s: construct.sweep(p, s, partial),
+              "regional": lambda p, s: construct.regional(p, s, partial)}
+    for name, heuristic in starts.items():
         placement = heuristic(problem, seed)
         if any(e - s < min_k for s, e in placement.values()):
             continue

@@ -1,0 +1,73 @@
+"""Max flow of a placement: against an LP max flow solved by HiGHS (an independent oracle)."""
+
+import random
+
+import highspy
+import pytest
+
+from planner.flowgraph import SINK, SOURCE, arc_valid, build_graph, max_flow
+from planner.problem import COORDINATOR
+from planner.verify import check_flow
+from planner_factories import make_node, make_problem, random_problem
+
+
+def lp_max_flow(g) -> float:
+    """Max flow as a linear program (arc flows, conservation, capacities) solved by HiGHS."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    edges = list(g.edges(data="capacity"))
+    x = [h.addVariable(lb=0, ub=cap) for _, _, cap in edges]
+    for v in g.nodes:
+        if v in (SOURCE, SINK):
+            continue
+        inflow = [x[i] for i, (a, b, _) in enumerate(edges) if b == v]
+        outflow = [x[i] for i, (a, b, _) in enumerate(edges) if a == v]
+        if inflow or outflow:
+            h.addConstr(sum(inflow, 0.0 * x[0]) - sum(outflow, 0.0 * x[0]) == 0)
+    h.maximize(sum((x[i] for i, (a, _, _) in enumerate(edges) if a == SOURCE), 0.0 * x[0]))
+    return h.getInfo().objective_function_value
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("partial", [True, False])
+def test_max_flow_matches_lp_on_random_placements(seed, partial):
+    rng = random.Random(seed)
+    p = random_problem(rng, num_nodes=rng.randint(3, 7), num_layers=rng.randint(4, 9), kmax=5,
+                       regions=2, inter_region_cap=rng.uniform(20, 200))
+    L = p.num_layers
+    placement = {}
+    for n in p.nodes:
+        if rng.random() < 0.85:
+            k = rng.randint(1, min(L, len(n.throughput_tokens_per_s)))
+            s = rng.randint(0, L - k)
+            placement[n.name] = (s, s + k)
+    res = max_flow(p, placement, partial)
+    g = build_graph(p, placement, partial)
+    assert res.value_tokens_per_s == pytest.approx(lp_max_flow(g), rel=1e-6, abs=1e-6)
+    check_flow(p, placement, res, partial)
+
+
+def test_arc_validity_rules():
+    assert arc_valid(4, 4, 8, partial_inference=False)
+    assert not arc_valid(4, 3, 8, partial_inference=False)
+    assert arc_valid(4, 3, 8, partial_inference=True)  # j runs only layers 4..7
+    assert not arc_valid(8, 3, 8, partial_inference=True)  # nothing left for j
+    assert not arc_valid(2, 3, 8, partial_inference=True)  # gap: layer 2 never runs
+
+
+def test_chain_flow_is_its_slowest_stage_and_link():
+    nodes = [make_node("a", (100, 60)), make_node("b", (90, 50)), make_node("c", (300,))]
+    p = make_problem(nodes, 5, node_cap=55)
+    res = max_flow(p, {"a": (0, 2), "b": (2, 4), "c": (4, 5)})
+    assert res.value_tokens_per_s == pytest.approx(50)  # b holds 2 layers: T_b(2) = 50
+    assert res.arc_flows[(COORDINATOR, "a")] == pytest.approx(50)
+    p2 = make_problem(nodes, 5, node_cap=40)
+    assert max_flow(p2, {"a": (0, 2), "b": (2, 4), "c": (4, 5)}).value_tokens_per_s == pytest.approx(40)
+
+
+def test_partial_inference_lets_overlapping_ranges_serve():
+    nodes = [make_node("a", (100, 100, 100)), make_node("b", (100, 100, 100))]
+    p = make_problem(nodes, 4)
+    placement = {"a": (0, 3), "b": (1, 4)}
+    assert max_flow(p, placement, partial_inference=False).value_tokens_per_s == 0
+    assert max_flow(p, placement, partial_inference=True).value_tokens_per_s == pytest.approx(100)
