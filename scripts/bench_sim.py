@@ -1,0 +1,156 @@
+"""Benchmarks of ``helix simulate`` (issue 4); appends its tables to BENCHMARKS.md.
+
+1. Speed: single24 + LLaMA-2 70B, offline, 600 simulated seconds, Helix placement + scheduler:
+   simulated seconds per wall second (target >= 20) and peak memory.
+2. Paper comparison on single24 and geo24, Azure conversation trace, offline and online (0.75 load):
+   helix placement + helix scheduler vs swarm + swarm vs separate pipelines + random.
+3. Chunked prefill on/off on geo24 (Helix placement + scheduler): p99 decode latency, throughput.
+
+Usage: ``python scripts/bench_sim.py [--duration 600] [--compare-duration 300] [--time-limit 60]
+[--no-append]``. Placements come from the planner (``planner.solve``); nothing is hard-coded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import resource
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from helix.sim import run as simrun  # noqa: E402
+from helix.sim.engine import SimConfig  # noqa: E402
+from helix.spec import load_cluster  # noqa: E402
+
+TRIO = (("milp", "helix"), ("swarm", "swarm"), ("separate", "random"))
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def plans_for(cluster: str, time_limit_s: float, methods=("milp", "swarm", "separate")):
+    spec = load_cluster(ROOT / "cluster_specs" / f"{cluster}.yaml")
+    return spec, {m: simrun.make_plan(spec, m, time_limit_s) for m in methods}
+
+
+def speed(plan_spec, duration_s: float) -> list[str]:
+    spec, plans = plan_spec
+    plan = plans["milp"]
+    workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plan)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r = simrun.simulate(spec, plan, workload, SimConfig(duration_s=duration_s), "helix")
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # Python-heap peak of the simulation alone, in a second identical run under tracemalloc.
+    tracemalloc.start()
+    simrun.simulate(spec, plan, workload, SimConfig(duration_s=duration_s), "helix")
+    heap_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    print(f"speed: {r.duration_s:.0f} sim s in {r.wall_s:.1f} s wall = {r.sim_s_per_wall_s:.1f}x, "
+          f"{r.events} events, peak RSS {rss1:.0f} MiB, sim heap peak {heap_peak_mb:.1f} MiB")
+    return [
+        "| run | simulated s | wall s | sim s / wall s | events | events/s | decode tok/s | "
+        "process peak RSS | simulation heap peak |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| single24 70B offline, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
+        f"**{r.sim_s_per_wall_s:.1f}** | {r.events} | {r.events / r.wall_s:,.0f} | "
+        f"{r.decode_throughput_tokens_per_s:.1f} | {rss1:.0f} MiB (before run {rss0:.0f}) | "
+        f"{heap_peak_mb:.1f} MiB |",
+    ]
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1e3:.0f}"
+
+
+def row(cluster, mode, label, flow, r) -> str:
+    return (f"| {cluster} | {mode} | {label} | {flow:.0f} | **{r.decode_throughput_tokens_per_s:.1f}** | "
+            f"{r.requests_completed} | {_ms(r.ttft.p50_s)} / {_ms(r.ttft.p99_s)} | "
+            f"{_ms(r.request_decode_latency.mean_s)} / {_ms(r.request_decode_latency.p99_s)} | "
+            f"{_ms(r.inter_token_latency.p99_s)} | {r.preemptions} | {r.wall_s:.1f} |")
+
+
+def paper_comparison(all_plans, duration_s: float) -> list[str]:
+    lines = ["| cluster | mode | placement + scheduler | plan max flow tok/s | decode tok/s | "
+             "completed | TTFT p50 / p99 ms | decode ms/token mean / p99 | ITL p99 ms | "
+             "preemptions | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for cluster, (spec, plans) in all_plans.items():
+        for mode in ("offline", "online"):
+            # Same requests for every row: the online rate comes from the Helix plan's max flow.
+            workload = simrun.make_workload(simrun.WorkloadOptions(load=0.75), mode, plans["milp"])
+            got = {}
+            for method, sched in TRIO:
+                cfg = SimConfig(mode=mode, duration_s=duration_s, label=f"{method}+{sched}")
+                t0 = time.perf_counter()
+                r = simrun.simulate(spec, plans[method], workload, cfg, sched)
+                got[method] = r.decode_throughput_tokens_per_s
+                print(f"{cluster} {mode} {method}+{sched}: {r.decode_throughput_tokens_per_s:.1f} "
+                      f"tok/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+                lines.append(row(cluster, mode, f"{method} + {sched}",
+                                 plans[method].max_flow_tokens_per_s, r))
+            ratios.append(f"{cluster} {mode}: Helix/Swarm = {got['milp'] / got['swarm']:.2f}, "
+                          f"Helix/(separate+random) = {got['milp'] / got['separate']:.2f}")
+    return lines + [""] + [f"- {x}" for x in ratios]
+
+
+def chunking(plan_spec, duration_s: float) -> list[str]:
+    spec, plans = plan_spec
+    workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plans["milp"])
+    lines = ["| geo24 offline, milp + helix | decode tok/s | TTFT p50 / p99 ms | "
+             "decode ms/token mean / p99 | ITL p50 / p99 ms | preemptions |",
+             "|---|---|---|---|---|---|"]
+    for chunk in (0, 256, 512):
+        r = simrun.simulate(spec, plans["milp"], workload,
+                            SimConfig(duration_s=duration_s, chunk_tokens=chunk), "helix")
+        print(f"geo24 chunk {chunk}: {r.decode_throughput_tokens_per_s:.1f} tok/s, ITL p99 "
+              f"{r.inter_token_latency.p99_s}", flush=True)
+        lines.append(f"| --chunk-tokens {chunk}{' (off)' if chunk == 0 else ''} | "
+                     f"{r.decode_throughput_tokens_per_s:.1f} | {_ms(r.ttft.p50_s)} / {_ms(r.ttft.p99_s)} | "
+                     f"{_ms(r.request_decode_latency.mean_s)} / {_ms(r.request_decode_latency.p99_s)} | "
+                     f"{_ms(r.inter_token_latency.p50_s)} / {_ms(r.inter_token_latency.p99_s)} | "
+                     f"{r.preemptions} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=600.0, help="simulated s of the speed run")
+    ap.add_argument("--compare-duration", type=float, default=300.0,
+                    help="simulated s of each comparison / chunking run")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="planner time limit (milp)")
+    ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
+    args = ap.parse_args()
+    all_plans = {c: plans_for(c, args.time_limit) for c in ("single24", "geo24")}
+    out = [f"`python scripts/bench_sim.py --duration {args.duration:g} --compare-duration "
+           f"{args.compare_duration:g} --time-limit {args.time_limit:g}` on "
+           f"{datetime.date.today()} ({machine()}); other engineers shared the 2 cores, so wall "
+           "times are noisy.", "", "### Speed (target >= 20 simulated s per wall s)", ""]
+    out += speed(all_plans["single24"], args.duration)
+    out += ["", f"### Paper comparison ({args.compare_duration:g} simulated s per run; online = "
+            "0.75 x Helix plan's max flow in requests/s)", ""]
+    out += paper_comparison(all_plans, args.compare_duration)
+    out += ["", f"### Chunked prefill on geo24 ({args.compare_duration:g} simulated s, offline)", ""]
+    out += chunking(all_plans["geo24"], args.compare_duration)
+    text = "\n".join(out)
+    print(text)
+    if not args.no_append:
+        with (ROOT / "BENCHMARKS.md").open("a") as fh:
+            fh.write("\n## Simulator (`helix simulate`, issue 4)\n\n" + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
