@@ -59,6 +59,8 @@ def simulate(
                                      "swarm, random} schedulers, one table and one plot."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG figures to this folder."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
+    event_log: Optional[Path] = typer.Option(None, "--event-log", help="Write every processed "
+                                             "event (time, type, subject) to this CSV (single run)."),
 ) -> None:
     """Simulate serving a trace on a cluster with a plan: throughput, latencies, utilization.
 
@@ -82,7 +84,7 @@ def simulate(
     console = Console() if Console().is_terminal else Console(width=150)
     spec = load_cluster(cluster)
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
-                       high_water=high_water, seed=seed)
+                       high_water=high_water, seed=seed, record_events=event_log is not None)
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
@@ -105,7 +107,8 @@ def simulate(
     the_plan = Plan.load(plan) if plan is not None else simrun.make_plan(spec, method, time_limit, seed)
     workload = simrun.make_workload(opts, mode, the_plan, seed)
     config = SimConfig(**{**config.__dict__, "label": f"{the_plan.method}+{scheduler}"})
-    result = simrun.simulate(spec, the_plan, workload, config, scheduler)
+    sim = simrun.build_simulator(spec, the_plan, workload, config, scheduler)
+    result = sim.run()
     console.print(_summary_table([result], f"{cluster.name} {mode}, plan {the_plan.method} "
                                  f"(max flow {the_plan.max_flow_tokens_per_s:.0f} tokens/s)"))
     console.print(f"simulated {result.duration_s:.0f} s in {result.wall_s:.1f} s wall "
@@ -117,6 +120,10 @@ def simulate(
         console.print("wrote " + ", ".join(str(p) for p in paths))
     if json_out is not None:
         json_out.write_text(json.dumps(result.to_dict(), indent=1))
+    if event_log is not None:
+        with event_log.open("w") as fh:
+            fh.write("time_s,event,subject\n")
+            fh.writelines(f"{t:.9f},{kind},{subject}\n" for t, kind, subject in sim.event_log)
 
 
 def register(app: typer.Typer) -> None:

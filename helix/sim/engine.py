@@ -58,6 +58,9 @@ class SimConfig:
     bucket_s: float = 1.0
     """Width of the throughput timeline's buckets."""
     label: str = ""
+    record_events: bool = False
+    """Keep ``(time_s, event type, subject)`` of every processed event in ``Simulator.event_log``
+    (debugging; off by default so memory stays bounded)."""
 
 
 class Simulator:
@@ -85,6 +88,7 @@ class Simulator:
         self._heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
         self.arrived = self.admitted = self.rejected = self.preemptions = self.events = 0
+        self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
 
     # --- loop ---------------------------------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -107,6 +111,8 @@ class Simulator:
             t, _, event = pop(heap)
             self.now_s = t
             events += 1
+            if self.event_log is not None:
+                self.event_log.append((t, type(event).__name__, event.subject()))
             for new in event.handle(self):
                 push(heap, (new.time_s, next(seq), new))
         self.events = events

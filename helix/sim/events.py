@@ -30,6 +30,17 @@ class Event:
     def handle(self, sim: "Simulator") -> Iterable["Event"]:
         raise NotImplementedError
 
+    def subject(self) -> str:
+        """What the event is about, for event logs (a worker, a request...)."""
+        worker = getattr(self, "worker", None) or getattr(self, "dst", None)
+        if worker is not None:
+            return worker.name
+        request = getattr(self, "request", None)
+        if request is not None:
+            return f"request {request.request_id}"
+        index = getattr(self, "index", None)
+        return "coordinator" if index is None else f"request {index}"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(t={self.time_s:.6f})"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from helix.errors import HelixUserError
 from helix.plan import Plan
-from helix.sim.build import build_simulator
+from helix.sim.build import build_simulator  # noqa: F401  (re-exported for the CLI)
 from helix.sim.engine import SimConfig
 from helix.sim.metrics import SimResult
 from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, poisson_workload,

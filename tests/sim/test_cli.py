@@ -37,8 +37,11 @@ def test_online_with_poisson_and_swarm(plan_file, tmp_path):
     out = tmp_path / "r.json"
     rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--mode", "online",
                "--rate", "0.5", "--poisson", "--num-requests", "8", "--scheduler", "swarm",
-               "--duration", "0", "--chunk-tokens", "256", "--json", str(out)])
+               "--duration", "0", "--chunk-tokens", "256", "--json", str(out),
+               "--event-log", str(tmp_path / "events.csv")])
     assert rc == 0
+    lines = (tmp_path / "events.csv").read_text().splitlines()
+    assert lines[0] == "time_s,event,subject" and lines[1].endswith(",RequestArrival,request 0")
     d = json.loads(out.read_text())
     assert d["requests_arrived"] == 8 and d["requests_completed"] == 8
     assert d["tokens_generated"] == d["tokens_requested_completed"]

@@ -104,3 +104,15 @@ def test_partial_inference_stage_enters_mid_slice():
     # Two of three requests go through A (flow 2:1); C -> B enters B at layer 3.
     assert r.node_utilization["C"] > 0 and r.node_utilization["A"] > 0
     assert dataclasses.asdict(r.ttft)["count"] == 3
+
+
+def test_event_log_only_when_asked():
+    sim = make_sim(two_node_plan(), burst(1, 10, 2), SimConfig(duration_s=None, record_events=True))
+    sim.run()
+    kinds = [k for _, k, _ in sim.event_log]
+    # Offline: the finish frees KV, so the coordinator looks for more work one last time.
+    assert kinds[0] == "CoordinatorSchedule" and kinds[-2:] == ["RequestFinish", "CoordinatorSchedule"]
+    assert kinds.count("StepFinish") == 4  # 2 nodes x (prefill + 1 decode)
+    times = [t for t, _, _ in sim.event_log]
+    assert times == sorted(times)
+    assert make_sim(two_node_plan(), burst(1, 10, 2), SimConfig(duration_s=None)).event_log is None
