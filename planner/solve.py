@@ -48,13 +48,15 @@ class Candidate:
         return self.flows.value_tokens_per_s
 
 
-def check_feasible(problem: PlacementProblem) -> None:
+def check_feasible(problem: PlacementProblem, min_layers: int = 1) -> None:
     """Raise :class:`InfeasibleError` with numbers when no placement can hold the model once."""
     L = problem.num_layers
-    most = sum(max(layer_counts(n, L), default=0) for n in problem.nodes)
+    most = sum(k for n in problem.nodes for k in [max(layer_counts(n, L), default=0)] if k >= min_layers)
     if most < L:
+        why = "memory limits" if min_layers <= 1 else \
+            f"memory limits, and --max-depth needs >= {min_layers} layers per node"
         raise InfeasibleError(f"{problem.model} needs {L} layers placed, but the cluster's nodes can "
-                              f"hold at most {most} between them (memory limits)")
+                              f"hold at most {most} between them ({why})")
 
 
 def min_layers_for_depth(num_layers: int, max_depth: int | None) -> int:
@@ -65,17 +67,19 @@ def min_layers_for_depth(num_layers: int, max_depth: int | None) -> int:
 def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "highs",
           time_limit_s: float = 60.0, threads: int = 1, seed: int = 0, gap: float = 0.01,
           partial_inference: bool = True, max_depth: int | None = None,
-          progress: Progress | None = None) -> Plan:
-    """Place ``problem``'s layers with ``method``; the result is verified before it is returned."""
+          progress: Progress | None = None, warm_starts: bool = True) -> Plan:
+    """Place ``problem``'s layers with ``method``; the result is verified before it is returned.
+
+    ``warm_starts=False`` runs the MILP alone (no heuristic incumbent): for ablations and tests."""
     if method not in METHODS:
         raise HelixUserError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     if max_depth is not None and max_depth < 1:
         raise HelixUserError(f"--max-depth must be >= 1, got {max_depth}")
     adapter = make_solver(solver)
     t0 = time.perf_counter()
-    check_feasible(problem)
     partial = partial_inference and max_depth is None
     min_k = min_layers_for_depth(problem.num_layers, max_depth)
+    check_feasible(problem, min_k)
     bound = fixed_point_bound(problem)
     extras: dict = {"bound_fixed_point": bound}
     if method in HEURISTICS:
@@ -83,16 +87,20 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
         if not cand.placement:
             raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
         return _plan(problem, cand, bound, method, None, t0, partial, extras)
-    best = _best_warm_start(problem, seed, partial, min_k)
+    best = _best_warm_start(problem, seed, partial, min_k) if warm_starts else \
+        Candidate({}, FlowResult(0.0, {}, {}), "none")
     if method == "milp-paper":
         placement, paper_bound, status = milp_paper.run(problem, adapter, _options(
             time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
         extras.update(status=status, bound_paper_milp=paper_bound)
         cand = _evaluate(problem, placement, method, partial) if placement else None
-        if cand is None or cand.value <= 0:
+        if (cand is None or cand.value <= 0) and best.value > 0:
             log.warning("the paper MILP found no placement in %.0f s; returning the best heuristic (%s)",
                         time_limit_s, best.source)
             cand = best
+        if cand is None or cand.value <= 0:
+            raise InfeasibleError(f"the paper MILP found no placement of {problem.model} that serves "
+                                  f"tokens in {time_limit_s:.0f} s")
         return _plan(problem, cand, paper_bound if paper_bound is not None else bound, method,
                      adapter.name, t0, partial, extras)
     cand, bound, status = _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads,
@@ -169,7 +177,7 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
         mine = _evaluate(problem, milp_classes.extract(model, res.values), "milp", partial)
         if exact:
             verify(problem, mine.placement, mine.flows, partial, exact_objective=None)
-            if mine.value < res.objective * (1 - 1e-6):
+            if mine.value < res.objective * (1 - 1e-6) - 1e-6:
                 raise AssertionError(f"class model is exact but max flow {mine.value} < "
                                      f"objective {res.objective}")
         if mine.value > cand.value:

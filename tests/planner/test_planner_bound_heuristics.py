@@ -1,0 +1,68 @@
+"""The bound is never below a found flow; every heuristic yields a valid placement."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.bound import fixed_point_bound
+from planner.construct import regional, sweep
+from planner.flowgraph import max_flow
+from planner.heuristics import HEURISTICS, WARM_STARTS
+from planner.reference import reference_single24_70b
+from planner.verify import check_placement
+from planner_factories import brute_force, random_problem
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 6), L=st.integers(2, 10),
+       regions=st.integers(1, 3), inter=st.floats(1.0, 500.0), partial=st.booleans())
+def test_bound_never_below_any_found_flow(seed, n, L, regions, inter, partial):
+    rng = random.Random(seed)
+    p = random_problem(rng, n, L, kmax=4, regions=regions, inter_region_cap=inter)
+    bound = fixed_point_bound(p)
+    placements = [h(p, seed) for h in WARM_STARTS.values()] + [sweep(p, seed, partial),
+                                                               regional(p, seed, partial)]
+    for _ in range(20):  # random placements too
+        pl = {}
+        for node in p.nodes:
+            k = rng.randint(1, min(L, len(node.throughput_tokens_per_s)))
+            s = rng.randint(0, L - k)
+            pl[node.name] = (s, s + k)
+        placements.append(pl)
+    for pl in placements:
+        assert max_flow(p, pl, partial).value_tokens_per_s <= bound * (1 + 1e-9) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bound_at_least_brute_force_optimum(seed):
+    p = random_problem(random.Random(seed), 3, 6, 3, regions=2, inter_region_cap=30.0)
+    assert brute_force(p, True) <= fixed_point_bound(p) * (1 + 1e-9)
+
+
+def test_reference_bound_is_the_tight_fixed_point():
+    # The reference's own bound sum_i max_k k T_i(k) / L is 2803.85; the fixed point is 2046.
+    assert fixed_point_bound(reference_single24_70b()) == pytest.approx(2046.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(WARM_STARTS) + ["sweep", "regional"])
+@pytest.mark.parametrize("seed", range(5))
+def test_each_heuristic_yields_a_valid_placement(name, seed):
+    p = random_problem(random.Random(seed), 8, 12, kmax=6, regions=2, inter_region_cap=50.0)
+    fn = {"sweep": sweep, "regional": regional}.get(name) or WARM_STARTS[name]
+    placement = fn(p, seed)
+    check_placement(p, placement)  # raises on any memory / range violation
+    assert max_flow(p, placement).value_tokens_per_s >= 0
+
+
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
+def test_heuristics_on_the_reference_case(name):
+    p = reference_single24_70b()
+    placement = HEURISTICS[name](p, 0)
+    check_placement(p, placement)
+    flow = max_flow(p, placement).value_tokens_per_s
+    if name == "separate":  # no GPU kind can hold 80 layers alone (48, 56, 48)
+        assert placement == {} and flow == 0
+    else:
+        assert 0 < flow <= 2046 + 1e-6

@@ -1,0 +1,96 @@
+"""End to end through ``planner.solve``: the reference target, plan files, bad input, --max-depth."""
+
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helix.errors import HelixUserError, InfeasibleError
+from helix.plan import Plan
+from helix.spec import load_cluster
+from planner import METHODS, solve
+from planner.build import build_problem
+from planner.reference import REFERENCE_MAX_FLOW, reference_single24_70b
+from planner_factories import make_node, make_problem
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_SPEC = REPO / "cluster_specs" / "reference" / "helix-single24-70b.yaml"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return build_problem(load_cluster(REFERENCE_SPEC))
+
+
+@pytest.mark.parametrize("warm_starts", [True, False])
+def test_reference_case_target(reference, warm_starts):
+    """>= 1.55 x the reference planner's 1289.6 tokens/s with a proven gap <= 2 % in <= 60 s."""
+    plan = solve(reference, "milp", threads=1, time_limit_s=60, gap=0.02, warm_starts=warm_starts)
+    assert plan.max_flow_tokens_per_s >= 1.55 * REFERENCE_MAX_FLOW
+    assert plan.gap is not None and plan.gap <= 0.02
+    assert plan.solve_seconds <= 60
+    assert plan.upper_bound_tokens_per_s >= plan.max_flow_tokens_per_s
+
+
+def test_spec_and_hand_written_reference_agree(reference):
+    hand = reference_single24_70b()
+    assert [n.throughput_tokens_per_s for n in reference.nodes] == \
+        [n.throughput_tokens_per_s for n in hand.nodes]
+    assert sorted(link.capacity_tokens_per_s for link in reference.links.values()) == \
+        sorted(link.capacity_tokens_per_s for link in hand.links.values())
+
+
+def test_plan_yaml_round_trip(tmp_path):
+    plan = solve(reference_single24_70b(), "petals", seed=3)
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again == plan
+    assert again.extras["depth_max"] == plan.extras["depth_max"]
+    data = yaml.safe_load(path.read_text())
+    assert data["schema_version"] == 1 and data["gap"] == pytest.approx(plan.gap)
+
+
+def test_max_depth_limits_hops(reference):
+    plan = solve(reference, "milp", max_depth=20, time_limit_s=5)
+    assert plan.extras["depth_max"] <= 20
+    assert plan.partial_inference is False
+    assert all(p.num_layers >= 4 for p in plan.placements)
+    assert plan.max_flow_tokens_per_s > 0
+    with pytest.raises(InfeasibleError, match="max-depth needs >= 8 layers"):
+        solve(reference, "milp", max_depth=10)  # only the A100s hold 8+ layers: 48 < 80
+
+
+def test_unknown_method_and_solver_list_the_valid_ones():
+    p = reference_single24_70b()
+    with pytest.raises(HelixUserError, match="milp-paper"):
+        solve(p, "magic")
+    with pytest.raises(HelixUserError, match="highs, gurobi"):
+        solve(p, "milp", solver="cplex")
+
+
+def test_not_enough_memory_is_one_line_with_numbers():
+    nodes = [make_node(f"n{i}", (100, 50)) for i in range(3)]
+    with pytest.raises(InfeasibleError, match="needs 10 layers.*at most 6"):
+        solve(make_problem(nodes, 10))
+
+
+def test_cut_off_coordinator_is_infeasible():
+    nodes = [make_node("a", (100, 50)), make_node("b", (100, 50))]
+    with pytest.raises(InfeasibleError):
+        solve(make_problem(nodes, 3, coord_cap=0.0))
+
+
+def test_paper_milp_without_incumbent_returns_best_heuristic_with_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="helix.planner"):
+        plan = solve(reference_single24_70b(), "milp-paper", time_limit_s=1)
+    assert plan.max_flow_tokens_per_s > 0
+    assert plan.method == "milp-paper"
+    assert plan.extras["found_by"] != "milp-paper"
+    assert "returning the best heuristic" in caplog.text
+
+
+def test_methods_listed():
+    assert METHODS[:2] == ("milp", "milp-paper")
+    assert {"petals", "swarm", "separate", "uniform"} <= set(METHODS)
