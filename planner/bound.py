@@ -37,10 +37,11 @@ def _link_total(problem: PlacementProblem, name: str, incoming: bool) -> float:
     return total
 
 
-def node_work_fn(problem: PlacementProblem, node: NodeCapacity):
+def node_work_fn(problem: PlacementProblem, node: NodeCapacity, min_layers: int = 1):
     """g_i(F) = max_k k * min(F, cap_i(k)): the most layer-tokens/s node i can do at total flow F."""
     cap_links = min(_link_total(problem, node.name, True), _link_total(problem, node.name, False))
-    pairs = [(k, min(node.throughput(k), cap_links)) for k in layer_counts(node, problem.num_layers)]
+    pairs = [(k, min(node.throughput(k), cap_links)) for k in layer_counts(node, problem.num_layers)
+             if k >= min_layers]
 
     def g(F: float) -> float:
         return max((k * min(F, c) for k, c in pairs), default=0.0)
@@ -48,18 +49,19 @@ def node_work_fn(problem: PlacementProblem, node: NodeCapacity):
     return g, [c for _, c in pairs]
 
 
-def fixed_point_bound(problem: PlacementProblem) -> float:
+def fixed_point_bound(problem: PlacementProblem, min_layers: int = 1) -> float:
     """Largest F with ``L * F <= sum_R min(sum_{i in R} g_i(F), L * in_R)``, and the coordinator cuts.
 
     ``min`` over regions makes the right side non-convex, so each choice S of regions whose cut is
     applied is solved on its own (each is convex between breakpoints, so its largest root is exact)
     and the smallest result is returned: it is >= the joint fixed point, hence still an upper bound.
+    ``min_layers``: only placements where every used node holds at least that many (--max-depth).
     """
     L = problem.num_layers
     by_region: dict[str, list] = defaultdict(list)
     breaks = {0.0}
     for n in problem.nodes:
-        g, caps = node_work_fn(problem, n)
+        g, caps = node_work_fn(problem, n, min_layers)
         by_region[n.region].append(g)
         breaks.update(caps)
     region_in = _region_inflow(problem)

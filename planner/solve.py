@@ -80,7 +80,7 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     partial = partial_inference and max_depth is None
     min_k = min_layers_for_depth(problem.num_layers, max_depth)
     check_feasible(problem, min_k)
-    bound = fixed_point_bound(problem)
+    bound = fixed_point_bound(problem, min_k)
     extras: dict = {"bound_fixed_point": bound}
     if method in HEURISTICS:
         cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)

@@ -1,0 +1,161 @@
+"""``helix plan CLUSTER``: where every layer lives, the tokens/s it serves, and how far from the best.
+
+Prints a table (or ``--json``), writes ``-o plan.yaml``, draws ``--draw plan.png``, and with
+``--compare`` runs every method on the cluster and prints one table. While the MILP runs on a
+terminal, a live line shows elapsed time, incumbent, bound and gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
+
+
+def plan_command(
+    cluster: Path = typer.Argument(..., help="Cluster spec (YAML)."),
+    method: str = typer.Option("milp", "--method", "-m",
+                               help="milp | milp-paper | petals | swarm | separate | uniform"),
+    solver: str = typer.Option("highs", help="MILP solver: highs | gurobi (falls back to HiGHS)."),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds for the MILP."),
+    gap: float = typer.Option(0.01, "--gap", help="Stop when the proven gap is within this (0.01 = 1 %)."),
+    threads: int = typer.Option(0, "--threads", help="Solver threads (0 = all cores)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (solver and heuristics)."),
+    max_depth: Optional[int] = typer.Option(None, "--max-depth",
+                                            help="Most nodes a request passes (trades throughput for latency)."),
+    no_partial: bool = typer.Option(False, "--no-partial-inference",
+                                    help="Stages must meet exactly (no overlapping ranges)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Catalog name or checkpoint folder."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write plan.yaml here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    draw: Optional[Path] = typer.Option(None, "--draw", help="Draw the plan to a PNG."),
+    compare: bool = typer.Option(False, "--compare", help="Run every method and compare."),
+) -> None:
+    """Place the model's layers on the cluster by max flow (MILP with a proven bound)."""
+    from rich.console import Console
+
+    from helix.models import resolve_model
+    from helix.spec import load_cluster
+    from planner import METHODS, solve
+    from planner.build import build_problem
+
+    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    spec = load_cluster(cluster)
+    problem = build_problem(spec, resolve_model(model, base_dir=cluster.parent) if model else None)
+    kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
+                  seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
+    console = Console(stderr=as_json)
+    if compare:
+        plans = [_run(console, problem, m, kwargs, solve) for m in METHODS]
+        if as_json:
+            print(json.dumps([p.to_dict() if p else None for p in plans], indent=1))
+        else:
+            console.print(_compare_table(problem, METHODS, plans))
+        return
+    plan = _run(console, problem, method, kwargs, solve, must=True)
+    if output is not None:
+        plan.save(output)
+    if draw is not None:
+        from planner.draw import draw_plan
+        draw_plan(plan, problem, draw)
+    if as_json:
+        print(json.dumps(plan.to_dict(), indent=1))
+    else:
+        console.print(_placement_table(problem, plan))
+        console.print(_summary(plan))
+        if output is not None:
+            console.print(f"wrote {output}")
+
+
+def _run(console, problem, method, kwargs, solve, must=False):
+    from helix.errors import InfeasibleError
+    progress = _progress(console, method) if console.is_terminal else None
+    try:
+        if progress is None:
+            return solve(problem, method, **kwargs)
+        with progress as p:
+            return solve(problem, method, progress=p.update, **kwargs)
+    except InfeasibleError as exc:
+        if must:
+            raise
+        console.print(f"[yellow]{method}: {exc}[/yellow]")
+        return None
+
+
+class _progress:
+    """A transient status line: elapsed, incumbent, bound, gap."""
+
+    def __init__(self, console, method: str):
+        self.console, self.method, self.status = console, method, None
+
+    def __enter__(self):
+        self.status = self.console.status(f"{self.method}: starting")
+        self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.status.__exit__(*exc)
+
+    def update(self, elapsed_s: float, incumbent: float, bound: float) -> None:
+        gap = (bound - incumbent) / incumbent * 100 if incumbent and incumbent > 0 else float("inf")
+        self.status.update(f"{self.method}: {elapsed_s:6.1f} s  incumbent {incumbent:,.1f}  "
+                           f"bound {bound:,.1f} tokens/s  gap {gap:.2f} %")
+
+
+def _placement_table(problem, plan):
+    from rich.table import Table
+    flows = {}
+    for a in plan.arc_flows:
+        if a.dst != "coordinator":
+            flows[a.dst] = flows.get(a.dst, 0.0) + a.flow_tokens_per_s
+    t = Table(title=f"{plan.model} on {len(problem.nodes)} nodes ({plan.method})")
+    for col in ("node", "gpu", "region", "layers", "k", "tokens/s", "use"):
+        t.add_column(col, justify="right" if col in ("k", "tokens/s", "use") else "left")
+    for p in plan.placements:
+        n = problem.node(p.node)
+        f = flows.get(p.node, 0.0)
+        cap = n.throughput(p.num_layers)
+        t.add_row(p.node, n.gpu, n.region or "-", f"[{p.start}, {p.end})", str(p.num_layers),
+                  f"{f:,.1f}", f"{f / cap:.0%}" if cap else "-")
+    for name in plan.extras.get("unused_nodes", []):
+        n = problem.node(name)
+        t.add_row(name, n.gpu, n.region or "-", "unused", "0", "0", "-")
+    return t
+
+
+def _fmt_gap(plan) -> str:
+    return "-" if plan.gap is None else f"{plan.gap * 100:.2f} %"
+
+
+def _summary(plan) -> str:
+    e = plan.extras
+    bound = plan.upper_bound_tokens_per_s
+    lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s",
+             f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s (proven)   gap {_fmt_gap(plan)}",
+             f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean;  latency "
+             f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms mean per pass",
+             f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
+             f"{plan.solve_seconds:.1f} s, found by {e.get('found_by')}"]
+    return "\n".join(lines)
+
+
+def _compare_table(problem, methods, plans):
+    from rich.table import Table
+    t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method")
+    for col in ("method", "max flow", "bound", "gap", "depth", "seconds"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for m, p in zip(methods, plans):
+        if p is None:
+            t.add_row(m, "infeasible", "-", "-", "-", "-")
+            continue
+        t.add_row(m, f"{p.max_flow_tokens_per_s:,.1f}", f"{p.upper_bound_tokens_per_s or 0:,.1f}",
+                  _fmt_gap(p), str(p.extras.get("depth_max")), f"{p.solve_seconds:.1f}")
+    return t

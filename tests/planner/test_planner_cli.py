@@ -1,0 +1,38 @@
+"""``helix plan`` from the command line: table, -o, --json, --draw, --compare, one-line errors."""
+
+import json
+from pathlib import Path
+
+from helix.cli import main
+from helix.plan import Plan
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = str(REPO / "cluster_specs" / "reference" / "helix-single24-70b.yaml")
+
+
+def test_plan_writes_yaml_json_and_png(tmp_path, capsys):
+    out, png = tmp_path / "plan.yaml", tmp_path / "plan.png"
+    assert main(["plan", REFERENCE, "-o", str(out), "--draw", str(png), "--json", "--threads", "1",
+                 "--gap", "0.02"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = Plan.load(out)
+    assert data["max_flow_tokens_per_s"] == plan.max_flow_tokens_per_s >= 2000
+    assert plan.gap <= 0.02 and plan.spec_hash
+    assert png.stat().st_size > 10_000
+
+
+def test_plan_table_and_compare(capsys):
+    assert main(["plan", REFERENCE, "--method", "petals", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "max flow" in text and "a100-0" in text
+    assert main(["plan", REFERENCE, "--compare", "--time-limit", "2", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    for method in ("milp", "milp-paper", "petals", "swarm", "separate", "uniform"):
+        assert method in text
+    assert "infeasible" in text  # separate: no GPU kind holds 80 layers alone
+
+
+def test_bad_method_is_one_line(capsys):
+    assert main(["plan", REFERENCE, "--method", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown method 'nope'" in err[0] and "petals" in err[0]
