@@ -8,5 +8,7 @@ stays fast.
 
 COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.validate",
+    "helix.commands.plan",
     "helix.commands.simulate",
+    "helix.commands.serve",
 )
