@@ -10,5 +10,4 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.validate",
     "helix.commands.plan",
     "helix.commands.simulate",
-    "helix.commands.serve",
 )
