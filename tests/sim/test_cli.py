@@ -65,3 +65,18 @@ def test_plan_for_another_cluster_is_refused(plan_file, capsys):
                "--duration", "1"])
     assert rc == 2
     assert "lacks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_runs_every_method_and_scheduler(tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    rc = main(["simulate", str(REPO / "cluster_specs" / "geo24.yaml"), "--compare",
+               "--time-limit", "2", "--duration", "5", "--json", str(out), "--plot", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    from helix.sim.run import COMPARE_METHODS, COMPARE_SCHEDULERS
+    assert {(r["method"], r["scheduler"]) for r in rows} == \
+        {(m, s) for m in COMPARE_METHODS for s in COMPARE_SCHEDULERS}
+    assert all(r["max_flow_tokens_per_s"] > 0 for r in rows)
+    assert (tmp_path / "compare.png").stat().st_size > 1000
+    assert "milp+helix" in capsys.readouterr().out
