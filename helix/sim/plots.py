@@ -50,7 +50,8 @@ def plot_results(results: Sequence[SimResult], out_dir: str | Path) -> list[Path
     for a in (a1, a2):
         a.set_ylabel("CDF")
         a.set_xscale("log")
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     paths.append(_save(fig, out / "latency_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(results[0].node_utilization) * len(results)), 4))
