@@ -82,7 +82,7 @@ class LinearModel:
             scale = max(1.0, abs(v))
             if v < self.lb[i] - tol * scale or v > self.ub[i] + tol * scale:
                 bad.append(f"{self.var_names[i]}={v} outside [{self.lb[i]}, {self.ub[i]}]")
-            if self.integer[i] and abs(v - round(v)) > 1e-6:
+            if self.integer[i] and abs(v - round(v)) > max(tol, 1e-6):
                 bad.append(f"{self.var_names[i]}={v} is not integral")
         for r in self.rows:
             act = sum(c * x[i] for i, c in zip(r.index, r.coef))

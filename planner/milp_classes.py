@@ -85,8 +85,9 @@ def build_class_model(problem: PlacementProblem, partial_inference: bool = True,
     _end_rows(lp, classes, enter, F, L)
     moves = _move_vars(lp, classes, L)
     _pool_rows(lp, classes, enter, moves, L)
-    _coordinator_rows(lp, classes, hold, enter, L)
-    _region_rows(lp, classes, hold, moves, partial_inference)
+    U = float("inf") if flow_bound is None else flow_bound
+    _coordinator_rows(lp, classes, hold, enter, L, U)
+    _region_rows(lp, classes, hold, moves, partial_inference, U)
     return ClassModel(lp, classes, hold, F)
 
 
@@ -177,26 +178,28 @@ def _pool_rows(lp, classes, enter, moves, L):
         lp.row(f"pool[{r},{b}]", t, lo=0.0, hi=0.0)
 
 
-def _coordinator_rows(lp, classes, hold, enter, L):
-    """coord_in[c] / coord_out[c]: coordinator links of the nodes that hold layer 0 / layer L-1."""
+def _coordinator_rows(lp, classes, hold, enter, L, U):
+    """coord_in[c] / coord_out[c]: coordinator links of the nodes that hold layer 0 / layer L-1.
+
+    A node never carries more than F <= U, so capacities are clipped at U (tight big-M)."""
     for ci, c in enumerate(classes):
         ins = [(v, 1.0) for (cj, e, b), v in enter.items() if cj == ci and b == 0]
-        first = [(v, -c.coord_in_tokens_per_s) for (cj, s, e), v in hold.items() if cj == ci and s == 0]
+        first = [(v, -min(c.coord_in_tokens_per_s, U)) for (cj, s, e), v in hold.items() if cj == ci and s == 0]
         if ins:
             lp.row(f"coord_in[{c.key}]", ins + first, hi=0.0)
         outs = [(v, 1.0) for (cj, e, b), v in enter.items() if cj == ci and e == L]
-        last = [(v, -c.coord_out_tokens_per_s) for (cj, s, e), v in hold.items() if cj == ci and e == L]
+        last = [(v, -min(c.coord_out_tokens_per_s, U)) for (cj, s, e), v in hold.items() if cj == ci and e == L]
         if outs:
             lp.row(f"coord_out[{c.key}]", outs + last, hi=0.0)
 
 
-def _region_rows(lp, classes, hold, moves, partial):
+def _region_rows(lp, classes, hold, moves, partial, U):
     """send[r>q,b] / recv[r>q,b]: a move is carried by nodes ending at b in r / covering b in q."""
     for (r, q, b), v in moves.items():
-        send = [(hv, -classes[ci].out_to_region_tokens_per_s[q]) for (ci, s, e), hv in hold.items()
+        send = [(hv, -min(classes[ci].out_to_region_tokens_per_s[q], U)) for (ci, s, e), hv in hold.items()
                 if e == b and classes[ci].region == r]
         lp.row(f"send[{r}>{q},{b}]", [(v, 1.0)] + send, hi=0.0)
-        recv = [(hv, -classes[ci].in_from_region_tokens_per_s[r]) for (ci, s, e), hv in hold.items()
+        recv = [(hv, -min(classes[ci].in_from_region_tokens_per_s[r], U)) for (ci, s, e), hv in hold.items()
                 if classes[ci].region == q and (s <= b < e if partial else s == b)]
         lp.row(f"recv[{r}>{q},{b}]", [(v, 1.0)] + recv, hi=0.0)
 

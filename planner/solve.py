@@ -164,7 +164,8 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
         return inc > 0 and min(bound, dual) <= inc * (1 + gap)
 
     res = adapter.solve(model.lp, _options(time_limit_s, threads, seed, gap, progress, t0, warm, stop))
-    extras.update(warm_start=best.source, warm_start_tokens_per_s=best.value, classes=len(model.classes),
+    extras.update(solver_used=res.solver, warm_start=best.source, warm_start_tokens_per_s=best.value,
+                  classes=len(model.classes),
                   class_model_exact=exact, milp_seconds=res.seconds,
                   bound_class_milp=res.bound)
     if res.bound is not None:
@@ -218,5 +219,5 @@ def _plan(problem, cand: Candidate, bound, method, solver, t0, partial, extras) 
     return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,
                 arc_flows=arcs, max_flow_tokens_per_s=cand.value,
                 upper_bound_tokens_per_s=None if bound is None else max(bound, cand.value),
-                method=method, solver=solver, solve_seconds=time.perf_counter() - t0,
+                method=method, solver=extras.get("solver_used", solver), solve_seconds=time.perf_counter() - t0,
                 partial_inference=partial, spec_hash=problem.spec_hash, extras=extras)
