@@ -163,7 +163,8 @@ class Coordinator:
             handle = RequestHandle(rid, self.cancel, loop)
             req = LiveRequest(rid, tuple(prompt_token_ids), params,
                               Detokenizer(self.codec, tuple(s for s in stop if s)), handle)
-            if not self._try_dispatch(req):
+            # FIFO: a newcomer never overtakes requests already waiting for a pipeline.
+            if self._waiting or not self._try_dispatch(req):
                 if len(self._waiting) >= self.config.max_waiting_requests:
                     raise QueueFull(self.config.retry_after_s)
                 self._waiting.append(req)

@@ -56,6 +56,7 @@ class TextCodec:
         self.eos_token_ids = self._eos_ids(model_cfg)
         self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self.max_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
+        self.vocab_size = int(model_cfg.get("vocab_size") or self.tokenizer.get_vocab_size())
 
     def _eos_ids(self, model_cfg: dict) -> tuple[int, ...]:
         eos = model_cfg.get("eos_token_id")

@@ -158,6 +158,10 @@ class WorkerServer:
         """Stop taking new requests (the coordinator stops routing here); running ones finish."""
         self._draining = True
 
+    def wait_stopped(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s``; True once :meth:`shutdown` ran (e.g. over gRPC)."""
+        return self._stop.wait(timeout_s)
+
     def shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -223,6 +227,9 @@ class WorkerServer:
         for msg in msgs:
             if isinstance(msg, Release):
                 self._release(msg.request_ids)
+                # Inputs of this batch that arrived before the release must not reach the engine.
+                gone = set(msg.request_ids)
+                inputs = [i for i in inputs if i.request_id not in gone]
             elif isinstance(msg, InputBatch):
                 for w in msg.inputs:
                     rid = w.item.request_id

@@ -10,4 +10,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.validate",
     "helix.commands.plan",
     "helix.commands.simulate",
+    "helix.commands.serve",
 )

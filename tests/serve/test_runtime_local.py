@@ -130,3 +130,22 @@ def test_worker_control_service(served):
     with pytest.raises(ControlError, match="INVALID_ARGUMENT"):
         client.call("Configure", {"start": 6, "end": 12})
     client.close()
+
+
+def test_worker_that_cannot_load_its_slice_stops_startup_with_node_and_reason(tiny_model, plan3, tmp_path):
+    import shutil
+    ckpt, _ = tiny_model
+    bad = tmp_path / "truncated"
+    shutil.copytree(ckpt, bad)
+    st = bad / "model.safetensors"
+    st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])   # later layers' bytes are gone
+    servers = [WorkerServer(p.node, str(bad)) for p in plan3.placements]
+    coord = Coordinator(plan3, str(bad))
+    try:
+        with pytest.raises(HelixUserError, match=r"worker 'cpu-\d' failed to load its slice \[\d, \d\)") as exc:
+            coord.attach([WorkerHandle(s.node, s.control.address, s.data.address) for s in servers])
+        assert "file is truncated" in str(exc.value)
+    finally:
+        coord.close()
+        for s in servers:
+            s.shutdown()

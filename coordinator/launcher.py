@@ -1,0 +1,122 @@
+"""Start one worker per plan node on Ray. The only module that imports Ray (lazily, in functions).
+
+Placement: each actor asks for the custom resource ``helix_node:<node-name>`` (one unit). A real GPU
+machine joins the cluster with ``ray start --address=HEAD --resources='{"helix_node:<name>": 1}'``, so
+the worker for ``<name>`` lands on it. Without ``RAY_ADDRESS`` / ``--address`` we start a local Ray in
+this process that offers every node's resource, so all workers share this machine.
+
+Every wait has a timeout; an actor that fails to start or a node resource that never appears is a
+:class:`~helix.errors.HelixUserError` naming the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coordinator.runtime import WorkerHandle
+from helix.errors import HelixUserError
+
+log = logging.getLogger("helix.launcher")
+
+
+def node_resource(node: str) -> str:
+    return f"helix_node:{node}"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How workers are started on Ray."""
+
+    address: str | None = None
+    """Ray cluster to join (None: ``RAY_ADDRESS`` if set, else a local Ray started here)."""
+    start_timeout_s: float = 120.0
+    """Longest wait for node resources to appear and for each actor to report its addresses."""
+    torch_threads: int | None = 1
+    """Intra-op threads per worker (1 keeps several CPU workers on one machine from fighting)."""
+    bind_host: str = "127.0.0.1"
+    """Address workers bind; use the machine's reachable address on a real cluster."""
+
+
+class RayLauncher:
+    """Owns the Ray connection and the worker actors of one ``helix serve``."""
+
+    def __init__(self, config: LaunchConfig = LaunchConfig()) -> None:
+        self.config = config
+        self._actors: dict[str, object] = {}
+        self._started_ray = False
+
+    def start(self, nodes: Sequence[str], model_path: str) -> list[WorkerHandle]:
+        """Start a worker for each node; their addresses once all are up."""
+        import ray
+        self._connect(nodes)
+        from worker.actor import WorkerActor
+        remote_cls = ray.remote(WorkerActor)
+        tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
+        for node in nodes:
+            self._actors[node] = remote_cls.options(
+                name=f"helix-worker-{node}-{tag}", num_cpus=0, resources={node_resource(node): 1},
+                max_restarts=0).remote(node, model_path, self.config.bind_host, self.config.torch_threads)
+        handles = []
+        for node, actor in self._actors.items():
+            try:
+                addr = ray.get(actor.addresses.remote(), timeout=self.config.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise HelixUserError(f"worker {node!r} did not start within "
+                                     f"{self.config.start_timeout_s:.0f} s") from None
+            except ray.exceptions.RayError as exc:
+                raise HelixUserError(f"worker {node!r} failed to start: {_last_line(exc)}") from None
+            handles.append(WorkerHandle(node, addr["control"], addr["data"]))
+        return handles
+
+    def _connect(self, nodes: Sequence[str]) -> None:
+        import ray
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        address = self.config.address or os.environ.get("RAY_ADDRESS")
+        if ray.is_initialized():
+            pass
+        elif address:
+            ray.init(address=address, logging_level=logging.WARNING)
+        else:
+            ray.init(resources={node_resource(n): 1 for n in nodes}, include_dashboard=False,
+                     logging_level=logging.WARNING, log_to_driver=True)
+            self._started_ray = True
+        self._wait_for_resources(nodes)
+
+    def _wait_for_resources(self, nodes: Sequence[str]) -> None:
+        import ray
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            have = ray.cluster_resources()
+            missing = [n for n in nodes if have.get(node_resource(n), 0) < 1]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise HelixUserError(
+                    f"no Ray node offers {', '.join(node_resource(n) for n in missing)}; start each "
+                    f"machine with: ray start --address=HEAD --resources='{{\"helix_node:<name>\": 1}}'")
+            time.sleep(0.5)
+
+    def shutdown(self) -> None:
+        """Kill the actors; stop Ray only if this launcher started it."""
+        import ray
+        if not ray.is_initialized():
+            return
+        for actor in self._actors.values():
+            try:
+                ray.kill(actor)
+            except Exception as exc:  # already dead: nothing to free
+                log.debug("kill failed: %s", exc)
+        self._actors.clear()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(exc).__name__

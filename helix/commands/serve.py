@@ -1,0 +1,92 @@
+"""``helix serve``, ``helix worker`` and ``helix demo``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from helix.errors import HelixUserError
+
+
+def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix plan`"),
+          model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint folder (safetensors + tokenizer.json)"),
+          host: str = typer.Option("127.0.0.1", help="address the HTTP, gRPC and data-plane servers bind"),
+          port: int = typer.Option(8000, help="HTTP port of the OpenAI-compatible API"),
+          grpc_port: int = typer.Option(50051, help="coordinator gRPC port (Python client, `helix worker`)"),
+          address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"),
+          external: list[str] = typer.Option([], "--external", help="plan node served by `helix worker` instead of Ray (repeatable)"),
+          served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
+          max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
+          worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)")) -> None:
+    """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
+    from coordinator.launcher import LaunchConfig
+    from coordinator.runtime import RuntimeConfig
+    from helix.plan import Plan
+    from helix.server.http import run_blocking
+    from helix.server.stack import ServeOptions, ServeStack
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
+                           external_nodes=tuple(external),
+                           launch=LaunchConfig(address=address, bind_host=worker_host),
+                           runtime=RuntimeConfig(max_waiting_requests=max_waiting))
+    stack = ServeStack(Plan.load(plan), str(model), options).start()
+    try:
+        typer.echo(f"helix: {len(stack.coordinator.workers)} workers ready; OpenAI API at "
+                   f"http://{host}:{port}/v1, gRPC at {stack.grpc_address}")
+        run_blocking(stack.app, host, port)
+    finally:
+        stack.close()
+
+
+def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOST:PORT"),
+           node: str = typer.Option(..., help="this machine's node name in the plan"),
+           model: Path = typer.Option(..., "--model", help="checkpoint folder on this machine"),
+           host: str = typer.Option("127.0.0.1", help="address this worker binds (reachable by the others)"),
+           data_port: int = typer.Option(0, help="ZeroMQ data-plane port (0 = any)"),
+           control_port: int = typer.Option(0, help="gRPC control port (0 = any)"),
+           register_timeout_s: float = typer.Option(60.0, help="how long to retry registering")) -> None:
+    """Run one worker outside Ray: register with the coordinator over gRPC and serve until told to stop."""
+    from worker.control import COORDINATOR_SERVICE, ControlClient, ControlError
+    from worker.server import WorkerServer
+    server = WorkerServer(node, str(model), host, data_port, control_port)
+    client = ControlClient(coordinator, COORDINATOR_SERVICE)
+    deadline = time.monotonic() + register_timeout_s
+    while True:
+        try:
+            client.call("Register", server.addresses, timeout_s=5.0)
+            break
+        except ControlError as exc:
+            if time.monotonic() > deadline:
+                server.shutdown()
+                raise HelixUserError(f"cannot register with the coordinator at {coordinator}: {exc.details}")
+            time.sleep(1.0)
+    typer.echo(f"helix worker {node}: registered with {coordinator} (control {server.control.address}, "
+               f"data {server.data.address})")
+    signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
+    try:
+        while not server.wait_stopped(1.0):
+            pass
+    except KeyboardInterrupt:
+        server.shutdown()
+
+
+def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folder (default ~/.cache/helix)"),
+         requests: int = typer.Option(16, help="concurrent requests in the burst"),
+         max_tokens: int = typer.Option(12, help="tokens per request")) -> None:
+    """Plan cluster_specs/local3.yaml, serve a tiny random LLaMA on 3 local Ray workers, send a burst."""
+    from helix.demo import format_report, run_demo
+    report = run_demo(cache, requests, max_tokens)
+    typer.echo(format_report(report))
+    if report.mismatches:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("worker")(worker)
+    app.command("demo")(demo)

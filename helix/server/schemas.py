@@ -1,0 +1,146 @@
+"""Request bodies of the OpenAI-compatible API, validated once (pydantic), then turned into
+:class:`~worker.sampling.SamplingParams`.
+
+Unknown fields are refused (HTTP 400) so a typo never silently changes sampling. Besides OpenAI's
+fields we take vLLM's extra sampling names (``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``). Fields OpenAI defines but Helix does not implement
+(``n`` > 1, ``best_of``, ``echo``, ``suffix``, ``logit_bias``) are refused with a clear message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from helix.errors import HelixUserError
+from worker.sampling import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by completions and chat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: int | None = Field(default=None, description="Tokens to generate at most.")
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool = False
+    """vLLM extra: logprob entries name tokens ``token_id:<id>`` instead of their text."""
+
+    def _check_supported(self) -> None:
+        if self.n != 1:
+            raise HelixUserError(f"n={self.n} is not supported (only n=1)")
+        if self.logit_bias:
+            raise HelixUserError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise HelixUserError("stream_options is only allowed with stream=true")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        self._check_supported()
+        if max_tokens is not None and max_tokens <= 0:
+            raise HelixUserError(f"max_tokens must be >= 1, got {max_tokens}")
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            seed=self.seed, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            stop_token_ids=tuple(self.stop_token_ids or ()), max_tokens=max_tokens or 16,
+            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def params(self) -> SamplingParams:
+        if self.echo:
+            raise HelixUserError("echo is not supported")
+        if self.suffix:
+            raise HelixUserError("suffix is not supported")
+        if self.best_of not in (None, 1):
+            raise HelixUserError("best_of is not supported")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise HelixUserError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        return self.sampling(self.max_tokens, self.logprobs)
+
+    def single_prompt(self) -> str | list[int]:
+        p: Any = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise HelixUserError(f"only one prompt per request is supported, got {len(p)}")
+            p = p[0]
+        if isinstance(p, list) and not p:
+            raise HelixUserError("the prompt is empty")
+        return p
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise HelixUserError("top_logprobs needs logprobs=true")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise HelixUserError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        n_logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling(self.max_completion_tokens or self.max_tokens, n_logprobs)
+
+    def message_dicts(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -1,0 +1,111 @@
+"""Everything ``helix serve`` runs, assembled in order and torn down in reverse.
+
+1. the coordinator's gRPC service (worker registration, native client API);
+2. one worker per plan node: Ray actors (:mod:`coordinator.launcher`), and/or external workers that
+   register over gRPC (``helix worker``);
+3. the live coordinator: configure slices and peers (a worker that cannot load its slice stops
+   everything with the node's name and the reason), build the scheduler;
+4. the OpenAI-compatible HTTP app.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.grpc_api import CoordinatorService, Registry
+from coordinator.launcher import LaunchConfig, RayLauncher
+from coordinator.runtime import Coordinator, RuntimeConfig
+from coordinator.textcodec import TextCodec
+from helix.errors import HelixUserError
+from helix.models import ModelSpec
+from helix.plan import Plan
+from helix.server.app import create_app
+from helix.server.metrics import ServingMetrics
+from worker.control import ControlServer, start_server
+
+log = logging.getLogger("helix.serve")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``helix serve`` was asked for."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 0
+    """Coordinator gRPC port (native client, ``helix worker`` registration); 0 = any free port."""
+    model_name: str | None = None
+    """Name in ``/v1/models`` and the ``model`` field of requests (default: the checkpoint folder name)."""
+    external_nodes: tuple[str, ...] = ()
+    """Plan nodes served by ``helix worker`` processes instead of Ray actors."""
+    register_timeout_s: float = 300.0
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
+    if not Path(model_path).is_dir():
+        raise HelixUserError(f"--model {model_path!r}: no such checkpoint folder")
+    spec = ModelSpec.from_pretrained_dir(model_path)
+    if spec.num_layers != plan.num_layers:
+        raise HelixUserError(f"the plan places {plan.num_layers} layers but {model_path!r} has "
+                             f"{spec.num_layers}")
+    return spec
+
+
+class ServeStack:
+    """Start with :meth:`start`; stop with :meth:`close` (always safe to call)."""
+
+    def __init__(self, plan: Plan, model_path: str, options: ServeOptions = ServeOptions()) -> None:
+        check_model_matches_plan(plan, model_path)
+        unknown = set(options.external_nodes) - {p.node for p in plan.placements}
+        if unknown:
+            raise HelixUserError(f"--external node(s) {sorted(unknown)} are not in the plan")
+        self.plan = plan
+        self.model_path = str(model_path)
+        self.options = options
+        self.model_name = options.model_name or Path(model_path).resolve().name
+        self.metrics = ServingMetrics()
+        self.registry = Registry()
+        self.service = CoordinatorService(self.registry, self.model_name)
+        self.launcher = RayLauncher(options.launch)
+        self.grpc: ControlServer | None = None
+        self.coordinator: Coordinator | None = None
+        self.app = None
+
+    def start(self) -> "ServeStack":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port)
+        codec = TextCodec(self.model_path)   # fail fast on a checkpoint without a tokenizer
+        ray_nodes = [p.node for p in self.plan.placements if p.node not in self.options.external_nodes]
+        handles = self.launcher.start(ray_nodes, self.model_path) if ray_nodes else []
+        if self.options.external_nodes:
+            log.info("waiting for external workers %s to register at %s", self.options.external_nodes,
+                     self.grpc.address)
+            handles += self.registry.wait(self.options.external_nodes, self.options.register_timeout_s)
+        self.coordinator = Coordinator(self.plan, self.model_path, self.options.runtime, codec,
+                                       self.options.host, observer=self.metrics)
+        self.coordinator.attach(handles)
+        self.service.coordinator = self.coordinator
+        self.app = create_app(self.coordinator, self.model_name, self.metrics)
+
+    @property
+    def grpc_address(self) -> str:
+        return self.grpc.address
+
+    def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.close(shutdown_workers=True)
+            self.coordinator = None
+        self.launcher.shutdown()
+        if self.grpc is not None:
+            self.grpc.stop()
+            self.grpc = None

@@ -1,0 +1,241 @@
+"""Runtime benchmarks for ``helix serve`` (issue 6); prints tables and appends them to BENCHMARKS.md.
+
+1. Data plane: activation frames/s and GB/s between two processes through ``worker.transport`` (wire
+   header + zero-copy tensor frames, decoded back to tensors) vs raw pyzmq PUSH/PULL moving the same
+   bytes, in the same run. Target: >= 70 % of raw.
+2. Coordinator: pipeline decisions/s of the shared Helix scheduler (IWRR + KV masking, with worker-stat
+   corrections) on a 42-node plan of ``cluster_specs/hetero42.yaml``. Target: >= 20k/s.
+3. End to end: tokens/s and TTFT of 3 local Ray workers behind the OpenAI API vs the whole model in one
+   single-process engine, same model (the demo checkpoint) and the same burst.
+
+    python scripts/bench_runtime.py [--quick] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# --- 1. data plane -------------------------------------------------------------------------------
+def _sender(kind: str, address: str, shape: tuple[int, int], count: int) -> None:
+    import torch
+    import zmq
+    hs = torch.randn(*shape)
+    if kind == "helix":
+        from worker.io_types import StageInput
+        from worker.transport import DataPlane
+        from worker.wire import InputBatch, WireInput
+        plane = DataPlane()
+        plane.set_peers({"dst": address})
+        for i in range(count):
+            plane.send("dst", InputBatch((WireInput(StageInput(i, i, hidden_states=hs)),)))
+        time.sleep(0.5)
+        plane.close()
+    else:
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(address)
+        payload = memoryview(hs.numpy()).cast("B")
+        header = b'{"id":0,"pos":0}'
+        for _ in range(count):
+            sock.send_multipart([header, payload], copy=False)
+        time.sleep(0.5)
+        sock.close(linger=1000)
+
+
+def _receive(kind: str, shape: tuple[int, int], count: int) -> float:
+    """Seconds from the first to the last of ``count`` messages (the first is not timed)."""
+    import zmq
+    ctx = mp.get_context("spawn")
+    if kind == "helix":
+        from worker.transport import DataPlane
+        plane = DataPlane()
+        address = plane.address
+    else:
+        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        address = f"tcp://127.0.0.1:{port}"
+    proc = ctx.Process(target=_sender, args=(kind, address, shape, count))
+    proc.start()
+    t0 = None
+    try:
+        for i in range(count):
+            if kind == "helix":
+                msg = plane.recv(timeout_s=60.0)
+                assert msg is not None, "data plane stalled"
+                assert msg.inputs[0].item.hidden_states.shape == shape
+            else:
+                assert sock.poll(60_000), "raw zmq stalled"
+                frames = sock.recv_multipart(copy=False)
+                assert len(frames[1]) == shape[0] * shape[1] * 4
+            if i == 0:
+                t0 = time.perf_counter()
+        return time.perf_counter() - t0
+    finally:
+        proc.join(timeout=30)
+        (plane.close() if kind == "helix" else sock.close(linger=0))
+
+
+def bench_data_plane(quick: bool) -> list[tuple]:
+    rows = []
+    for shape, count in (((256, 1024), 300 if quick else 2000), ((1, 4096), 2000 if quick else 20000)):
+        nbytes = shape[0] * shape[1] * 4
+        res = {}
+        for kind in ("raw", "helix", "raw", "helix"):   # interleaved, best of two
+            dt = _receive(kind, shape, count)
+            fps = (count - 1) / dt
+            res[kind] = max(res.get(kind, 0.0), fps)
+        for kind in ("raw", "helix"):
+            rows.append((f"{nbytes / 2**10:,.0f} KiB [{shape[0]}x{shape[1]}] fp32", kind,
+                         f"{res[kind]:,.0f}", f"{res[kind] * nbytes / 1e9:.2f}",
+                         f"{res[kind] / res['raw'] * 100:.0f} %"))
+    return rows
+
+
+# --- 2. coordinator decisions/s --------------------------------------------------------------------
+def bench_decisions(quick: bool) -> list[tuple]:
+    import logging
+    logging.disable(logging.CRITICAL)
+    from coordinator.kv_estimator import KVEstimator
+    from coordinator.pipeline import RequestInfo
+    from coordinator.schedulers import make_scheduler
+    from helix.spec import load_cluster
+    from planner.build import build_problem
+    from planner.solve import solve
+    plan = solve(build_problem(load_cluster(ROOT / "cluster_specs" / "hetero42.yaml")), method="petals")
+    # Capacities sized so about 60 requests of 1000 tokens fill a node: masking is active throughout.
+    caps = {p.node: 60 * 1000 * p.num_layers for p in plan.placements}
+    sched = make_scheduler("helix", plan, KVEstimator(caps, high_water=0.9))
+    n = 20_000 if quick else 200_000
+    live: deque[int] = deque()
+    masked = 0
+    t0 = time.perf_counter()
+    for rid in range(n):
+        if sched.schedule(RequestInfo(rid, 763, 237)) is None:
+            masked += 1
+        else:
+            live.append(rid)
+        if len(live) > 400:
+            sched.release(live.popleft())
+        if rid % 1000 == 0:   # a stats round: observed real usage, as the live coordinator does
+            for node in caps:
+                sched.kv.observe(node, 0.5 * sched.kv.used(node))
+    dt = time.perf_counter() - t0
+    return [(f"{len(plan.placements)} nodes, {plan.num_layers} layers (hetero42, petals placement)",
+             f"{n:,}", f"{masked:,}", f"{n / dt:,.0f}")]
+
+
+# --- 3. end to end -----------------------------------------------------------------------------------
+def bench_end_to_end(quick: bool) -> list[tuple]:
+    import asyncio
+    import statistics
+    from helix import demo
+    from helix.demo_checkpoint import ensure_tiny_checkpoint
+    from helix.server.http import HttpThread
+    from helix.server.stack import ServeOptions, ServeStack
+    n_req, max_tokens = (16, 16) if quick else (32, 32)
+    ckpt = ensure_tiny_checkpoint()
+    plan = demo.plan_local3()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    stack = ServeStack(plan, str(ckpt), ServeOptions(model_name="tiny-llama")).start()
+    try:
+        http = HttpThread(stack.app)
+        asyncio.run(demo._burst(http.url, 4, 4))   # warm-up
+        t0 = time.perf_counter()
+        raw = asyncio.run(demo._burst(http.url, n_req, max_tokens))
+        wall = time.perf_counter() - t0
+        stats = {n: s for n, s in stack.coordinator.stats.items()}
+        http.stop()
+    finally:
+        stack.close()
+    toks = sum(r[1] for r in raw)
+    ttft = sorted(r[2] for r in raw)
+    rows = [("3 Ray workers + HTTP", n_req, toks, f"{toks / wall:,.0f}",
+             f"{statistics.median(ttft) * 1000:.0f}", f"{ttft[-1] * 1000:.0f}")]
+    rows.append(_single_process(ckpt, n_req, max_tokens))
+    busy = ", ".join(f"{n}: {s.steps_total} steps x {s.step_time_s_avg * 1000:.1f} ms"
+                     for n, s in sorted(stats.items()))
+    return rows, busy, wall
+
+
+def _single_process(ckpt: Path, n_req: int, max_tokens: int) -> tuple:
+    import torch
+    from coordinator.textcodec import TextCodec
+    from helix import demo
+    from worker.engine import EngineConfig, SliceEngine
+    from worker.local_pipeline import LocalPipeline, Prompt
+    from worker.sampling import SamplingParams
+    torch.set_num_threads(1)
+    codec = TextCodec(ckpt)
+    prompts = [codec.encode_chat(demo._messages(i)) if i % 2 else codec.encode(demo._PROMPTS[i % 6])
+               for i in range(n_req)]
+    engine = SliceEngine.from_checkpoint(ckpt, 0, 8, EngineConfig(eos_token_ids=codec.eos_token_ids))
+    pipe = LocalPipeline([engine])
+    for i, p in enumerate(prompts):
+        pipe.submit(Prompt(i, tuple(p), SamplingParams(temperature=0, max_tokens=max_tokens)))
+    t0 = time.perf_counter()
+    first: dict[int, float] = {}
+    for _ in range(100_000):
+        if not pipe.busy():
+            break
+        for o in pipe.step():
+            first.setdefault(o.request_id, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    toks = sum(len(v) for v in pipe.tokens.values())
+    ttft = sorted(first.values())
+    return ("1 engine, one process", n_req, toks, f"{toks / wall:,.0f}",
+            f"{ttft[len(ttft) // 2] * 1000:.0f}", f"{ttft[-1] * 1000:.0f}")
+
+
+# --- report ----------------------------------------------------------------------------------------
+def table(headers: tuple, rows: list[tuple]) -> str:
+    cells = [tuple(str(c) for c in r) for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    return "\n".join([fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *map(fmt, cells[1:])])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer frames, requests and decisions")
+    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--skip-e2e", action="store_true")
+    args = ap.parse_args()
+    out = []
+    out.append("Data plane (two processes, loopback, best of 2 interleaved runs):\n\n" + table(
+        ("payload", "path", "frames/s", "GB/s", "vs raw"), bench_data_plane(args.quick)))
+    print(out[-1], "\n", flush=True)
+    out.append("Coordinator pipeline decisions (IWRR + KV masking, stats corrections every 1000):\n\n"
+               + table(("plan", "decisions", "masked (None)", "decisions/s"), bench_decisions(args.quick)))
+    print(out[-1], "\n", flush=True)
+    if not args.skip_e2e:
+        rows, busy, wall = bench_end_to_end(args.quick)
+        out.append("End to end, demo checkpoint (tiny-llama, 8 layers, hidden 64), greedy burst, local3 "
+                   "plan:\n\n" + table(("setup", "requests", "output tokens", "tokens/s", "TTFT p50 ms",
+                                        "TTFT max ms"), rows)
+                   + f"\n\nWorker busy time in the distributed run ({wall:.2f} s wall): {busy}.")
+        print(out[-1], flush=True)
+    if not args.no_write:
+        cmd = "python scripts/bench_runtime.py" + (" --quick" if args.quick else "") + \
+            (" --skip-e2e" if args.skip_e2e else "")
+        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, " \
+                  f"load avg {os.getloadavg()[0]:.1f} at start"
+        with open(ROOT / "BENCHMARKS.md", "a") as f:
+            f.write(f"\n### Runtime run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+                    f"`{cmd}` on {machine}\n\n" + "\n\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
