@@ -54,6 +54,9 @@ def simulate(
     chunk_tokens: int = typer.Option(0, "--chunk-tokens", help="Chunked-prefill budget per step "
                                      "(0 = off: whole prompts)."),
     high_water: float = typer.Option(0.9, "--high-water", help="KV high-water mark for masking."),
+    link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "
+                                     "at a time (one ZeroMQ connection per peer); fair: bandwidth "
+                                     "split among messages in flight."),
     seed: int = typer.Option(0, "--seed"),
     compare_all: bool = typer.Option(False, "--compare", help="Every placement method x {helix, "
                                      "swarm, random} schedulers, one table and one plot."),
@@ -79,12 +82,15 @@ def simulate(
         raise HelixUserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if scheduler not in SCHEDULERS:
         raise HelixUserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if link_sharing not in ("fifo", "fair"):
+        raise HelixUserError(f"--link-sharing must be fifo or fair, got {link_sharing!r}")
     if chunk_tokens < 0 or duration < 0 or not 0 < high_water <= 1:
         raise HelixUserError("--chunk-tokens and --duration must be >= 0, --high-water in (0, 1]")
     console = Console() if Console().is_terminal else Console(width=150)
     spec = load_cluster(cluster)
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
-                       high_water=high_water, seed=seed, record_events=event_log is not None)
+                       high_water=high_water, seed=seed, link_sharing=link_sharing,
+                       record_events=event_log is not None)
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)

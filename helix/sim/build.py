@@ -59,7 +59,7 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
     return workers
 
 
-def build_network(spec: ClusterSpec) -> Network:
+def build_network(spec: ClusterSpec, sharing: str = "fifo") -> Network:
     def link_of(a: str, b: str) -> LinkParams | None:
         params = spec.link(a, b)
         return None if params is None else LinkParams(params.bandwidth_bytes_per_s, params.latency_s)
@@ -69,7 +69,7 @@ def build_network(spec: ClusterSpec) -> Network:
             return spec.coordinator.nic_bandwidth_bytes_per_s
         return spec.node(v).nic_bandwidth_bytes_per_s
 
-    return Network(link_of, nic_of)
+    return Network(link_of, nic_of, sharing=sharing)
 
 
 def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest, ...],
@@ -84,5 +84,5 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
     sched = make_scheduler(scheduler, plan, kv, seed=config.seed,
                            connected=lambda a, b: spec.link(a, b) is not None)
     model = spec.model
-    return Simulator(config, workload, sched, workers, build_network(spec),
+    return Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
                      model.activation_bytes_per_token(spec.dtype_bytes))

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
 from helix.plan import COORDINATOR
-from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, RequestArrival, RequestFinish,
-                              StepFinish, StepStart, TransferFinish)
+from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, LinkWake, RequestArrival,
+                              RequestFinish, StepFinish, StepStart, TransferFinish)
 from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
 from helix.sim.network import Network
 from helix.sim.request import SimRequest
@@ -55,6 +55,9 @@ class SimConfig:
     """Output length the coordinator reserves KV for; None = the workload's mean."""
     seed: int = 0
     token_id_bytes: int = 4
+    link_sharing: str = "fifo"
+    """``fifo``: a link sends one message at a time; ``fair``: its bandwidth is split equally among
+    the messages in flight (see :mod:`helix.sim.network`)."""
     bucket_s: float = 1.0
     """Width of the throughput timeline's buckets."""
     label: str = ""
@@ -183,9 +186,8 @@ class Simulator:
         self.admitted += 1
         self.metrics.prompt_tokens_admitted += req.prompt_tokens
         first = req.workers[0]
-        arrival = self.network.send(now_s, COORDINATOR, first.name,
-                                    req.prompt_tokens * self.config.token_id_bytes)
-        return (TransferFinish(arrival, first, [(req, 0, req.prompt_tokens)]),)
+        return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.config.token_id_bytes,
+                          [(req, 0, req.prompt_tokens)])
 
     def on_tokens_at_coordinator(self, now_s: float, items: list) -> Iterable[Event]:
         """Sampled tokens arrive: stream them, finish requests, feed the rest back to stage 0."""
@@ -206,11 +208,9 @@ class Simulator:
             else:
                 feeds.setdefault(req.workers[0], []).append((req, 0, 1))
         for w, its in feeds.items():
-            arrival = self.network.send(now_s, COORDINATOR, w.name,
-                                        len(its) * self.config.token_id_bytes)
             for req, _, _ in its:
                 req.sent_at_s[0] = now_s
-            out.append(TransferFinish(arrival, w, its))
+            out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.config.token_id_bytes, its))
         return out
 
     def on_request_finish(self, now_s: float, req: SimRequest) -> Iterable[Event]:
@@ -226,6 +226,23 @@ class Simulator:
         self.metrics.on_finish(req.output_tokens, req.received, req.first_token_s, req.last_token_s)
         req.workers = ()
         out.extend(self._kick_coordinator(now_s))
+        return out
+
+    # --- network ------------------------------------------------------------------------------------
+    def _send(self, now_s: float, src: str, dst: SimWorker | None, nbytes: float,
+              items: list) -> Iterable[Event]:
+        """Put a message on the link ``src -> dst`` (None = the coordinator)."""
+        dst_name = COORDINATOR if dst is None else dst.name
+        if self.network.sharing == "fifo":
+            return (TransferFinish(self.network.send(now_s, src, dst_name, nbytes), dst, items),)
+        link, wake_s = self.network.start_shared(now_s, src, dst_name, nbytes, (dst, items))
+        return (LinkWake(wake_s, link, link.version),)
+
+    def on_link_wake(self, now_s: float, link) -> Iterable[Event]:
+        done, wake_s = self.network.wake_shared(now_s, link)
+        out: list[Event] = [TransferFinish(now_s + link.latency_s, dst, items) for dst, items in done]
+        if wake_s is not None:
+            out.append(LinkWake(wake_s, link, link.version))
         return out
 
     # --- workers ------------------------------------------------------------------------------------
@@ -274,13 +291,11 @@ class Simulator:
         for dst, items in outs.items():
             if dst is None:
                 nbytes = len(items) * self.config.token_id_bytes
-                arrival = self.network.send(now_s, w.name, COORDINATOR, nbytes)
             else:
                 nbytes = sum(n for _, _, n in items) * self.activation_bytes_per_token
-                arrival = self.network.send(now_s, w.name, dst.name, nbytes)
                 for req, idx, _ in items:
                     req.sent_at_s[idx] = now_s
-            out.append(TransferFinish(arrival, dst, items))
+            out.extend(self._send(now_s, w.name, dst, nbytes, items))
         out.extend(self.start_step(now_s, w))
         return out
 

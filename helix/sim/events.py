@@ -86,6 +86,25 @@ class TransferFinish(Event):
         return sim.on_inputs_at_worker(self.time_s, self.dst, self.items)
 
 
+class LinkWake(Event):
+    """A fair-share link may have finished messages; ignored when the link changed since."""
+
+    __slots__ = ("link", "version")
+
+    def __init__(self, time_s: float, link, version: int) -> None:
+        super().__init__(time_s)
+        self.link = link
+        self.version = version
+
+    def handle(self, sim: "Simulator") -> Iterable[Event]:
+        if self.link.version != self.version:
+            return NO_EVENTS
+        return sim.on_link_wake(self.time_s, self.link)
+
+    def subject(self) -> str:
+        return "->".join(self.link.key)
+
+
 class StepStart(Event):
     """An idle worker with new inputs picks its next step (inputs arriving at the same instant
     are batched together because this runs after them)."""

@@ -51,7 +51,7 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
     kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
                      high_water=config.high_water)
     sched = make_scheduler(scheduler, plan, kv, seed=config.seed)
-    net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s))
+    net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s), sharing=config.link_sharing)
     return Simulator(config, workload, sched, workers, net, activation_bytes)
 
 

@@ -37,10 +37,11 @@ def _check_conservation(r, workload, finished_all=True):
 @settings(max_examples=15, deadline=None)
 @given(lengths=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
        chunk=st.sampled_from([0, 16, 64]), kv_tokens=st.sampled_from([400, 1000, 100_000]),
-       mode=st.sampled_from(["offline", "online"]))
-def test_conservation_and_kv_bounds(lengths, chunk, kv_tokens, mode):
+       mode=st.sampled_from(["offline", "online"]), sharing=st.sampled_from(["fifo", "fair"]))
+def test_conservation_and_kv_bounds(lengths, chunk, kv_tokens, mode, sharing):
     workload = tuple(TraceRequest(0.05 * i, p, o) for i, (p, o) in enumerate(lengths))
-    cfg = SimConfig(mode=mode, duration_s=None, chunk_tokens=chunk, expected_output_tokens=8)
+    cfg = SimConfig(mode=mode, duration_s=None, chunk_tokens=chunk, expected_output_tokens=8,
+                    link_sharing=sharing)
     sim = make_sim(diamond_plan(), workload, cfg, kv_tokens=kv_tokens)
     r = sim.run()
     fits = [p + o <= kv_tokens - kv_tokens % 16 for p, o in lengths]
