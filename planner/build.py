@@ -22,14 +22,14 @@ def token_id_bytes(model: ModelSpec) -> int:
     return 2 if model.vocab_size <= 2**16 else 4
 
 
-def node_capacity(cost: CostModel, node: NodeSpec) -> NodeCapacity:
+def node_capacity(cost: CostModel, node: NodeSpec, region: str) -> NodeCapacity:
     """T(k) table and memory limits of one node under ``cost``."""
     table = cost.throughput_table(node)
     max_mid = cost.max_layers(node)
     # Latency figures at half the node's capacity: a typical share, not an extreme.
     latency_k = max(1, max_mid // 2)
     return NodeCapacity(
-        name=node.name, gpu=node.label, region=node.region or "",
+        name=node.name, gpu=node.label, region=region,
         throughput_tokens_per_s=table,
         max_layers=max_mid,
         max_layers_first=cost.max_layers(node, first=True),
@@ -66,7 +66,7 @@ def build_problem(spec: ClusterSpec, model: ModelSpec | None = None) -> Placemen
     return PlacementProblem(
         model=chosen.name,
         num_layers=chosen.num_layers,
-        nodes=tuple(node_capacity(cost, n) for n in spec.nodes),
+        nodes=tuple(node_capacity(cost, n, spec.region_of(n.name)) for n in spec.nodes),
         links=build_links(spec, chosen),
         spec_hash=spec.content_hash(),
         layer_bytes=float(chosen.layer_bytes(spec.dtype_bytes)),
