@@ -309,6 +309,11 @@ class StepPolicy:
         return tuple(self._waiting)
 
     @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission (without copying the queue, for per-step checks)."""
+        return len(self._waiting)
+
+    @property
     def running_ids(self) -> tuple[Hashable, ...]:
         return tuple(self._running)
 

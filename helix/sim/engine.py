@@ -33,6 +33,9 @@ from worker.step_policy import StepPlan
 
 MODES = ("offline", "online")
 
+#: Tests set this to verify that every skipped schedule() would indeed have found nothing to do.
+CHECK_SKIPPED_STEPS = False
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -218,6 +221,7 @@ class Simulator:
         out: list[Event] = []
         for w in req.workers:
             w.drop(req.request_id)
+            w.maybe_ready = True
             # Freed KV may unblock a request waiting in this worker's queue.
             if not w.busy and not w.start_pending and w.policy.has_work():
                 w.start_pending = True
@@ -255,6 +259,7 @@ class Simulator:
                 w.policy.feed(req.request_id, n)
             else:
                 w.admit(req, idx, req.pipeline.stages[idx].start, n)
+        w.maybe_ready = True
         if w.busy or w.start_pending:
             return NO_EVENTS
         w.start_pending = True
@@ -263,13 +268,27 @@ class Simulator:
     def start_step(self, now_s: float, w: SimWorker) -> Iterable[Event]:
         if w.busy:
             return NO_EVENTS
-        plan = w.policy.schedule()
+        if not w.maybe_ready:
+            if CHECK_SKIPPED_STEPS:
+                skipped = w.policy.schedule()
+                assert skipped.is_empty and not skipped.preempted_ids, (w.name, skipped)
+            return NO_EVENTS
+        policy = w.policy
+        plan = policy.schedule()
+        # Whether another schedule() could find work without new inputs or freed KV: a step that
+        # hit a limit, an unfinished prompt, a preemption or a blocked queue. Otherwise skip the
+        # policy's O(running) scan until inputs arrive (most steps of a pipeline stage end idle).
+        config = policy.config
+        w.maybe_ready = bool(plan.preempted_ids) or policy.num_waiting > 0 \
+            or plan.num_seqs >= config.max_num_seqs \
+            or plan.num_tokens >= config.max_num_batched_tokens \
+            or any(not c.is_last for c in plan.prefill_chunks)
         if plan.preempted_ids:
             w.num_preemptions += len(plan.preempted_ids)
             self.preemptions += len(plan.preempted_ids)
         if plan.is_empty:
             return NO_EVENTS
-        used = w.policy.blocks.num_used_blocks
+        used = policy.blocks.num_used_blocks
         if used > w.peak_used_blocks:
             w.peak_used_blocks = used
         duration_s = w.step_time_s(plan)
@@ -278,44 +297,48 @@ class Simulator:
 
     def on_step_finish(self, now_s: float, w: SimWorker, plan: StepPlan,
                        duration_s: float) -> list[Event]:
+        """Forward the hidden states of newly computed positions; the last stage samples."""
         w.busy = False
         w.busy_s += duration_s
         w.num_steps += 1
         w.policy.complete(plan)
         outs: dict[SimWorker | None, list] = {}
-        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
-            self._emit(now_s, w, rid, pos + 1, outs)
-        for chunk in plan.prefill_chunks:
-            self._emit(now_s, w, chunk.request_id, chunk.end, outs)
+        requests = w.requests
+        computed = [(rid, pos + 1) for rid, pos in zip(plan.decode_ids, plan.decode_positions)]
+        computed += [(c.request_id, c.end) for c in plan.prefill_chunks]
+        for rid, end in computed:  # positions [.., end) of rid are now computed here
+            entry = requests.get(rid)
+            if entry is None:
+                continue  # finished while this step ran
+            req, idx = entry
+            if self._observe_hops:
+                prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
+                self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
+            if idx + 1 < len(req.workers):
+                sent = req.sent_upto[idx]
+                if end > sent:  # a stage recomputing after preemption forwards nothing twice
+                    req.sent_upto[idx] = end
+                    nxt = req.workers[idx + 1]
+                    batch = outs.get(nxt)
+                    if batch is None:
+                        batch = outs[nxt] = []
+                    batch.append((req, idx + 1, end - sent))
+            elif end == req.prompt_tokens + req.generated:
+                req.generated += 1  # the last stage samples a new token from its newest position
+                outs.setdefault(None, []).append((req, idx, 1))
         out: list[Event] = []
         for dst, items in outs.items():
             if dst is None:
                 nbytes = len(items) * self.config.token_id_bytes
             else:
-                nbytes = sum(n for _, _, n in items) * self.activation_bytes_per_token
-                for req, idx, _ in items:
+                nbytes = 0
+                for req, idx, n in items:
+                    nbytes += n
                     req.sent_at_s[idx] = now_s
+                nbytes *= self.activation_bytes_per_token
             out.extend(self._send(now_s, w.name, dst, nbytes, items))
         out.extend(self.start_step(now_s, w))
         return out
-
-    def _emit(self, now_s: float, w: SimWorker, rid: int, end: int, outs: dict) -> None:
-        """Positions ``[.., end)`` of ``rid`` are computed on ``w``: forward what is new."""
-        entry = w.requests.get(rid)
-        if entry is None:
-            return  # finished while this step ran
-        req, idx = entry
-        if self._observe_hops:
-            prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
-            self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
-        if idx + 1 < len(req.workers):
-            sent = req.sent_upto[idx]
-            if end > sent:
-                req.sent_upto[idx] = end
-                outs.setdefault(req.workers[idx + 1], []).append((req, idx + 1, end - sent))
-        elif end == req.prompt_tokens + req.generated:
-            req.generated += 1  # the last stage samples a new token from its newest position
-            outs.setdefault(None, []).append((req, idx, 1))
 
     # --- summary ------------------------------------------------------------------------------------
     def _result(self, end_s: float, wall_s: float) -> SimResult:

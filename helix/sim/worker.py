@@ -22,7 +22,7 @@ class SimWorker:
     """One node's slice ``[start, end)``; ``requests`` maps request id -> (SimRequest, stage index)."""
 
     __slots__ = ("name", "start", "end", "policy", "layer_time", "requests", "entry", "busy",
-                 "start_pending", "busy_s", "num_steps", "num_preemptions", "_num_partial",
+                 "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions", "_num_partial",
                  "peak_used_blocks")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
@@ -39,6 +39,8 @@ class SimWorker:
         """First layer each request runs here (> start when it enters mid-slice)."""
         self.busy = False
         self.start_pending = False
+        self.maybe_ready = True
+        """False when the last schedule() left nothing that could run without new inputs."""
         self.busy_s = 0.0
         self.num_steps = 0
         self.num_preemptions = 0
