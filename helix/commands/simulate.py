@@ -73,7 +73,6 @@ def simulate(
     from rich.console import Console
 
     from coordinator.schedulers import SCHEDULERS
-    from helix.plan import Plan
     from helix.sim import run as simrun
     from helix.sim.engine import MODES, SimConfig
     from helix.spec import load_cluster
@@ -95,27 +94,44 @@ def simulate(
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
     if compare_all:
-        plans = {method: Plan.load(plan)} if plan is not None else {}
-        methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
-        rows = simrun.compare(spec, config, opts, methods=methods, time_limit_s=time_limit,
-                              plans=plans, progress=lambda s: console.log(s))
-        results = [r.result for r in rows]
-        console.print(_summary_table(results, f"{cluster.name} {mode}: placement+scheduler"))
-        if plot is not None:
-            from helix.sim.plots import plot_compare, plot_results
-            paths = [plot_compare(rows, plot), *plot_results(results, plot)]
-            console.print("wrote " + ", ".join(str(p) for p in paths))
-        if json_out is not None:
-            json_out.write_text(json.dumps([{"method": r.method, "scheduler": r.scheduler,
-                                             "max_flow_tokens_per_s": r.max_flow_tokens_per_s,
-                                             **r.result.to_dict()} for r in rows], indent=1))
-        return
-    the_plan = Plan.load(plan) if plan is not None else simrun.make_plan(spec, method, time_limit, seed)
-    workload = simrun.make_workload(opts, mode, the_plan, seed)
-    config = SimConfig(**{**config.__dict__, "label": f"{the_plan.method}+{scheduler}"})
+        _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out)
+    else:
+        _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
+                    json_out, event_log)
+
+
+def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out):
+    from helix.plan import Plan
+    from helix.sim import run as simrun
+    plans = {method: Plan.load(plan)} if plan is not None else {}
+    methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
+    rows = simrun.compare(spec, config, opts, methods=methods, time_limit_s=time_limit,
+                          plans=plans, progress=lambda s: console.log(s))
+    results = [r.result for r in rows]
+    console.print(_summary_table(results, f"{cluster.name} {config.mode}: placement+scheduler"))
+    if plot is not None:
+        from helix.sim.plots import plot_compare, plot_results
+        paths = [plot_compare(rows, plot), *plot_results(results, plot)]
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+    if json_out is not None:
+        json_out.write_text(json.dumps([{"method": r.method, "scheduler": r.scheduler,
+                                         "max_flow_tokens_per_s": r.max_flow_tokens_per_s,
+                                         **r.result.to_dict()} for r in rows], indent=1))
+
+
+def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
+                json_out, event_log):
+    import dataclasses
+
+    from helix.plan import Plan
+    from helix.sim import run as simrun
+    the_plan = Plan.load(plan) if plan is not None else \
+        simrun.make_plan(spec, method, time_limit, config.seed)
+    workload = simrun.make_workload(opts, config.mode, the_plan, config.seed)
+    config = dataclasses.replace(config, label=f"{the_plan.method}+{scheduler}")
     sim = simrun.build_simulator(spec, the_plan, workload, config, scheduler)
     result = sim.run()
-    console.print(_summary_table([result], f"{cluster.name} {mode}, plan {the_plan.method} "
+    console.print(_summary_table([result], f"{cluster.name} {config.mode}, plan {the_plan.method} "
                                  f"(max flow {the_plan.max_flow_tokens_per_s:.0f} tokens/s)"))
     console.print(f"simulated {result.duration_s:.0f} s in {result.wall_s:.1f} s wall "
                   f"({result.sim_s_per_wall_s:.1f} sim s / wall s, {result.events} events); "
