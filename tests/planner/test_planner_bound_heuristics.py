@@ -66,3 +66,17 @@ def test_heuristics_on_the_reference_case(name):
         assert placement == {} and flow == 0
     else:
         assert 0 < flow <= 2046 + 1e-6
+
+
+def test_local_search_never_worsens_and_keeps_placements_valid():
+    import time
+
+    from planner.heuristics import petals
+    from planner.local_search import improve
+    p = reference_single24_70b()
+    start = petals(p, 0)
+    flows = max_flow(p, start)
+    placement, better = improve(p, start, flows, True, time.perf_counter() + 3.0, seed=1)
+    check_placement(p, placement)
+    assert better.value_tokens_per_s >= flows.value_tokens_per_s
+    assert max_flow(p, placement).value_tokens_per_s == pytest.approx(better.value_tokens_per_s)
