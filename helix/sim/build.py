@@ -27,6 +27,10 @@ def check_plan_matches(spec: ClusterSpec, plan: Plan) -> None:
     for p in plan.placements:
         if p.node not in names:
             raise SpecError(f"plan places layers on node {p.node!r}, which the cluster spec lacks")
+    for arc in plan.arc_flows:
+        if arc.flow_tokens_per_s > 0 and spec.link(arc.src, arc.dst) is None:
+            raise SpecError(f"plan routes {arc.flow_tokens_per_s:.0f} tokens/s over {arc.src} -> "
+                            f"{arc.dst}, but the cluster spec has no link between them")
 
 
 def policy_config(config: SimConfig, max_batch_seqs: int) -> PolicyConfig:

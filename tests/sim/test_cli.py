@@ -80,3 +80,22 @@ def test_compare_runs_every_method_and_scheduler(tmp_path, capsys):
     assert all(r["max_flow_tokens_per_s"] > 0 for r in rows)
     assert (tmp_path / "compare.png").stat().st_size > 1000
     assert "milp+helix" in capsys.readouterr().out
+
+
+def test_plan_over_a_missing_link_is_refused(plan_file, tmp_path, capsys):
+    # Same nodes as single24, but the A100s sit in a region with no link to the rest.
+    spec_path = tmp_path / "split.yaml"
+    spec_path.write_text("""
+model: llama-2-70b
+regions:
+  us-central: {bandwidth: 10Gbps, latency: 1ms}
+  island: {bandwidth: 10Gbps, latency: 1ms}
+coordinator: {region: us-central}
+nodes:
+  - {name: "a100-{i}", gpu: A100-40G, count: 4, region: island}
+  - {name: "l4-{i}", gpu: L4, count: 8, region: us-central}
+  - {name: "t4-{i}", gpu: T4, count: 12, region: us-central}
+""")
+    rc = main(["simulate", str(spec_path), "--plan", str(plan_file), "--duration", "1"])
+    assert rc == 2
+    assert "no link" in capsys.readouterr().err
