@@ -75,9 +75,9 @@ class StepBatch:
 
     positions: torch.Tensor            # [num_tokens] long
     slots: torch.Tensor                # [num_tokens] long: where each token's K/V goes
-    decode_rows: torch.Tensor          # [num_decodes] long: rows of the step that are decodes
+    num_decodes: int                   # rows [0, num_decodes) of the step are decodes
     decode_slots: torch.Tensor         # [num_decodes, max_context] long (padding points at slot 0)
-    decode_mask: torch.Tensor | None   # [num_decodes, 1, 1, max_context] bool, None if no padding
+    decode_mask: torch.Tensor | None   # [1, num_decodes, 1, max_context] bool, None if no padding
     prefills: list[PrefillAttention]
     entry_rows: dict[int, torch.Tensor]
     """For a slice layer index ``i``: bool ``[num_tokens]`` rows that run layer ``i`` (requests that
@@ -147,20 +147,22 @@ class SliceModel:
     def _attention(self, i: int, q: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         """Per-request attention over paged KV; ``q`` [n, H, d] -> [n, H * d]."""
         n, heads, d = q.shape
+        kv_heads = self.spec.num_kv_heads
+        group = heads // kv_heads
         out = torch.empty_like(q)
-        if batch.decode_rows.numel():
-            k, v = self.kv.read(i, batch.decode_slots)     # [B, L, KVH, d]
-            qd = q[batch.decode_rows][:, :, None, :]        # [B, H, 1, d]
-            o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2),
-                                               attn_mask=batch.decode_mask, scale=self.scale,
-                                               enable_gqa=heads != k.shape[2])
-            out[batch.decode_rows] = o[:, :, 0, :]
+        b = batch.num_decodes
+        if b:
+            k, v = self.kv.read(i, batch.decode_slots)      # [KVH, B, L, d]
+            # Attention is independent per (request, head), so KV heads play SDPA's batch dim and
+            # requests its head dim; the query heads sharing a KV head (GQA) are extra query rows.
+            qd = q[:b].view(b, kv_heads, group, d).transpose(0, 1)     # [KVH, B, group, d]
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask, scale=self.scale)
+            out[:b] = o.transpose(0, 1).reshape(b, heads, d)
         for p in batch.prefills:
-            k, v = self.kv.read(i, p.context_slots)        # [ctx, KVH, d]
+            k, v = self.kv.read(i, p.context_slots)         # [KVH, ctx, d]
             qc = q[p.row_start:p.row_start + p.num_tokens].transpose(0, 1)[None]   # [1, H, t, d]
             o = F.scaled_dot_product_attention(
-                qc, k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=self.scale,
-                attn_mask=p.causal_mask, is_causal=p.causal_mask is None,
-                enable_gqa=heads != k.shape[1])
+                qc, k[None], v[None], scale=self.scale, attn_mask=p.causal_mask,
+                is_causal=p.causal_mask is None, enable_gqa=group > 1)
             out[p.row_start:p.row_start + p.num_tokens] = o[0].transpose(0, 1)
         return out.reshape(n, heads * d)

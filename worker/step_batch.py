@@ -51,7 +51,7 @@ def build_step_batch(plan: StepPlan, spans: Sequence[RowSpan], blocks: KVBlockMa
     prefills = [_prefill_layout(t, s, bs, device) for t, s in zip(tables[num_dec:], spans[num_dec:])]
     entry_rows = _entry_rows(spans, enter_offsets, num_slice_layers, int(positions.numel()), device)
     return StepBatch(positions=positions.to(device), slots=slots.to(device),
-                     decode_rows=torch.arange(num_dec, device=device),
+                     num_decodes=num_dec,
                      decode_slots=dec_slots.to(device),
                      decode_mask=None if dec_mask is None else dec_mask.to(device),
                      prefills=prefills, entry_rows=entry_rows)
@@ -75,7 +75,7 @@ def _decode_layout(tables: Sequence[Sequence[int]], context_lens: Sequence[int],
     lens = torch.tensor(context_lens)
     valid = j[None, :] < lens[:, None]
     slots = torch.where(valid, slots, torch.zeros_like(slots))   # padding reads slot 0, masked out
-    mask = None if bool(valid.all()) else valid[:, None, None, :]
+    mask = None if bool(valid.all()) else valid[None, :, None, :]   # [1, B, 1, max_ctx]
     return slots, mask
 
 

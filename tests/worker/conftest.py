@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from worker_test_threads import one_torch_thread
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -18,6 +20,12 @@ _TEXT = ("Helix serves one large language model over a cluster of mixed GPUs in 
          "The placement maximizes the max flow from source to sink; every request gets its own "
          "pipeline. Iteration-level scheduling lets finished requests leave and new ones join. "
          "Chunked prefill cuts long prompts so decodes ride along with them. ")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield
 
 
 def tiny_llama_config(**overrides):

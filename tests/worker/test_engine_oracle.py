@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker_test_threads import one_torch_thread
 from worker.engine import EngineConfig, SliceEngine
 from worker.local_pipeline import LocalPipeline, Prompt
 from worker.sampling import SamplingParams
@@ -23,10 +24,11 @@ def hf_greedy(tiny_ckpt, prompts):
     """Greedy tokens of LlamaForCausalLM.generate, one request at a time (no padding effects)."""
     _, model = tiny_ckpt
     out = []
-    for i, ids in enumerate(prompts):
-        gen = model.generate(torch.tensor([ids]), max_new_tokens=_max_new(i), do_sample=False,
-                             eos_token_id=2, pad_token_id=0)
-        out.append(gen[0, len(ids):].tolist())
+    with one_torch_thread():
+        for i, ids in enumerate(prompts):
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=_max_new(i), do_sample=False,
+                                 eos_token_id=2, pad_token_id=0)
+            out.append(gen[0, len(ids):].tolist())
     return out
 
 
@@ -101,3 +103,12 @@ def test_tied_sharded_checkpoint_matches_hf(tied_ckpt, prompts):
         ref = model.generate(torch.tensor([r.token_ids]), max_new_tokens=6, do_sample=False,
                              eos_token_id=None, pad_token_id=0)
         assert got[r.request_id] == ref[0, len(r.token_ids):].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chained_slices_on_cuda_match_hf(tiny_ckpt, prompts, hf_greedy):
+    ckpt, _ = tiny_ckpt
+    pipe = _chain(ckpt, device="cuda", max_num_batched_tokens=24)
+    got = pipe.run(_requests(prompts))
+    assert [got[f"r{i}"] for i in range(16)] == hf_greedy

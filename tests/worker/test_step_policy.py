@@ -170,3 +170,35 @@ def _check_plan(p, plan, budget, seqs, chunked):
         assert c.num_tokens >= 1 and p.blocks.capacity_of(c.request_id) >= c.end
     for rid in plan.preempted_ids:
         assert p.blocks.capacity_of(rid) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(feeds=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12)), min_size=1, max_size=60),
+       num_blocks=st.integers(7, 16), budget=st.integers(1, 24), chunked=st.booleans())
+def test_pipeline_stage_never_computes_ahead_of_its_inputs(feeds, num_blocks, budget, chunked):
+    """A stage (self_feeding=False) only computes tokens whose inputs arrived; blocks never leak."""
+    block = 4
+    p = _policy(num_blocks, block, 4, budget, chunked, self_feeding=False)
+    prompt = {rid: 10 + 3 * rid for rid in range(4)}
+    arrived = {rid: 0 for rid in prompt}
+    for rid in prompt:
+        p.add(rid, prompt[rid], 6, num_available_tokens=0)
+    for rid, n in feeds:
+        if rid in arrived and arrived[rid] < prompt[rid] + 6:
+            n = min(n, prompt[rid] + 6 - arrived[rid])
+            p.feed(rid, n)
+            arrived[rid] += n
+        plan = p.schedule()
+        _check_plan(p, plan, budget, 4, chunked)
+        for c in plan.prefill_chunks:
+            assert c.end <= arrived[c.request_id]
+        for r, pos in zip(plan.decode_ids, plan.decode_positions):
+            assert pos < arrived[r]
+        p.complete(plan)
+        for r in [r for r in arrived if p.num_computed(r) == prompt[r] + 6]:
+            p.finish(r)          # all inputs arrived and computed: the request is done here
+            del arrived[r]
+        p.blocks.check_invariants()
+    for r in list(arrived):
+        p.finish(r)
+    assert p.blocks.num_free_blocks == num_blocks

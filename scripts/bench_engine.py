@@ -1,0 +1,278 @@
+"""Worker engine benchmarks (issue 5), all on this CPU, side by side in one run.
+
+1. Orca's comparison: iteration-level vs request-level batching on a random LLaMA (hidden 512,
+   8 layers), prompts ~U(32, 512), outputs ~U(1, 128), Poisson arrivals at increasing rates; throughput
+   vs median latency normalised by output length; throughput ratio at equal latency.
+2. Chunked prefill on/off: time between tokens of running decodes while 512-token prompts arrive.
+3. Tokens/s against ``transformers`` ``generate`` on the same weights, 1 and 32 concurrent requests.
+
+Timing: the engine runs for real; a *virtual clock* advances by each step's measured wall time and jumps
+over idle gaps to the next arrival (an online server would sit idle there), so a sweep over arrival
+rates costs only the compute it contains. Both sides of every comparison use the same engine kernels
+and the same number of torch threads (1 by default: the machine is shared, and OpenMP spinning on
+oversubscribed cores makes multi-threaded numbers meaningless).
+
+    python scripts/bench_engine.py            # full (about 4 minutes on an idle 2-core machine)
+    python scripts/bench_engine.py --quick    # smaller sweep (about 2 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from worker.engine import EngineConfig, SliceEngine  # noqa: E402
+from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
+from worker.sampling import SamplingParams  # noqa: E402
+
+VOCAB = 8192
+
+
+def build_model(path: Path, hidden: int, layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                      num_key_value_heads=hidden // 128, max_position_embeddings=2048,
+                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    return model
+
+
+@dataclass(frozen=True)
+class Req:
+    request_id: int
+    arrival_s: float
+    prompt: tuple[int, ...]
+    output_len: int
+
+
+def workload(n: int, rate_per_s: float, seed: int, prompt_range=(32, 512), out_range=(1, 128)):
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate_per_s, n) if rate_per_s > 0 else np.zeros(n)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    return [Req(i, float(arrivals[i]),
+                tuple(int(t) for t in rng.integers(3, VOCAB, int(rng.integers(*prompt_range, endpoint=True)))),
+                int(rng.integers(*out_range, endpoint=True))) for i in range(n)]
+
+
+def _prompt(r: Req, max_tokens: int | None = None) -> Prompt:
+    return Prompt(r.request_id, r.prompt,
+                  SamplingParams(temperature=0, max_tokens=max_tokens or r.output_len, ignore_eos=True))
+
+
+# --- online serving on a virtual clock ---------------------------------------------------------
+def serve_iteration_level(ckpt: Path, reqs: list[Req], config: EngineConfig) -> dict[int, tuple]:
+    """Every step admits whatever arrived; returns id -> (arrival, finish, token times)."""
+    pipe = LocalPipeline([SliceEngine.from_checkpoint(ckpt, 0, _layers(ckpt), config)])
+    clock, pending, done, token_times = 0.0, list(reqs), {}, {r.request_id: [] for r in reqs}
+    while pending or pipe.busy():
+        while pending and pending[0].arrival_s <= clock:
+            pipe.submit(_prompt(pending.pop(0)))
+        if not pipe.busy():
+            clock = pending[0].arrival_s
+            continue
+        t0 = time.perf_counter()
+        outs = pipe.step()
+        clock += time.perf_counter() - t0
+        for o in outs:
+            token_times[o.request_id].append(clock)
+            if o.finish_reason is not None:
+                done[o.request_id] = clock
+    return {r.request_id: (r.arrival_s, done[r.request_id], token_times[r.request_id]) for r in reqs}
+
+
+def serve_request_level(ckpt: Path, reqs: list[Req], config: EngineConfig) -> dict[int, tuple]:
+    """FasterTransformer-style: a batch runs until its longest request ends; results return then;
+    requests that arrive meanwhile wait for the next batch."""
+    pipe = LocalPipeline([SliceEngine.from_checkpoint(ckpt, 0, _layers(ckpt), config)])
+    clock, pending, out = 0.0, list(reqs), {}
+    while pending:
+        if pending[0].arrival_s > clock:
+            clock = pending[0].arrival_s
+        batch = [r for r in pending if r.arrival_s <= clock][:config.max_num_seqs]
+        pending = [r for r in pending if r not in batch]
+        longest = max(r.output_len for r in batch)
+        t0 = time.perf_counter()
+        pipe.run([_prompt(r, longest) for r in batch])
+        clock += time.perf_counter() - t0
+        out.update({r.request_id: (r.arrival_s, clock, []) for r in batch})
+    return out
+
+
+def _layers(ckpt: Path) -> int:
+    from helix.models import ModelSpec
+    return ModelSpec.from_pretrained_dir(ckpt).num_layers
+
+
+def summarize(reqs: list[Req], res: dict[int, tuple]) -> tuple[float, float]:
+    """(throughput req/s, median latency per output token s)."""
+    first = min(r.arrival_s for r in reqs)
+    last = max(res[r.request_id][1] for r in reqs)
+    norm = [(res[r.request_id][1] - r.arrival_s) / r.output_len for r in reqs]
+    return len(reqs) / (last - first), statistics.median(norm)
+
+
+def throughput_at_latency(points: list[tuple[float, float]], slo_s: float) -> float:
+    """Largest throughput with median normalised latency <= slo_s, interpolating between measured
+    rates (points sorted by offered rate); 0 if even the lightest load misses the SLO."""
+    best = 0.0
+    for (t0, l0), (t1, l1) in zip(points, points[1:]):
+        if l0 <= slo_s:
+            best = max(best, t0)
+        if l0 <= slo_s < l1:
+            best = max(best, t0 + (t1 - t0) * (slo_s - l0) / (l1 - l0))
+    if points and points[-1][1] <= slo_s:
+        best = max(best, points[-1][0])
+    return best
+
+
+def bench_orca(ckpt: Path, n: int, rate_factors: list[float], lines: list[str]) -> None:
+    cfg_iter = EngineConfig(max_num_seqs=32, max_num_batched_tokens=512, chunked_prefill=True,
+                            kv_budget_bytes=512 * 2**20)
+    cfg_req = EngineConfig(max_num_seqs=32, max_num_batched_tokens=32 * 512, chunked_prefill=False,
+                           kv_budget_bytes=512 * 2**20)
+    # Capacity: all requests at once through the iteration-level engine (offline throughput).
+    offline = workload(n, 0.0, seed=1)
+    cap, _ = summarize(offline, serve_iteration_level(ckpt, offline, cfg_iter))
+    lines += [f"Offline capacity of the iteration-level engine: {cap:.2f} req/s.", "",
+              "| offered rate (req/s) | iteration-level: throughput | median latency (s/token) "
+              "| request-level: throughput | median latency (s/token) |", "|---|---|---|---|---|"]
+    it_pts, rq_pts = [], []
+    for f in rate_factors:
+        reqs = workload(n, cap * f, seed=2)
+        it = summarize(reqs, serve_iteration_level(ckpt, reqs, cfg_iter))
+        rq = summarize(reqs, serve_request_level(ckpt, reqs, cfg_req))
+        it_pts.append(it)
+        rq_pts.append(rq)
+        lines.append(f"| {cap * f:.2f} | {it[0]:.2f} | {it[1]:.4f} | {rq[0]:.2f} | {rq[1]:.4f} |")
+        print(lines[-1], flush=True)
+    lines += ["", "| latency SLO (median s/token) | iteration-level req/s | request-level req/s | ratio |",
+              "|---|---|---|---|"]
+    lo = min(l for _, l in it_pts)
+    for mult in (2, 4, 8):
+        slo = lo * mult
+        a, b = throughput_at_latency(it_pts, slo), throughput_at_latency(rq_pts, slo)
+        ratio = f"{a / b:.1f}x" if b > 0 else "inf (request-level never meets it)"
+        lines.append(f"| {slo:.4f} ({mult}x the lightest-load latency) | {a:.2f} | {b:.2f} | {ratio} |")
+
+
+# --- chunked prefill and time between tokens ----------------------------------------------------
+def bench_chunked(ckpt: Path, num_long: int, lines: list[str]) -> None:
+    rng = np.random.default_rng(3)
+    running = [Req(i, 0.0, tuple(int(t) for t in rng.integers(3, VOCAB, 64)), 128) for i in range(8)]
+    longs = [Req(100 + i, 0.2 + 0.4 * i, tuple(int(t) for t in rng.integers(3, VOCAB, 512)), 4)
+             for i in range(num_long)]
+    lines += ["| prefill | budget (tokens/step) | TBT p50 (ms) | TBT p99 (ms) | TBT max (ms) "
+              "| long-prompt TTFT median (ms) |", "|---|---|---|---|---|---|"]
+    for chunked in (False, True):
+        cfg = EngineConfig(max_num_seqs=32, max_num_batched_tokens=128 if chunked else 4096,
+                           chunked_prefill=chunked)
+        res = serve_iteration_level(ckpt, sorted(running + longs, key=lambda r: r.arrival_s), cfg)
+        tbt = [b - a for r in running for a, b in zip(res[r.request_id][2], res[r.request_id][2][1:])]
+        ttft = [res[r.request_id][2][0] - r.arrival_s for r in longs]
+        p50, p99 = np.percentile(tbt, [50, 99]) * 1e3
+        lines.append(f"| {'chunked' if chunked else 'whole prompts'} | {cfg.max_num_batched_tokens} "
+                     f"| {p50:.1f} | {p99:.1f} | {max(tbt) * 1e3:.1f} | {statistics.median(ttft) * 1e3:.0f} |")
+        print(lines[-1], flush=True)
+
+
+# --- against transformers generate ---------------------------------------------------------------
+def hf_generate_tokens_per_s(model, reqs: list[Req]) -> float:
+    """One ``generate`` call over all requests (left-padded); useful tokens = each request's own length."""
+    width = max(len(r.prompt) for r in reqs)
+    ids = torch.zeros(len(reqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(reqs):
+        ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+        mask[i, width - len(r.prompt):] = 1
+    longest = max(r.output_len for r in reqs)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                       do_sample=False, pad_token_id=0)
+    return sum(r.output_len for r in reqs) / (time.perf_counter() - t0)
+
+
+def engine_tokens_per_s(ckpt: Path, reqs: list[Req]) -> float:
+    pipe = LocalPipeline([SliceEngine.from_checkpoint(ckpt, 0, _layers(ckpt),
+                                                      EngineConfig(max_num_batched_tokens=512))])
+    t0 = time.perf_counter()
+    got = pipe.run([_prompt(r) for r in reqs])
+    elapsed = time.perf_counter() - t0
+    assert all(len(got[r.request_id]) == r.output_len for r in reqs)
+    return sum(r.output_len for r in reqs) / elapsed
+
+
+def bench_vs_hf(ckpt: Path, model, quick: bool, lines: list[str]) -> None:
+    rng = np.random.default_rng(4)
+    one = [Req(0, 0.0, tuple(int(t) for t in rng.integers(3, VOCAB, 128)), 128)]
+    mixed = workload(32, 0.0, seed=5, prompt_range=(16, 128), out_range=(1, 128))
+    same = [Req(i, 0.0, tuple(int(t) for t in rng.integers(3, VOCAB, 64)), 64) for i in range(32)]
+    cases = [("1 request, prompt 128, output 128", one),
+             ("32 requests, prompts U(16,128), outputs U(1,128)", mixed)]
+    if not quick:
+        cases.append(("32 requests, all prompt 64, output 64 (no length variance)", same))
+    lines += ["| case | transformers generate (tok/s) | helix engine (tok/s) | ratio |", "|---|---|---|---|"]
+    for name, reqs in cases:
+        hf = hf_generate_tokens_per_s(model, reqs)
+        ours = engine_tokens_per_s(ckpt, reqs)
+        lines.append(f"| {name} | {hf:.1f} | {ours:.1f} | {ours / hf:.2f}x |")
+        print(lines[-1], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sweep (about 2 minutes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (default 1)")
+    ap.add_argument("--no-append", action="store_true", help="print only; do not touch BENCHMARKS.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True,
+                         text=True).stdout.strip() or platform.processor()
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    cmd = "python scripts/bench_engine.py" + (" --quick" if args.quick else "")
+    lines = ["## Worker engine (issue 5)", "",
+             f"`{cmd}` on {date.today()} ({nproc} cores, {cpu}, torch {torch.__version__}, "
+             f"{args.threads} torch thread(s), machine shared with other work: compare within a table). "
+             "Model: random LLaMA, hidden 512, 8 layers, 8 heads / 4 KV heads, vocab 8192, float32.", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp)
+        model = build_model(ckpt, 512, 8)
+        lines += ["### Iteration-level vs request-level batching (Orca)", "",
+                  "Prompts ~U(32, 512), outputs ~U(1, 128), Poisson arrivals; max 32 requests per "
+                  "batch for both; iteration-level = decode-first + chunked prefill (512-token budget); "
+                  "request-level = a batch runs until its longest request ends (results return then), "
+                  "same kernels, no padding cost charged to it.", ""]
+        n, factors = (10, [0.2, 0.6, 0.95]) if args.quick else (16, [0.1, 0.3, 0.6, 0.9])
+        bench_orca(ckpt, n, factors, lines)
+        lines += ["", "### Chunked prefill: time between tokens (TBT) of 8 running decodes while "
+                  "512-token prompts arrive (one every 0.4 s)", ""]
+        bench_chunked(ckpt, 3 if args.quick else 5, lines)
+        lines += ["", "### Tokens/s against transformers `generate` (same weights, greedy, "
+                  "useful tokens only)", ""]
+        bench_vs_hf(ckpt, model, args.quick, lines)
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if not args.no_append:
+        with open(ROOT / "BENCHMARKS.md", "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
