@@ -76,7 +76,7 @@ class DataPlane:
         with self._send_lock:
             self._socket(peer).send_multipart(frames, copy=False)
             self.messages_sent += 1
-            self.bytes_sent += sum(len(f) for f in frames)
+            self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
 
     def poll(self, timeout_s: float) -> bool:
         """Whether a message is ready within ``timeout_s``."""
@@ -99,9 +99,10 @@ class DataPlane:
             out.append(decode(frames))
         return out
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close every socket; queued outgoing messages get ``linger_s`` to leave."""
         with self._send_lock:
             for sock in self._push.values():
-                sock.close(linger=0)
+                sock.close(linger=int(linger_s * 1000))
             self._push.clear()
         self._pull.close(linger=0)

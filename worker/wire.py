@@ -1,7 +1,9 @@
-"""The data-plane wire format: one small typed JSON header frame, then raw tensor frames. No pickles.
+"""The data-plane wire format: one small typed header frame, then raw tensor frames. No pickles.
 
-A message is a ZeroMQ multipart message ``[header, frame_0, frame_1, ...]``. The header is compact JSON
-(``{"v": 1, "kind": ..., ...}``); each hidden-state tensor travels as its own frame of raw bytes
+A message is a ZeroMQ multipart message ``[header, frame_0, frame_1, ...]``. The header is a MessagePack
+map (``{"v": 1, "kind": ..., ...}``; plain maps, lists, strings and numbers only -- MessagePack rather
+than JSON because it encodes and decodes ~4x faster, which matters for one-token decode messages);
+each hidden-state tensor travels as its own frame of raw bytes
 (C-contiguous, dtype and shape in the header), sent zero-copy and read back with ``torch.frombuffer``
 (no copy on receipt either). Token ids are small and ride inside the header.
 
@@ -17,11 +19,11 @@ Three kinds of message move between the coordinator and the stages:
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgpack
 import torch
 
 from worker.io_types import NewRequest, StageInput
@@ -104,13 +106,16 @@ Message = InputBatch | TokenBatch | Release
 
 
 # --- encoding ---------------------------------------------------------------------------------------
-def tensor_frame(t: torch.Tensor) -> memoryview:
-    """Raw bytes of a CPU tensor, without a copy when it is already contiguous."""
-    t = t.detach()
+def tensor_frame(t: torch.Tensor):
+    """A buffer over the raw bytes of a CPU tensor, without a copy when it is already contiguous."""
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else memoryview(b"")
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    # numpy has no bfloat16: reinterpret its bits as int16 (same bytes).
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _new_request_dict(n: NewRequest) -> dict:
@@ -150,13 +155,15 @@ def encode(msg: Message) -> list:
         head = {"v": WIRE_VERSION, "kind": "rel", "ids": list(msg.request_ids)}
     else:
         raise TypeError(f"not a wire message: {type(msg).__name__}")
-    frames[0] = json.dumps(head, separators=(",", ":"), allow_nan=True).encode()
+    frames[0] = msgpack.packb(head)
     return frames
 
 
 # --- decoding ---------------------------------------------------------------------------------------
 def _buffer(frame) -> memoryview:
-    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    """A flat byte view of a frame (``zmq.Frame``, bytes, or a numpy array before sending)."""
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    return buf if buf.ndim == 1 and buf.format == "B" else buf.cast("B")
 
 
 def _decode_new(d: dict) -> NewRequest:
@@ -181,7 +188,7 @@ def _decode_input(d: dict, frames: Sequence) -> WireInput:
 def decode(frames: Sequence) -> Message:
     """The message in ``frames`` (bytes or ``zmq.Frame``); tensors view the frames' memory."""
     try:
-        head = json.loads(bytes(_buffer(frames[0])))
+        head = msgpack.unpackb(_buffer(frames[0]))
         if head.get("v") != WIRE_VERSION:
             raise WireError(f"wire version {head.get('v')!r}, expected {WIRE_VERSION}")
         kind = head["kind"]
@@ -194,5 +201,5 @@ def decode(frames: Sequence) -> Message:
         if kind == "rel":
             return Release(tuple(head["ids"]))
         raise WireError(f"unknown message kind {kind!r}")
-    except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, IndexError, ValueError, msgpack.UnpackException) as exc:
         raise WireError(f"malformed message: {exc!r}") from None
