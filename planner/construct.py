@@ -104,9 +104,13 @@ def regional(problem: PlacementProblem, seed: int = 0, partial: bool = True) -> 
         return {}
     placement: dict[str, tuple[int, int]] = {}
     for r in regions:
-        nodes = tuple(n for n in problem.nodes if n.region == r)
-        names = {n.name for n in nodes} | {"coordinator"}
-        links = {k: v for k, v in problem.links.items() if k[0] in names and k[1] in names}
-        sub = PlacementProblem(problem.model, problem.num_layers, nodes, links, problem.spec_hash)
-        placement.update(sweep(sub, seed, partial))
+        placement.update(sweep(region_problem(problem, r), seed, partial))
     return placement
+
+
+def region_problem(problem: PlacementProblem, region: str) -> PlacementProblem:
+    """The sub-problem of one region's nodes, with the links among them and the coordinator."""
+    nodes = tuple(n for n in problem.nodes if n.region == region)
+    names = {n.name for n in nodes} | {"coordinator"}
+    links = {k: v for k, v in problem.links.items() if k[0] in names and k[1] in names}
+    return PlacementProblem(problem.model, problem.num_layers, nodes, links, problem.spec_hash)

@@ -156,7 +156,8 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
     """Warm starts -> local search (20 % of the time) -> class MILP (until 75 %) -> local search."""
     if best.value > 0 and bound <= best.value * (1 + gap):
         return best, bound, "gap"  # a warm start is already proven within the gap
-    best = _polish(problem, best, partial, t0 + 0.2 * time_limit_s, seed, bound / (1 + gap), min_k)
+    best = _regional_milp(problem, best, partial, min_k, time_limit_s, threads, seed, gap, t0)
+    best = _polish(problem, best, partial, t0 + 0.3 * time_limit_s, seed, bound / (1 + gap), min_k)
     model = milp_classes.build_class_model(problem, partial, min_k, flow_bound=bound)
     exact = class_model_is_exact(problem, bound)
     warm = _complete(model.lp, milp_classes.hold_values(model, best.placement)) if best.placement \
@@ -192,6 +193,31 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
     if bound <= cand.value * (1 + gap):
         status = "optimal" if bound <= cand.value * (1 + 1e-6) else "gap"
     return cand, max(bound, cand.value), status
+
+
+def _regional_milp(problem, best: Candidate, partial, min_k, time_limit_s, threads, seed, gap,
+                   t0) -> Candidate:
+    """Multi-region clusters: solve each region on its own (its class model is exact there), union.
+
+    The coordinator reaches every region directly, so regions that can hold the model serve without
+    crossing slow links; this is a warm start, the whole cluster is still evaluated exactly."""
+    regions = sorted({n.region for n in problem.nodes})
+    if len(regions) < 2:
+        return best
+    placement: dict[str, tuple[int, int]] = {}
+    share = 0.2 * time_limit_s / len(regions)
+    for r in regions:
+        sub = construct.region_problem(problem, r)
+        try:
+            check_feasible(sub, min_k)
+            plan = solve(sub, "milp", time_limit_s=share, threads=threads, seed=seed, gap=gap,
+                         partial_inference=partial, max_depth=None if min_k <= 1 else
+                         math.ceil(problem.num_layers / min_k))
+        except InfeasibleError:
+            continue
+        placement.update({p.node: (p.start, p.end) for p in plan.placements})
+    cand = _evaluate(problem, placement, "regional-milp", partial)
+    return cand if cand.value > best.value else best
 
 
 def _polish(problem, cand: Candidate, partial, deadline_s, seed, target, min_k) -> Candidate:
