@@ -132,6 +132,18 @@ def test_worker_control_service(served):
     client.close()
 
 
+def test_drained_node_gets_no_new_requests(served):
+    """Runs last among the ``served`` tests: cpu-2 stays drained."""
+    coord, servers = served
+    ControlClient(servers[2].control.address, WORKER_SERVICE).call("Drain")
+    assert servers[2].stats().draining
+    coord.poll_stats()
+    before = coord.pipeline_counts.copy()
+    for _ in range(4):
+        _collect(coord.submit(coord.codec.encode(PROMPTS[4]), SamplingParams(temperature=0, max_tokens=2)))
+    new = coord.pipeline_counts - before
+    assert new == {("cpu-0", "cpu-1"): 4}
+
 def test_worker_that_cannot_load_its_slice_stops_startup_with_node_and_reason(tiny_model, plan3, tmp_path):
     import shutil
     ckpt, _ = tiny_model
