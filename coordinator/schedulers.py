@@ -50,11 +50,14 @@ class Scheduler:
 
     def schedule(self, request: RequestInfo) -> Pipeline | None:
         """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
-        kv, ranges, tokens = self.kv, self.topology.ranges, request.kv_tokens
+        return self._schedule_on(self.topology, request, self.choose)
+
+    def _schedule_on(self, topology: Topology, request: RequestInfo,
+                     choose: Callable[[str, list[str]], str]) -> Pipeline | None:
+        kv, ranges, tokens = self.kv, topology.ranges, request.kv_tokens
         # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
         # even when the request enters mid-slice, so reservations count the node's whole range.
-        pipeline = self.topology.walk(
-            self.choose, lambda n: kv.fits(n, tokens * (ranges[n][1] - ranges[n][0])))
+        pipeline = topology.walk(choose, lambda n: kv.fits(n, tokens * (ranges[n][1] - ranges[n][0])))
         if pipeline is None:
             return None
         kv.reserve(request.request_id, ((s.node, tokens * (ranges[s.node][1] - ranges[s.node][0]))
@@ -82,23 +85,50 @@ class Scheduler:
 
 
 class HelixScheduler(Scheduler):
-    """IWRR at every vertex weighted by the plan's arc flows."""
+    """IWRR at every vertex weighted by the plan's arc flows.
+
+    With a ``fallback`` topology (every usable hop of the placement), a request whose max-flow
+    paths are all masked is not held back while other paths have KV room: it takes the flow arcs
+    that are still open (by IWRR) and otherwise the open hop whose node has the lowest estimated KV
+    use. The max-flow solution knows nothing of KV, and its paths often cross between pipelines
+    (e.g. L4 -> A100 -> L4), so one full node would otherwise idle every node behind it. Only when
+    no path at all has room does the request wait.
+    """
 
     name = "helix"
 
     def __init__(self, topology: Topology, kv: KVEstimator,
-                 flows: Mapping[tuple[str, str], float]) -> None:
+                 flows: Mapping[tuple[str, str], float], fallback: Topology | None = None) -> None:
         super().__init__(topology, kv)
+        self.fallback = fallback
         self._iwrr: dict[str, IWRR] = {}
         for v, outs in topology.arcs.items():
             weights = {w: flows.get((v, w), 0.0) for w in outs}
             if any(x > 0 for x in weights.values()):
                 self._iwrr[v] = IWRR(weights)
+        if fallback is not None:
+            for node in fallback.ranges:
+                self.assigned.setdefault(node, 0)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
         pick = self._iwrr[vertex].pick(candidates)
         assert pick is not None, (vertex, candidates)  # candidates come from positive-flow arcs
         return pick
+
+    def schedule(self, request: RequestInfo) -> Pipeline | None:
+        pipeline = self._schedule_on(self.topology, request, self.choose)
+        if pipeline is None and self.fallback is not None:
+            pipeline = self._schedule_on(self.fallback, request, self._choose_fallback)
+        return pipeline
+
+    def _choose_fallback(self, vertex: str, candidates: list[str]) -> str:
+        iwrr = self._iwrr.get(vertex)
+        pick = iwrr.pick(candidates) if iwrr is not None else None
+        if pick is not None:
+            return pick
+        if candidates == [COORDINATOR]:
+            return COORDINATOR
+        return min(candidates, key=self.kv.usage_fraction)
 
 
 class RandomScheduler(Scheduler):
@@ -144,13 +174,16 @@ class SwarmScheduler(Scheduler):
 
 
 def make_scheduler(name: str, plan: Plan, kv: KVEstimator, seed: int = 0,
-                   connected: Callable[[str, str], bool] | None = None) -> Scheduler:
-    """Build scheduler ``name`` for ``plan``. Helix follows the plan's flows; the baselines may use
-    every usable hop that ``connected`` allows (placement topology, not the flow solution)."""
+                   connected: Callable[[str, str], bool] | None = None,
+                   helix_fallback: bool = True) -> Scheduler:
+    """Build scheduler ``name`` for ``plan``. Helix follows the plan's flows (falling back to other
+    usable hops when its flow paths are all masked, unless ``helix_fallback`` is False); the
+    baselines may use every usable hop that ``connected`` allows (placement, not flow solution)."""
+    topology = Topology.from_plan(plan, connected=connected, flows_only=False)
     if name == "helix":
         flows = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows}
-        return HelixScheduler(Topology.from_plan(plan, flows_only=True), kv, flows)
-    topology = Topology.from_plan(plan, connected=connected, flows_only=False)
+        return HelixScheduler(Topology.from_plan(plan, flows_only=True), kv, flows,
+                              fallback=topology if helix_fallback else None)
     if name == "random":
         return RandomScheduler(topology, kv, seed=seed)
     if name == "shortest-queue":

@@ -100,3 +100,22 @@ def test_release_returns_kv_to_zero():
     assert all(kv.used(n) == 0.0 for n in ("a", "b", "c", "d"))
     assert all(v == 0 for v in sched.assigned.values())
     assert isinstance(Pipeline((Stage("a", 0, 8),)), Pipeline)
+
+
+def test_helix_falls_back_to_zero_flow_hops_when_flow_paths_are_masked():
+    from plan_factories import make_plan
+    plan = make_plan(8, {"x": (0, 4), "y": (4, 8), "u": (0, 4), "v": (4, 8)},
+                     {(COORDINATOR, "x"): 10.0, ("x", "y"): 10.0, ("y", COORDINATOR): 10.0,
+                      (COORDINATOR, "u"): 10.0, ("u", "v"): 10.0, ("v", COORDINATOR): 10.0})
+    caps = {"x": 1e9, "y": 1e9, "u": 1e9, "v": 1e9}
+    for fallback, expected in ((True, ("x", "v")), (False, None)):
+        kv = KVEstimator(caps)
+        sched = make_scheduler("helix", plan, kv, helix_fallback=fallback)
+        kv.observe("y", 1e9)  # both flow paths blocked: y full, u full
+        kv.observe("u", 1e9)
+        p = sched.schedule(RequestInfo(0, 10, 10))
+        assert (p.nodes if p else None) == expected
+    # With nothing masked the fallback never changes the flow split.
+    sched = make_scheduler("helix", plan, KVEstimator(caps))
+    seen = Counter(sched.schedule(RequestInfo(i, 1, 1)).nodes for i in range(100))
+    assert seen == {("x", "y"): 50, ("u", "v"): 50}
