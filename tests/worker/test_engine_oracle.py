@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker_test_threads import one_torch_thread
+from tests.worker.worker_test_threads import one_torch_thread
 from worker.engine import EngineConfig, SliceEngine
 from worker.local_pipeline import LocalPipeline, Prompt
 from worker.sampling import SamplingParams
