@@ -1,11 +1,14 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
-For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement as a
-warm start (the best is kept) -> the class MILP (``planner.milp_classes``) with node capacities
-capped at the bound, warm-started, stopped as soon as the proven gap is within ``gap`` or the time
-limit passes -> extract -> exact max flow -> independent verification -> Plan. ``milp-paper`` runs
-the paper's node-level formulation (``planner.milp_paper``) as the baseline. Heuristic methods return
-their placement with the fixed-point bound.
+For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
+(``planner.heuristics``, ``planner.construct``) as a warm start, the best kept; stop at once if it is
+already within ``gap`` of the bound -> multi-region clusters: each region's exact class MILP, unioned
+-> local search on the exact max flow (to 30 % of the time) -> the class MILP
+(``planner.milp_classes``) with node capacities capped at the bound, warm-started, stopped as soon
+as the proven gap is within ``gap`` (until 75 % of the time) -> local search again -> exact max flow
+-> independent verification (``planner.verify``) -> Plan. ``milp-paper`` runs the paper's
+node-level formulation (``planner.milp_paper``) as the baseline. Heuristic methods return their
+placement with the fixed-point bound.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     extras: dict = {"bound_fixed_point": bound}
     if method in HEURISTICS:
         cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
+        if max_depth is not None:
+            log.warning("--max-depth is honoured by the MILP methods only; %s ignores it", method)
         if not cand.placement:
             raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
         return _plan(problem, cand, bound, method, None, t0, partial, extras)
@@ -156,8 +161,15 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
     """Warm starts -> local search (20 % of the time) -> class MILP (until 75 %) -> local search."""
     if best.value > 0 and bound <= best.value * (1 + gap):
         return best, bound, "gap"  # a warm start is already proven within the gap
+    def report(value: float) -> None:
+        if progress is not None:
+            progress(time.perf_counter() - t0, value, bound)
+
+    report(best.value)
     best = _regional_milp(problem, best, partial, min_k, time_limit_s, threads, seed, gap, t0)
+    report(best.value)
     best = _polish(problem, best, partial, t0 + 0.3 * time_limit_s, seed, bound / (1 + gap), min_k)
+    report(best.value)
     model = milp_classes.build_class_model(problem, partial, min_k, flow_bound=bound)
     exact = class_model_is_exact(problem, bound)
     warm = _complete(model.lp, milp_classes.hold_values(model, best.placement)) if best.placement \
@@ -185,6 +197,7 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
                                  f"objective {res.objective}")
         if mine.value > cand.value:
             cand = mine
+    report(cand.value)
     cand = _polish(problem, cand, partial, t0 + time_limit_s, seed, bound / (1 + gap), min_k)
     if cand.value <= 0:
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "

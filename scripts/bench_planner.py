@@ -54,22 +54,38 @@ def run_case(name, path, model, args):
                          warm_starts=warm)
         except Exception as exc:  # an infeasible heuristic is a row, not a crash
             rows.append((name, problem.model, method if warm else "milp (no warm start)",
-                         None, None, None, None, None, type(exc).__name__))
+                         None, None, None, None, None, type(exc).__name__, "-"))
+            print(_fmt_row(rows[-1]), flush=True)
             continue
         label = method if warm else "milp (no warm start)"
         rows.append((name, plan.model, label, plan.max_flow_tokens_per_s,
                      plan.upper_bound_tokens_per_s, plan.gap, plan.extras.get("depth_max"),
-                     plan.solve_seconds, plan.extras.get("status", "heuristic")))
+                     plan.solve_seconds, plan.extras.get("status", "heuristic"),
+                     plan.extras.get("found_by", "-")))
         print(_fmt_row(rows[-1]), flush=True)
     return rows
 
 
 def _fmt_row(r) -> str:
-    name, model, method, flow, bound, gap, depth, secs, status = r
+    name, model, method, flow, bound, gap, depth, secs, status, found = r
     if flow is None:
-        return f"| {name} | {model} | {method} | infeasible | - | - | - | - | {status} |"
+        return f"| {name} | {model} | {method} | infeasible | - | - | - | - | {status} | - |"
     return (f"| {name} | {model} | {method} | {flow:,.1f} | {bound:,.1f} | {gap * 100:.2f} % | "
-            f"{depth} | {secs:.1f} | {status} |")
+            f"{depth} | {secs:.1f} | {status} | {found} |")
+
+
+NOTES = [
+    "",
+    "How to read it. *max flow* is the exact max flow (networkx preflow-push, re-checked with",
+    "Edmonds-Karp) of the returned placement; *bound* is a proven upper bound on every placement's",
+    "max flow: the fixed point F <= (1/L) sum_i max_k k min(F, T_i(k), links_i) with region cuts,",
+    "tightened by the class MILP's dual bound (`milp`), or the paper MILP's own dual bound",
+    "(`milp-paper`, as the reference reported it); *gap* = (bound - max flow) / max flow; *depth* =",
+    "most nodes on a flow-carrying path; *found by* = which stage produced the placement (a heuristic",
+    "warm start, `+local` after local search, `regional-milp` = per-region exact class MILPs, `milp` =",
+    "the class MILP's own incumbent). `milp-paper` falls back to the best heuristic (with a warning)",
+    "when it has no incumbent at its time limit; its bound column is still its own.",
+]
 
 
 def write_section(rows, args, command: str) -> None:
@@ -82,8 +98,8 @@ def write_section(rows, args, command: str) -> None:
         f"gap target {args.gap:.0%}, MILP time limit {args.time_limit:.0f} s "
         f"(paper MILP {args.paper_time_limit:.0f} s). Machine shared with other work: seconds are noisy.",
         "",
-        "| cluster | model | method | max flow (tokens/s) | bound | gap | depth | seconds | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cluster | model | method | max flow (tokens/s) | bound | gap | depth | seconds | status | found by |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     tail = []
     if ref and ref[0][3] is not None:
@@ -91,7 +107,7 @@ def write_section(rows, args, command: str) -> None:
         tail = ["", f"Reference case: {r[3]:,.1f} tokens/s = {r[3] / REFERENCE_MAX_FLOW:.2f} x the "
                 f"reference planner's {REFERENCE_MAX_FLOW} (target >= 2000 with gap <= 2 % in <= 60 s: "
                 f"{'met' if r[3] >= 2000 and r[5] <= 0.02 and r[7] <= 60 else 'NOT met'})."]
-    body = "\n".join([START] + head + [_fmt_row(r) for r in rows] + tail + [END])
+    body = "\n".join([START] + head + [_fmt_row(r) for r in rows] + tail + NOTES + [END])
     path = REPO / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if START in text and END in text:
