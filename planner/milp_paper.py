@@ -151,12 +151,12 @@ def run(problem: PlacementProblem, adapter: SolverAdapter, options: SolveOptions
         min_layers: int):
     """Solve the paper MILP as the reference did (no warm start, no bound cap).
 
-    Returns (placement or None, proven bound or None, status)."""
+    Returns (placement or None, proven bound or None, status, name of the solver that ran)."""
     lp, v = build_paper_model(problem, partial, min_layers)
     res = adapter.solve(lp, options)
     if res.values is None:
-        return None, res.bound, res.status
+        return None, res.bound, res.status, res.solver
     bad = lp.violations(res.values, tol=1e-5)
     if bad:
         raise AssertionError(f"solver returned a solution violating {bad[:3]}")
-    return extract(problem, v, res.values), res.bound, res.status
+    return extract(problem, v, res.values), res.bound, res.status, res.solver

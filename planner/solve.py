@@ -95,9 +95,9 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     best = _best_warm_start(problem, seed, partial, min_k) if warm_starts else \
         Candidate({}, FlowResult(0.0, {}, {}), "none")
     if method == "milp-paper":
-        placement, paper_bound, status = milp_paper.run(problem, adapter, _options(
+        placement, paper_bound, status, used = milp_paper.run(problem, adapter, _options(
             time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
-        extras.update(status=status, bound_paper_milp=paper_bound)
+        extras.update(status=status, bound_paper_milp=paper_bound, solver_used=used)
         cand = _evaluate(problem, placement, method, partial) if placement else None
         if (cand is None or cand.value <= 0) and best.value > 0:
             log.warning("the paper MILP found no placement in %.0f s; returning the best heuristic (%s)",
