@@ -255,8 +255,9 @@ def append_to_section(path: Path, heading: str, entry: str) -> None:
     if heading not in text:
         text = text.rstrip("\n") + f"\n\n{heading}\n"
     start = text.index(heading) + len(heading)
-    nxt = text.find("\n## ", start)
-    end = len(text) if nxt < 0 else nxt
+    # The section ends at the next heading or at another script's marker comment.
+    ends = [i for i in (text.find("\n## ", start), text.find("\n<!--", start)) if i >= 0]
+    end = min(ends, default=len(text))
     text = text[:end].rstrip("\n") + "\n" + entry + text[end:]
     path.write_text(text)
 

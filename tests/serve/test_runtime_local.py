@@ -66,6 +66,17 @@ def test_stop_string_cuts_text_and_frees_kv(served):
     _wait_kv_free(servers)
 
 
+
+def test_stop_token_ends_the_request_where_it_first_appears(served):
+    coord, servers = served
+    ids = coord.codec.encode(PROMPTS[5])
+    full, _, _ = _collect(coord.submit(ids, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)))
+    stop_id = full[3]
+    got, _, done = _collect(coord.submit(ids, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                             stop_token_ids=(stop_id,))))
+    assert got == full[:full.index(stop_id) + 1] and done.finish_reason == "stop"
+    _wait_kv_free(servers)
+
 def _wait_kv_free(servers, timeout_s=10.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
