@@ -7,6 +7,9 @@ boundaries inside its range (they run only the rest of it). Success means every 
 binary search finds the largest F that succeeds, and leftover nodes are swept again. Nodes are
 handled per class (interchangeable nodes), so one step costs classes x layer counts.
 
+``stages``: a chain of stages, each of m interchangeable nodes holding the same k layers (m T(k) >= F),
+chosen per class by an unbounded-knapsack DP for the largest F whose stages cover all layers.
+
 ``regional``: the sweep run inside each region separately (the coordinator reaches every region
 directly, so a region that can hold the model can serve on its own without crossing slow links).
 """
@@ -114,3 +117,65 @@ def region_problem(problem: PlacementProblem, region: str) -> PlacementProblem:
     names = {n.name for n in nodes} | {"coordinator"}
     links = {k: v for k, v in problem.links.items() if k[0] in names and k[1] in names}
     return PlacementProblem(problem.model, problem.num_layers, nodes, links, problem.spec_hash)
+
+
+def _class_stage_dp(node, count: int, F: float, L: int) -> list[tuple[int, int]]:
+    """Most layers a class covers at flow F with ``count`` nodes, as stages (k layers, m nodes).
+
+    A stage of m nodes holding the same k layers carries m T(k); it needs m = ceil(F / T(k)).
+    Unbounded knapsack over stage types, weight m, value k."""
+    types = []
+    for k in range(1, min(len(node.throughput_tokens_per_s), node.max_layers, L) + 1):
+        t = node.throughput(k)
+        if t > 0:
+            types.append((k, max(1, -int(-F // t))))
+    best = [(0, [])] * (count + 1)
+    for j in range(1, count + 1):
+        cand = best[j - 1]
+        for k, m in types:
+            if m <= j and best[j - m][0] + k > cand[0]:
+                cand = (best[j - m][0] + k, best[j - m][1] + [(k, m)])
+        best[j] = cand
+    return best[count][1]
+
+
+def stages(problem: PlacementProblem, seed: int = 0, partial: bool = True) -> Placement:
+    """A chain of stages of interchangeable nodes (one class per stage), found by dynamic programming
+    for the largest target flow F (scanned down from the bound) whose stages cover all L layers."""
+    from planner.bound import fixed_point_bound
+    L = problem.num_layers
+    classes = node_classes(problem)
+    upper = fixed_point_bound(problem)
+    for F in (upper * (1 - 0.005 * i) for i in range(200)):
+        plan = [(ci, k, m) for ci, c in enumerate(classes)
+                for k, m in _class_stage_dp(c.proto, c.count, F, L)]
+        if sum(k for _, k, _ in plan) >= L:
+            return _lay_out_stages(problem, classes, plan, L)
+    return {}
+
+
+def _lay_out_stages(problem, classes, plan, L) -> Placement:
+    # Largest stages first (fast GPUs near the embedding); trim the overshoot from the biggest k.
+    plan = sorted(plan, key=lambda t: (-classes[t[0]].proto.throughput(1), -t[1]))
+    over = sum(k for _, k, _ in plan) - L
+    while over > 0:
+        i = max(range(len(plan)), key=lambda j: plan[j][1])
+        ci, k, m = plan[i]
+        cut = min(over, k - 1)
+        if cut <= 0:
+            plan.pop(i)
+            over -= k
+            continue
+        plan[i] = (ci, k - cut, m)
+        over -= cut
+    free = {ci: list(c.members) for ci, c in enumerate(classes)}
+    placement: dict[str, tuple[int, int]] = {}
+    s = 0
+    for ci, k, m in plan:
+        e = min(L, s + k)
+        for _ in range(m):
+            name = free[ci].pop(0)
+            if fits(problem.node(name), s, e, L):
+                placement[name] = (s, e)
+        s = e
+    return placement

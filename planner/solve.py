@@ -132,7 +132,8 @@ def _evaluate(problem, placement, source, partial) -> Candidate:
 def _best_warm_start(problem, seed, partial, min_k) -> Candidate:
     best = Candidate({}, FlowResult(0.0, {}, {}), "none")
     starts = {**WARM_STARTS, "sweep": lambda p, s: construct.sweep(p, s, partial),
-              "regional": lambda p, s: construct.regional(p, s, partial)}
+              "regional": lambda p, s: construct.regional(p, s, partial),
+              "stages": lambda p, s: construct.stages(p, s, partial)}
     for name, heuristic in starts.items():
         placement = heuristic(problem, seed)
         if any(e - s < min_k for s, e in placement.values()):

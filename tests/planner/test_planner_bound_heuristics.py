@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.bound import fixed_point_bound
-from planner.construct import regional, sweep
+from planner.construct import regional, stages, sweep
 from planner.flowgraph import max_flow
 from planner.heuristics import HEURISTICS, WARM_STARTS
 from planner.reference import reference_single24_70b
@@ -22,8 +22,8 @@ def test_bound_never_below_any_found_flow(seed, n, L, regions, inter, partial):
     rng = random.Random(seed)
     p = random_problem(rng, n, L, kmax=4, regions=regions, inter_region_cap=inter)
     bound = fixed_point_bound(p)
-    placements = [h(p, seed) for h in WARM_STARTS.values()] + [sweep(p, seed, partial),
-                                                               regional(p, seed, partial)]
+    placements = [h(p, seed) for h in WARM_STARTS.values()] + [
+        sweep(p, seed, partial), regional(p, seed, partial), stages(p, seed, partial)]
     for _ in range(20):  # random placements too
         pl = {}
         for node in p.nodes:
@@ -46,11 +46,11 @@ def test_reference_bound_is_the_tight_fixed_point():
     assert fixed_point_bound(reference_single24_70b()) == pytest.approx(2046.0, rel=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(WARM_STARTS) + ["sweep", "regional"])
+@pytest.mark.parametrize("name", sorted(WARM_STARTS) + ["sweep", "regional", "stages"])
 @pytest.mark.parametrize("seed", range(5))
 def test_each_heuristic_yields_a_valid_placement(name, seed):
     p = random_problem(random.Random(seed), 8, 12, kmax=6, regions=2, inter_region_cap=50.0)
-    fn = {"sweep": sweep, "regional": regional}.get(name) or WARM_STARTS[name]
+    fn = {"sweep": sweep, "regional": regional, "stages": stages}.get(name) or WARM_STARTS[name]
     placement = fn(p, seed)
     check_placement(p, placement)  # raises on any memory / range violation
     assert max_flow(p, placement).value_tokens_per_s >= 0
