@@ -82,8 +82,11 @@ class RayLauncher:
         elif address:
             ray.init(address=address, logging_level=logging.WARNING)
         else:
-            ray.init(resources={node_resource(n): 1 for n in nodes}, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=True)
+            try:
+                ray.init(resources={node_resource(n): 1 for n in nodes}, include_dashboard=False,
+                         logging_level=logging.WARNING, log_to_driver=True)
+            except (RuntimeError, ConnectionError) as exc:   # Ray's own start-up timeouts
+                raise HelixUserError(f"could not start a local Ray: {_last_line(exc)}") from None
             self._started_ray = True
         self._wait_for_resources(nodes)
 

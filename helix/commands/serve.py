@@ -77,10 +77,14 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
 
 def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folder (default ~/.cache/helix)"),
          requests: int = typer.Option(16, help="concurrent requests in the burst"),
-         max_tokens: int = typer.Option(12, help="tokens per request")) -> None:
+         max_tokens: int = typer.Option(12, help="tokens per request"),
+         spec: Optional[Path] = typer.Option(None, help="cluster to plan instead of cluster_specs/local3.yaml "
+                                                        "(its nodes all run on this machine)")) -> None:
     """Plan cluster_specs/local3.yaml, serve a tiny random LLaMA on 3 local Ray workers, send a burst."""
-    from helix.demo import format_report, run_demo
-    report = run_demo(cache, requests, max_tokens)
+    from helix.demo import LOCAL3, format_report, run_demo
+    if spec is not None and not spec.is_file():
+        raise HelixUserError(f"--spec: no such file {str(spec)!r}")
+    report = run_demo(cache, requests, max_tokens, spec_path=spec or LOCAL3)
     typer.echo(format_report(report))
     if report.mismatches:
         raise typer.Exit(1)

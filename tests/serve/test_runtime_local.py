@@ -172,3 +172,30 @@ def test_worker_that_cannot_load_its_slice_stops_startup_with_node_and_reason(ti
         coord.close()
         for s in servers:
             s.shutdown()
+
+
+def test_whole_model_node_beside_a_two_stage_pipeline(tiny_model):
+    """A node holding every layer (it feeds its own tokens back) next to cpu-2 [0,4) -> cpu-1 [4,8)."""
+    from helix.plan import ArcFlow, NodePlacement, Plan
+    ckpt, model = tiny_model
+    plan = Plan(model="tiny-llama", num_layers=8,
+                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
+                            NodePlacement("cpu-2", 0, 4)),
+                arc_flows=(ArcFlow("coordinator", "cpu-0", 1.0), ArcFlow("cpu-0", "coordinator", 1.0),
+                           ArcFlow("coordinator", "cpu-2", 1.0), ArcFlow("cpu-2", "cpu-1", 1.0),
+                           ArcFlow("cpu-1", "coordinator", 1.0)),
+                max_flow_tokens_per_s=2.0, method="test")
+    servers = [WorkerServer(p.node, str(ckpt)) for p in plan.placements]
+    coord = Coordinator(plan, str(ckpt))
+    try:
+        coord.attach([WorkerHandle(s.node, s.control.address, s.data.address) for s in servers])
+        prompts = [coord.codec.encode(p) for p in PROMPTS[:4]]
+        handles = [coord.submit(ids, SamplingParams(temperature=0, max_tokens=5)) for ids in prompts]
+        for ids, h in zip(prompts, handles):
+            assert _collect(h)[0] == hf_greedy(model, ids, 5)
+        assert coord.pipeline_counts == {("cpu-0",): 2, ("cpu-2", "cpu-1"): 2}
+        _wait_kv_free(servers)
+    finally:
+        coord.close()
+        for s in servers:
+            s.shutdown()
