@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import grpc
 
 from helix.errors import HelixUserError
+from worker.transport import advertised_host
 
 WORKER_SERVICE = "helix.Worker"
 COORDINATOR_SERVICE = "helix.Coordinator"
@@ -106,7 +107,7 @@ def start_server(handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1"
     if bound == 0:
         raise HelixUserError(f"cannot listen for gRPC on {host}:{port} (port in use?)")
     server.start()
-    return ControlServer(server, f"{host}:{bound}")
+    return ControlServer(server, f"{advertised_host(host)}:{bound}")
 
 
 class ControlClient:

@@ -11,6 +11,7 @@ sending takes a lock, so several threads may send.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Mapping
 
@@ -20,6 +21,17 @@ from worker.wire import Message, decode, encode
 
 #: Peer name -> ``tcp://host:port``.
 PeerBook = Mapping[str, str]
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address others should dial: ``bind_host`` itself, or this machine's address when binding
+    every interface (``0.0.0.0``)."""
+    if bind_host not in ("0.0.0.0", "", "*"):
+        return bind_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 class DataPlane:
@@ -35,7 +47,7 @@ class DataPlane:
             port = self._pull.bind_to_random_port(f"tcp://{host}")
         else:
             self._pull.bind(f"tcp://{host}:{port}")
-        self.address = f"tcp://{host}:{port}"
+        self.address = f"tcp://{advertised_host(host)}:{port}"
         self._poller = zmq.Poller()
         self._poller.register(self._pull, zmq.POLLIN)
         self._peers: dict[str, str] = {}
