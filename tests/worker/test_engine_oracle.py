@@ -112,3 +112,52 @@ def test_chained_slices_on_cuda_match_hf(tiny_ckpt, prompts, hf_greedy):
     pipe = _chain(ckpt, device="cuda", max_num_batched_tokens=24)
     got = pipe.run(_requests(prompts))
     assert [got[f"r{i}"] for i in range(16)] == hf_greedy
+
+
+def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_greedy):
+    """Helix routes each request on its own path: even requests go [0,3) -> [2,6) entering at 3,
+    odd ones [0,2) -> [2,6) entering at 2; both share [2,6) and [6,8), so one step of the middle
+    stage mixes rows that skip layer 2 with rows that run it."""
+    from dataclasses import replace
+
+    from worker.io_types import NewRequest, StageInput
+    ckpt, _ = tiny_ckpt
+    cfg = EngineConfig(eos_token_ids=(2,), max_num_batched_tokens=40)
+    a3, a2, mid, last = (SliceEngine.from_checkpoint(ckpt, s, e, cfg)
+                         for s, e in ((0, 3), (0, 2), (2, 6), (6, 8)))
+    first = {i: (a3 if i % 2 == 0 else a2) for i in range(16)}
+    queues = {id(e): [] for e in (a3, a2, mid, last)}
+    for i, req in enumerate(_requests(prompts)):
+        new = NewRequest(i, len(req.token_ids), req.sampling, req.token_ids)
+        queues[id(first[i])].append(StageInput(i, 0, token_ids=req.token_ids, new_request=new))
+    got = {i: [] for i in range(16)}
+    mixed_steps = 0
+    for _ in range(2000):
+        for e in (a3, a2):
+            inputs, queues[id(e)] = queues[id(e)], []
+            for o in e.step(inputs):
+                new = o.new_request and replace(o.new_request, enter_layer=3 if e is a3 else 2)
+                queues[id(mid)].append(StageInput(o.request_id, o.start_position,
+                                                  hidden_states=o.hidden_states, new_request=new))
+        inputs, queues[id(mid)] = queues[id(mid)], []
+        outs = mid.step(inputs)
+        plan = mid.last_plan
+        ids = {*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)}
+        mixed_steps += len({i % 2 for i in ids}) == 2
+        queues[id(last)].extend(StageInput(o.request_id, o.start_position, hidden_states=o.hidden_states,
+                                           new_request=o.new_request and replace(o.new_request,
+                                                                                 enter_layer=None))
+                                for o in outs)
+        inputs, queues[id(last)] = queues[id(last)], []
+        for o in last.step(inputs):
+            got[o.request_id].append(o.token.token_id)
+            if o.finish_reason is None:
+                queues[id(first[o.request_id])].append(
+                    StageInput(o.request_id, o.start_position, token_ids=(o.token.token_id,)))
+            else:
+                first[o.request_id].release([o.request_id])
+                mid.release([o.request_id])
+        if not any(queues.values()) and not any(e.has_work() for e in (a3, a2, mid, last)):
+            break
+    assert [got[i] for i in range(16)] == hf_greedy
+    assert mixed_steps > 0, "no step mixed the two entry layers"
