@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from planner.bound import node_work_fn
+from planner.bound import fixed_point_bound, node_work_fn
 from planner.classes import node_classes
 from planner.flowgraph import Placement
 from planner.heuristics import fits
@@ -85,7 +85,6 @@ def _best_sweep(problem, classes, left: Counter, upper: float, partial: bool):
 
 def sweep(problem: PlacementProblem, seed: int = 0, partial: bool = True,
           upper: float | None = None) -> Placement:
-    from planner.bound import fixed_point_bound
     classes = node_classes(problem)
     left = Counter({ci: c.count for ci, c in enumerate(classes)})
     upper = fixed_point_bound(problem) if upper is None else upper
@@ -142,7 +141,6 @@ def _class_stage_dp(node, count: int, F: float, L: int) -> list[tuple[int, int]]
 def stages(problem: PlacementProblem, seed: int = 0, partial: bool = True) -> Placement:
     """A chain of stages of interchangeable nodes (one class per stage), found by dynamic programming
     for the largest target flow F (scanned down from the bound) whose stages cover all L layers."""
-    from planner.bound import fixed_point_bound
     L = problem.num_layers
     classes = node_classes(problem)
     upper = fixed_point_bound(problem)

@@ -16,7 +16,6 @@ import datetime
 import os
 import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 

@@ -94,3 +94,11 @@ def test_paper_milp_without_incumbent_returns_best_heuristic_with_warning(caplog
 def test_methods_listed():
     assert METHODS[:2] == ("milp", "milp-paper")
     assert {"petals", "swarm", "separate", "uniform"} <= set(METHODS)
+
+
+def test_same_seed_same_plan():
+    p = reference_single24_70b()
+    a, b = solve(p, "petals", seed=7), solve(p, "petals", seed=7)
+    assert a.placements == b.placements and a.arc_flows == b.arc_flows
+    c, d = solve(p, "milp", seed=7, threads=1), solve(p, "milp", seed=7, threads=1)
+    assert c.placements == d.placements
