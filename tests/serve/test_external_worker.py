@@ -16,7 +16,7 @@ from worker.server import WorkerServer
 
 from tests.serve.conftest import PROMPTS, hf_greedy
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_helix_worker_process_registers_and_serves(tiny_model, plan3):
