@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.kv_estimator import KVEstimator
-from coordinator.pipeline import Pipeline, RequestInfo
+from coordinator.pipeline import Pipeline, RequestInfo, Topology
 from coordinator.requests import Delta, Done, LiveRequest, RequestHandle
-from coordinator.schedulers import Scheduler, make_scheduler
+from coordinator.schedulers import HelixScheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
@@ -84,6 +84,27 @@ class Observer(Protocol):
     def finished(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
 
 
+def engine_topology(topology: Topology) -> Topology:
+    """``topology`` without the hops the worker engine cannot run: a node holding layer 0 embeds
+    token ids, so it can only be a request's *first* stage (``worker.engine`` refuses to enter such
+    a slice in the middle). The simulator has no such limit, so the shared builder keeps those hops."""
+    arcs = {v: [w for w in outs if v == COORDINATOR or w == COORDINATOR or topology.ranges[w][0] > 0]
+            for v, outs in topology.arcs.items()}
+    return Topology(topology.num_layers, topology.ranges, arcs, topology.partial_inference)
+
+
+def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
+    """The simulator's Helix scheduler (IWRR over the plan's flows, KV masking, fallback hops) on the
+    hops the engine supports; a plan with no such pipeline at all is a user error."""
+    flows = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows}
+    main = engine_topology(Topology.from_plan(plan, flows_only=True))
+    fallback = engine_topology(Topology.from_plan(plan, flows_only=False))
+    if fallback.walk(lambda _v, cands: cands[0], lambda _n: True) is None:
+        raise HelixUserError("the plan has no pipeline the workers can run (a node holding layer 0 "
+                             "can only be a first stage)")
+    return HelixScheduler(main, kv, flows, fallback=fallback)
+
+
 class Coordinator:
     """Serves ``plan`` with the workers given to :meth:`attach`."""
 
@@ -99,7 +120,7 @@ class Coordinator:
         self.workers: dict[str, WorkerHandle] = {}
         self.clients: dict[str, ControlClient] = {}
         self.stats: dict[str, WorkerStats] = {}
-        self.scheduler: Scheduler | None = None
+        self.scheduler: HelixScheduler | None = None
         self.pipeline_counts: Counter[tuple[str, ...]] = Counter()
         self._lock = threading.RLock()
         self._live: dict[int, LiveRequest] = {}
@@ -129,7 +150,7 @@ class Coordinator:
         self.stats = {n: WorkerStats.from_dict(r) for n, r in replies.items()}
         kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
                          self.config.kv_high_water)
-        self.scheduler = make_scheduler("helix", self.plan, kv)
+        self.scheduler = live_scheduler(self.plan, kv)
         for target, name in ((self._receive_loop, "receiver"), (self._stats_loop, "stats")):
             t = threading.Thread(target=target, name=f"helix-coordinator-{name}", daemon=True)
             t.start()

@@ -199,3 +199,24 @@ def test_whole_model_node_beside_a_two_stage_pipeline(tiny_model):
         coord.close()
         for s in servers:
             s.shutdown()
+
+
+def test_live_scheduler_never_enters_a_layer0_node_mid_pipeline():
+    """cpu-0 holds every layer: reachable only from the coordinator, even when cpu-1 is masked and
+    the fallback would otherwise send cpu-2 [0,4) -> cpu-0 (entering at layer 4)."""
+    from coordinator.kv_estimator import KVEstimator
+    from coordinator.pipeline import RequestInfo
+    from coordinator.runtime import live_scheduler
+    from helix.plan import ArcFlow, NodePlacement, Plan
+    plan = Plan(model="tiny-llama", num_layers=8,
+                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
+                            NodePlacement("cpu-2", 0, 4)),
+                arc_flows=(ArcFlow("coordinator", "cpu-2", 1.0), ArcFlow("cpu-2", "cpu-1", 1.0),
+                           ArcFlow("cpu-1", "coordinator", 1.0)),
+                max_flow_tokens_per_s=1.0, method="test")
+    kv = KVEstimator({"cpu-0": 1e9, "cpu-1": 1e9, "cpu-2": 1e9})
+    sched = live_scheduler(plan, kv)
+    assert sched.schedule(RequestInfo(0, 10, 10)).nodes == ("cpu-2", "cpu-1")
+    kv.observe("cpu-1", 1e9)   # cpu-1 full: only the whole-model node can take requests now
+    picks = {sched.schedule(RequestInfo(i, 10, 10)).nodes for i in range(1, 5)}
+    assert picks == {("cpu-0",)}
