@@ -54,18 +54,31 @@ def plot_results(results: Sequence[SimResult], out_dir: str | Path) -> list[Path
             a.legend(fontsize=7)
     paths.append(_save(fig, out / "latency_cdf.png"))
 
-    fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(results[0].node_utilization) * len(results)), 4))
+    paths.append(_save(_utilization_figure(plt, results), out / "node_utilization.png"))
+    return paths
+
+
+def _utilization_figure(plt, results: Sequence[SimResult]):
+    """Bars per node for one or two runs; a runs x nodes heat map for more (it stays readable)."""
+    names = list(dict.fromkeys(n for r in results for n in r.node_utilization))
+    if len(results) > 2:
+        grid = np.array([[r.node_utilization.get(n, np.nan) for n in names] for r in results])
+        fig, ax = plt.subplots(figsize=(min(20, 3 + 0.3 * len(names)), 1.5 + 0.3 * len(results)))
+        im = ax.imshow(grid, vmin=0, vmax=1, aspect="auto", cmap="viridis")
+        ax.set_yticks(range(len(results)), [r.label or r.scheduler for r in results], fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        fig.colorbar(im, ax=ax, label="compute busy fraction")
+        return fig
+    fig, ax = plt.subplots(figsize=(min(20, max(6, 0.3 * len(names) * len(results))), 4))
     width = 0.8 / len(results)
     for i, r in enumerate(results):
-        names = list(r.node_utilization)
-        ax.bar(np.arange(len(names)) + i * width, [r.node_utilization[n] for n in names], width,
-               label=r.label or r.scheduler)
-        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=90, fontsize=6)
+        ax.bar(np.arange(len(names)) + i * width, [r.node_utilization.get(n, 0.0) for n in names],
+               width, label=r.label or r.scheduler)
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=90, fontsize=6)
     ax.set_ylabel("compute busy fraction")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
-    paths.append(_save(fig, out / "node_utilization.png"))
-    return paths
+    return fig
 
 
 def plot_compare(rows, out_dir: str | Path) -> Path:
