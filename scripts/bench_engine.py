@@ -12,8 +12,8 @@ rates costs only the compute it contains. Both sides of every comparison use the
 and the same number of torch threads (1 by default: the machine is shared, and OpenMP spinning on
 oversubscribed cores makes multi-threaded numbers meaningless).
 
-    python scripts/bench_engine.py            # full (about 4 minutes on an idle 2-core machine)
-    python scripts/bench_engine.py --quick    # smaller sweep (about 2 minutes)
+    python scripts/bench_engine.py            # full: about 6 CPU-minutes (9-14 min on a busy machine)
+    python scripts/bench_engine.py --quick    # smaller sweep: about 4 CPU-minutes (6 min busy)
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def bench_vs_hf(ckpt: Path, model, quick: bool, lines: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sweep (about 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller sweep (about 4 CPU-minutes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (default 1)")
     ap.add_argument("--no-append", action="store_true", help="print only; do not touch BENCHMARKS.md")
     args = ap.parse_args()
