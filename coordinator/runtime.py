@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.kv_estimator import KVEstimator
-from coordinator.pipeline import Pipeline, RequestInfo, Topology
+from coordinator.pipeline import RequestInfo, Topology
 from coordinator.requests import Delta, Done, LiveRequest, RequestHandle
 from coordinator.schedulers import HelixScheduler
 from coordinator.textcodec import Detokenizer, TextCodec
