@@ -103,8 +103,8 @@ class SliceEngine:
             return []
         spans = plan_rows(plan)
         x = self._inputs(spans)
-        batch = build_step_batch(plan, spans, self.blocks,
-                                 {rid: self._reqs[rid].enter_offset for rid in {s.request_id for s in spans}},
+        batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
+                                 {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
                                  self.weights.end - self.weights.start, self.device)
         x = self.model.forward(x, batch)
         outputs, finished, fed_back = self._outputs(spans, x)

@@ -4,6 +4,8 @@ One step's tokens (decodes and prefill chunks of many requests) form one ``[num_
 that every non-attention op (norms, projections, MLP, residuals) processes at once (Orca's selective
 batching). Attention is per request over its paged KV: all decodes of the step in one padded batched
 call (padding masked out, so exact), and one call per prefill chunk (causal, offset by the chunk start).
+A request that enters the slice at a later layer (the previous stage overlapped) is not computed at
+the layers it skips: those layers run only the rows of the requests that entered by then.
 
 The math is the Hugging Face ``LlamaForCausalLM`` forward: RMSNorm in float32, rotary embeddings of
 :mod:`worker.rope`, grouped-query attention with scale ``head_dim ** -0.5``, SwiGLU MLP
@@ -13,7 +15,7 @@ The math is the Hugging Face ``LlamaForCausalLM`` forward: RMSNorm in float32, r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -79,9 +81,19 @@ class StepBatch:
     decode_slots: torch.Tensor         # [num_decodes, max_context] long (padding points at slot 0)
     decode_mask: torch.Tensor | None   # [1, num_decodes, 1, max_context] bool, None if no padding
     prefills: list[PrefillAttention]
-    entry_rows: dict[int, torch.Tensor]
-    """For a slice layer index ``i``: bool ``[num_tokens]`` rows that run layer ``i`` (requests that
-    enter the slice later skip it). Absent index = every row runs the layer."""
+    layer_rows: dict[int, "RowSubset | None"] = field(default_factory=dict)
+    """Slice layer index ``i`` -> the rows that run layer ``i`` when requests that enter the slice
+    later skip it (None: no row runs it). Absent index = every row runs the layer (the common case,
+    which costs nothing extra)."""
+
+
+@dataclass
+class RowSubset:
+    """Some rows of a step, run as a step of their own by the layers they share."""
+
+    rows: torch.Tensor    # [m] long: their rows in the full step, in order
+    num_spans: int
+    batch: StepBatch      # their positions, slots and attention layout, rows renumbered 0 .. m-1
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,6 +114,8 @@ class SliceModel:
         self.device = device
         self.rope = RotaryTable(self.spec, device, dtype)
         self.scale = self.spec.head_dim ** -0.5
+        self.rows_run = [0] * len(weights.layers)
+        """Rows (tokens) each layer of the slice has processed so far: a work counter."""
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """``[num_tokens]`` ids -> ``[num_tokens, hidden]`` (first slice only)."""
@@ -111,13 +125,22 @@ class SliceModel:
     @torch.inference_mode()
     def forward(self, x: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         """Run every layer of the slice over ``x`` ([num_tokens, hidden]); returns the new hidden states."""
-        cos, sin = self.rope.lookup(batch.positions)
+        rope = {id(batch): self.rope.lookup(batch.positions)}
         for i, layer in enumerate(self.w.layers):
-            out = self._layer(i, layer, x, batch, cos, sin)
-            rows = batch.entry_rows.get(i)
-            # Rows of requests that enter the slice after layer i were computed but are discarded
-            # (their KV at layer i is never read): overlaps are a few layers, exactness is unaffected.
-            x = out if rows is None else torch.where(rows[:, None], out, x)
+            if i not in batch.layer_rows:
+                x = self._layer(i, layer, x, batch, *rope[id(batch)])
+                self.rows_run[i] += x.shape[0]
+                continue
+            # Requests that enter the slice after layer i skip it: the rows that run it form a
+            # step of their own (same math; their KV at layer i is written, the others' never is).
+            sub = batch.layer_rows[i]
+            if sub is None:
+                continue
+            if id(sub.batch) not in rope:
+                rope[id(sub.batch)] = self.rope.lookup(sub.batch.positions)
+            out = self._layer(i, layer, x[sub.rows], sub.batch, *rope[id(sub.batch)])
+            x = x.index_copy(0, sub.rows, out)
+            self.rows_run[i] += out.shape[0]
         return x
 
     @torch.inference_mode()

@@ -1,6 +1,8 @@
 """Turn a :class:`worker.step_policy.StepPlan` into the tensors one model step needs.
 
 Rows of the step matrix are ordered decodes first (one row each), then every prefill chunk's tokens.
+When some requests enter the slice at a later layer, the layers they skip get a layout of their own
+built over the rows that do run them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.kv_blocks import KVBlockManager
-from worker.model import PrefillAttention, StepBatch
+from worker.model import PrefillAttention, RowSubset, StepBatch
 from worker.step_policy import StepPlan
 
 
@@ -36,25 +38,61 @@ def plan_rows(plan: StepPlan) -> list[RowSpan]:
     return spans
 
 
-def build_step_batch(plan: StepPlan, spans: Sequence[RowSpan], blocks: KVBlockManager,
+def build_step_batch(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
                      enter_offsets: dict[Hashable, int], num_slice_layers: int,
                      device: torch.device) -> StepBatch:
-    """Positions, KV slots, attention layout and per-layer entry masks of one step.
+    """Positions, KV slots, attention layout and per-layer row subsets of one step.
 
-    ``enter_offsets[rid]`` is the slice-layer index at which ``rid`` starts (0 = the slice start)."""
+    ``spans[:num_decodes]`` are the decodes. ``enter_offsets[rid]`` is the slice-layer index at which
+    ``rid`` starts (0 = the slice start, the default); its rows skip the layers before it."""
+    batch = _layout(spans, num_decodes, blocks, device)
+    offset = [enter_offsets.get(s.request_id, 0) for s in spans]
+    if any(offset):
+        batch.layer_rows = _layer_rows(spans, num_decodes, offset, num_slice_layers, blocks, device)
+    return batch
+
+
+def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
+            device: torch.device) -> StepBatch:
     bs = blocks.block_size_tokens
     positions = torch.cat([torch.arange(s.start, s.end) for s in spans])
     tables = [blocks.block_table(s.request_id) for s in spans]
     slots = torch.cat([_slots(t, s.start, s.end, bs) for t, s in zip(tables, spans)])
-    num_dec = len(plan.decode_ids)
-    dec_slots, dec_mask = _decode_layout(tables[:num_dec], [s.end for s in spans[:num_dec]], bs)
-    prefills = [_prefill_layout(t, s, bs, device) for t, s in zip(tables[num_dec:], spans[num_dec:])]
-    entry_rows = _entry_rows(spans, enter_offsets, num_slice_layers, int(positions.numel()), device)
+    dec_slots, dec_mask = _decode_layout(tables[:num_decodes], [s.end for s in spans[:num_decodes]], bs)
+    prefills = [_prefill_layout(t, s, bs, device)
+                for t, s in zip(tables[num_decodes:], spans[num_decodes:])]
     return StepBatch(positions=positions.to(device), slots=slots.to(device),
-                     num_decodes=num_dec,
+                     num_decodes=num_decodes,
                      decode_slots=dec_slots.to(device),
                      decode_mask=None if dec_mask is None else dec_mask.to(device),
-                     prefills=prefills, entry_rows=entry_rows)
+                     prefills=prefills)
+
+
+def _layer_rows(spans: Sequence[RowSpan], num_decodes: int, offset: Sequence[int], num_layers: int,
+                blocks: KVBlockManager, device: torch.device) -> dict[int, RowSubset | None]:
+    """For each layer some rows skip: the rows that run it, with their own layout (rows renumbered
+    from 0, decodes still first). Layers between two distinct entry offsets share one subset; a layer
+    no row runs maps to None."""
+    out: dict[int, RowSubset | None] = {}
+    subset: RowSubset | None = None
+    for i in range(min(max(offset), num_layers)):
+        keep = [k for k, off in enumerate(offset) if off <= i]
+        if subset is None or len(keep) != subset.num_spans:
+            subset = _subset(spans, num_decodes, keep, blocks, device) if keep else None
+        out[i] = subset
+    return out
+
+
+def _subset(spans: Sequence[RowSpan], num_decodes: int, keep: Sequence[int], blocks: KVBlockManager,
+            device: torch.device) -> RowSubset:
+    rows, sub, row = [], [], 0
+    for k in keep:
+        s = spans[k]
+        rows.append(torch.arange(s.row_start, s.row_start + s.end - s.start))
+        sub.append(RowSpan(s.request_id, row, s.start, s.end))
+        row += s.end - s.start
+    return RowSubset(rows=torch.cat(rows).to(device), num_spans=len(keep),
+                     batch=_layout(sub, sum(1 for k in keep if k < num_decodes), blocks, device))
 
 
 def _slots(table: Sequence[int], start: int, end: int, bs: int) -> torch.Tensor:
@@ -87,14 +125,3 @@ def _prefill_layout(table: Sequence[int], s: RowSpan, bs: int, device: torch.dev
         mask = (torch.arange(s.end)[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)
     return PrefillAttention(row_start=s.row_start, num_tokens=n, start=s.start,
                             context_slots=_slots(table, 0, s.end, bs).to(device), causal_mask=mask)
-
-
-def _entry_rows(spans: Sequence[RowSpan], enter_offsets: dict[Hashable, int], num_layers: int,
-                num_rows: int, device: torch.device) -> dict[int, torch.Tensor]:
-    late = [(s, enter_offsets.get(s.request_id, 0)) for s in spans]
-    if not any(off for _, off in late):
-        return {}
-    offsets = torch.zeros(num_rows, dtype=torch.long)
-    for s, off in late:
-        offsets[s.row_start:s.row_start + s.end - s.start] = off
-    return {i: (offsets <= i).to(device) for i in range(num_layers) if bool((offsets > i).any())}

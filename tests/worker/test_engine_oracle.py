@@ -132,6 +132,7 @@ def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_gr
         queues[id(first[i])].append(StageInput(i, 0, token_ids=req.token_ids, new_request=new))
     got = {i: [] for i in range(16)}
     mixed_steps = 0
+    rows_layer2 = rows_all = 0   # tokens of the middle stage that must run layer 2 / layers 3-5
     for _ in range(2000):
         for e in (a3, a2):
             inputs, queues[id(e)] = queues[id(e)], []
@@ -144,6 +145,9 @@ def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_gr
         plan = mid.last_plan
         ids = {*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)}
         mixed_steps += len({i % 2 for i in ids}) == 2
+        rows_all += plan.num_tokens
+        rows_layer2 += sum(1 for i in plan.decode_ids if i % 2) + \
+            sum(c.num_tokens for c in plan.prefill_chunks if c.request_id % 2)
         queues[id(last)].extend(StageInput(o.request_id, o.start_position, hidden_states=o.hidden_states,
                                            new_request=o.new_request and replace(o.new_request,
                                                                                  enter_layer=None))
@@ -161,3 +165,6 @@ def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_gr
             break
     assert [got[i] for i in range(16)] == hf_greedy
     assert mixed_steps > 0, "no step mixed the two entry layers"
+    # Work: layer 2 ran only the rows of requests that entered at 2; every row ran layers 3-5.
+    assert 0 < rows_layer2 < rows_all
+    assert mid.model.rows_run == [rows_layer2, rows_all, rows_all, rows_all]
