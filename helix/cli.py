@@ -7,7 +7,12 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+# gRPC's C core logs an INFO line each time Ray forks while a gRPC thread runs; a user gains
+# nothing from them. Must be set before grpc is first imported.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import typer
 
