@@ -35,22 +35,26 @@ for _module in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``helix`` console script. Returns the exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False)
     except HelixUserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except typer.Exit as exc:
-        return exc.exit_code
     except typer.Abort:
         print("aborted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click usage errors carry their own formatting
-        import click
-        if isinstance(exc, click.ClickException):
-            exc.show()
+    except Exception as exc:
+        # Usage errors (missing argument, bad option value). Typer bundles its own copy of click,
+        # so match the shape of click's exceptions rather than one class.
+        if hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
+            message = exc.format_message()
+            if message:  # empty when the help was shown for a bare `helix`
+                args = argv if argv is not None else sys.argv[1:]
+                known = {c.name for c in app.registered_commands}
+                command = f"{args[0]} " if args and args[0] in known else ""
+                print(f"error: {message} (see: helix {command}--help)", file=sys.stderr)
             return exc.exit_code
         raise
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

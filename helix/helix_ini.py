@@ -103,7 +103,7 @@ def _nic(section: configparser.SectionProxy, where: str) -> float | None:
     return min(known) if known else None
 
 
-def _links(cluster: configparser.ConfigParser, path: Path) -> list[dict[str, Any]]:
+def _links(cluster: configparser.ConfigParser, path: Path, nodes: set[str]) -> list[dict[str, Any]]:
     pairs: dict[frozenset[str], tuple[float, float]] = {}
     for section in cluster.sections():
         m = re.fullmatch(r"Link-(\w+)-(\w+)", section)
@@ -111,6 +111,9 @@ def _links(cluster: configparser.ConfigParser, path: Path) -> list[dict[str, Any
             continue
         where = f"{path} [{section}]"
         a, b = _vertex(m.group(1), where), _vertex(m.group(2), where)
+        for v in (a, b):
+            if v != "coordinator" and v not in nodes:
+                raise SpecError(f"{where}: no [ComputeNode-{v.split('-')[1]}] section for this link")
         bw = parse_quantity(cluster[section].get("bandwidth", ""), f"{where} bandwidth")
         lat = parse_quantity(cluster[section].get("latency", "0"), f"{where} latency") or 0.0
         if bw is None or bw <= 0:
@@ -129,7 +132,7 @@ def read_helix_ini(cluster_path: str | Path, profile_path: str | Path,
     cpath, ppath = Path(cluster_path), Path(profile_path)
     cluster, profile = _read(cpath), _read(ppath)
     nodes = _nodes(cluster, profile, cpath)
-    links = _links(cluster, cpath)
+    links = _links(cluster, cpath, {n["name"] for n in nodes})
     if not links:
         raise SpecError(f"{cpath}: no [Link-a-b] sections")
     bandwidths = sorted(float(link["bandwidth"][:-3]) for link in links)

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from helix.errors import SpecError
+from helix.yamlio import read_yaml
 
 PLAN_SCHEMA_VERSION = 1
 COORDINATOR = "coordinator"
@@ -100,7 +101,9 @@ class Plan:
             kwargs["placements"] = tuple(NodePlacement(**p) for p in d["placements"])
             kwargs["arc_flows"] = tuple(ArcFlow(**a) for a in d["arc_flows"])
             return cls(**kwargs)
-        except (KeyError, TypeError) as exc:
+        except KeyError as exc:
+            raise SpecError(f"{where}: missing field {exc.args[0]!r}") from None
+        except TypeError as exc:
             raise SpecError(f"{where}: malformed plan: {exc}") from None
 
     def to_yaml(self) -> str:
@@ -112,12 +115,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise SpecError(f"plan: no such file {str(p)!r}") from None
-        except yaml.YAMLError as exc:
-            raise SpecError(f"plan {str(p)!r}: not valid YAML: {exc}") from None
+        data = read_yaml(p, "plan")
         if not isinstance(data, dict):
             raise SpecError(f"plan {str(p)!r}: expected a mapping at top level")
         return cls.from_dict(data, where=f"plan {str(p)!r}")

@@ -36,6 +36,7 @@ from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
 from helix.plan import COORDINATOR
 from helix.profiles import MeasuredProfile, load_profile
 from helix.spec_errors import expand_node_groups, first_error, point_at_entries
+from helix.yamlio import read_yaml
 from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
 
 
@@ -112,6 +113,12 @@ class NodeSpec(_Frozen):
     """NIC limit; every link to or from this node is capped by it."""
     memory_bytes: Size | None = Field(None, alias="memory")
     """Memory per GPU, overriding the catalog (required in practice for ``CPU`` nodes)."""
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_as_text(cls, value: Any) -> Any:
+        # `gpu: 4090` unquoted is an int in YAML; it still names a GPU.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("gpu")
     @classmethod
@@ -367,17 +374,4 @@ def parse_cluster(data: Any, source: str = "cluster spec", base_dir: Path | None
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read and validate a cluster YAML file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise SpecError(f"{p}: is a directory, expected a cluster YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{p}: invalid YAML{where}: {problem}") from None
-    return parse_cluster(data, source=str(p), base_dir=p.parent)
+    return parse_cluster(read_yaml(p, "cluster spec"), source=str(p), base_dir=p.parent)

@@ -41,20 +41,35 @@ def sparkline(values: tuple[float, ...]) -> str:
     return "".join(_SPARK[min(len(_SPARK) - 1, int(v / hi * (len(_SPARK) - 1) + 0.5))] for v in values)
 
 
-def _check_fits(spec: ClusterSpec, capacity: dict[str, int]) -> None:
+def _check_fits(spec: ClusterSpec, capacity: dict[str, int], source: Path) -> None:
     model = spec.model
     if not any(capacity.values()):
         need = format_size(model.layer_bytes(spec.dtype_bytes))
-        raise SpecError(f"model {model.name}: no node can hold even one layer ({need} of weights "
-                        f"per layer plus a KV reserve); largest node has "
-                        f"{format_size(max(n.vram_bytes for n in spec.nodes))}")
+        usable = max(n.vram_bytes for n in spec.nodes) * spec.serving.gpu_memory_utilization
+        raise SpecError(f"{source}: model {model.name}: no node can hold even one layer ({need} of "
+                        f"weights per layer plus a KV reserve); the largest node has "
+                        f"{format_size(usable)} usable")
     total = sum(capacity.values())
     if total < model.num_layers:
         weights = model.num_layers * model.layer_bytes(spec.dtype_bytes)
         usable = sum(n.vram_bytes for n in spec.nodes) * spec.serving.gpu_memory_utilization
-        raise SpecError(f"model {model.name}: the cluster holds at most {total} of its "
+        raise SpecError(f"{source}: model {model.name}: the cluster holds at most {total} of its "
                         f"{model.num_layers} layers (needs {format_size(weights)} of weights plus "
                         f"KV reserve, cluster has {format_size(usable)} usable)")
+
+
+def cut_off_nodes(spec: ClusterSpec) -> set[str]:
+    """Nodes with no network path to or from the coordinator (a region left unconnected)."""
+    from helix.plan import COORDINATOR
+    names = [n.name for n in spec.nodes]
+    seen, todo = {COORDINATOR}, [COORDINATOR]
+    while todo:
+        here = todo.pop()
+        for other in names:
+            if other not in seen and spec.link(here, other) is not None:
+                seen.add(other)
+                todo.append(other)
+    return set(names) - seen
 
 
 def summary_table(spec: ClusterSpec) -> tuple[Table, dict[str, int]]:
@@ -115,7 +130,8 @@ def validate(
     spec = load_any(cluster, from_helix_ini, model)
     console = Console() if Console().is_terminal else Console(width=130)
     table, capacity = summary_table(spec)
-    _check_fits(spec, capacity)
+    unreachable = cut_off_nodes(spec)
+    _check_fits(spec, {n: k for n, k in capacity.items() if n not in unreachable}, cluster)
     m = spec.model
     weights = format_size(m.num_layers * m.layer_bytes(spec.dtype_bytes)
                           + m.embedding_bytes(spec.dtype_bytes) + m.lm_head_bytes(spec.dtype_bytes))
@@ -127,6 +143,9 @@ def validate(
     console.print(table)
     for line in network_lines(spec):
         console.print(f"  {line}")
+    if unreachable:
+        console.print(f"[yellow]warning[/yellow]: {len(unreachable)} node(s) have no network path "
+                      f"to the coordinator and cannot serve: {', '.join(sorted(unreachable))}")
     console.print(f"layer capacity: {sum(capacity.values())} layer slots for "
                   f"{m.num_layers} layers")
 

@@ -80,3 +80,32 @@ def test_from_helix_ini_and_convert(tmp_path, capsys):
     capsys.readouterr()
     assert main(["validate", str(out)]) == 0
     assert "llama-3-8b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["validate"], "Missing argument 'cluster'. (see: helix validate --help)"),
+    (["validate", "x.yaml", "--bogus", "1"], "No such option: --bogus"),
+    (["convert", "a.ini"], "Missing argument"),
+    (["frobnicate"], "No such command 'frobnicate'. (see: helix --help)"),
+])
+def test_usage_errors_are_one_line(argv, fragment):
+    proc = subprocess.run([sys.executable, "-m", "helix.cli", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+
+
+def test_cut_off_region_warns_and_counts_only_reachable_nodes(tmp_path, capsys):
+    data = tiny_spec()
+    del data["inter_region"]          # west (l4-0) has no path to the coordinator in east
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no network path" in out and "l4-0" in out
+    # with the A100s cut off instead, what is left cannot hold LLaMA-2 70B: one clear line
+    data["coordinator"] = {"region": "west"}
+    code, err = _run_bad(tmp_path, data, capsys)
+    assert code == 2 and "the cluster holds at most" in err and str(path) in err

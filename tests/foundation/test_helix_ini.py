@@ -113,3 +113,10 @@ def test_bad_ini(tmp_path, ini_files):
     bad.write_text("[ComputeNode-0\ntype=L4\n")
     with pytest.raises(SpecError, match="invalid INI"):
         read_helix_ini(bad, ini_files[1])
+
+
+def test_link_to_missing_node_names_the_section(tmp_path, ini_files):
+    bad = tmp_path / "bad.ini"
+    bad.write_text(CLUSTER + "\n[Link-1-7]\nbandwidth=1 * gbps\nlatency=1 * MilliSec\n")
+    with pytest.raises(SpecError, match=r"\[Link-1-7\]: no \[ComputeNode-7\] section"):
+        read_helix_ini(bad, ini_files[1])

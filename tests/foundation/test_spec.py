@@ -149,3 +149,21 @@ def test_spec_is_frozen():
     with pytest.raises(Exception):
         spec.dtype = "float32"
     assert copy.deepcopy(spec) == spec
+
+
+def test_unquoted_numeric_gpu_alias():
+    data = tiny_spec()
+    data["nodes"][1]["gpu"] = 4090  # what YAML makes of `gpu: 4090`
+    assert parse_cluster(data).node("l4-0").gpu == "RTX4090"
+
+
+def test_plan_file_errors_are_one_line(tmp_path):
+    from helix.plan import Plan
+    bad = tmp_path / "p.yaml"
+    bad.write_text("schema_version: 1\nplacements: [\n")
+    with pytest.raises(SpecError, match=r"invalid YAML at line \d+") as err:
+        Plan.load(bad)
+    assert "\n" not in str(err.value)
+    bad.write_text("schema_version: 1\nmodel: m\n")
+    with pytest.raises(SpecError, match="missing field 'placements'"):
+        Plan.load(bad)
