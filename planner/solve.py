@@ -173,8 +173,9 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
     report(best.value)
     model = milp_classes.build_class_model(problem, partial, min_k, flow_bound=bound)
     exact = class_model_is_exact(problem, bound)
-    warm = _complete(model.lp, milp_classes.hold_values(model, best.placement)) if best.placement \
-        else None
+    warm = _complete(model.lp, milp_classes.hold_values(model, best.placement),
+                     _options(0.75 * time_limit_s, threads, seed, gap, None, t0)) \
+        if best.placement else None
 
     def stop(primal, dual):
         inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
@@ -204,10 +205,13 @@ def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, se
     if cand.value <= 0:
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
                               "(is a region or the coordinator cut off?)")
+    if bound < cand.value * (1 - 1e-6):
+        raise PlannerBug(f"bound {bound} is below a found max flow {cand.value} "
+                         f"(class MILP status {res.status}, bound {res.bound})")
     status = res.status
     if bound <= cand.value * (1 + gap):
         status = "optimal" if bound <= cand.value * (1 + 1e-6) else "gap"
-    return cand, max(bound, cand.value), status
+    return cand, bound, status
 
 
 def _regional_milp(problem, best: Candidate, partial, min_k, time_limit_s, threads, seed, gap,
@@ -245,14 +249,15 @@ def _polish(problem, cand: Candidate, partial, deadline_s, seed, target, min_k) 
     return cand
 
 
-def _complete(lp: LinearModel, fixed: dict[int, float]):
-    """A full assignment for a warm start: fix the integers, solve the LP for the rest."""
+def _complete(lp: LinearModel, fixed: dict[int, float], options: SolveOptions):
+    """A full assignment for a warm start: fix the integers, solve the LP for the rest (with the
+    caller's threads and time limit; no progress callback, the LP has no MIP progress)."""
     if not fixed:
         return None
     lp2 = dataclasses.replace(lp, lb=list(lp.lb), ub=list(lp.ub), integer=[False] * lp.num_vars)
     for i, v in fixed.items():
         lp2.lb[i] = lp2.ub[i] = v
-    res = HighsAdapter().solve(lp2, SolveOptions(time_limit_s=30.0))
+    res = HighsAdapter().solve(lp2, dataclasses.replace(options, warm_start=None, progress=None))
     return list(res.values) if res.status == "optimal" and res.values else None
 
 

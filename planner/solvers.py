@@ -23,6 +23,9 @@ log = logging.getLogger("helix.planner")
 
 SOLVERS = ("highs", "gurobi")
 
+#: Statuses after which a MILP's dual bound is a proven upper bound.
+BOUND_STATUSES = ("optimal", "time_limit", "interrupted")
+
 #: progress(elapsed_s, primal, dual) -> True to stop now (the caller's own gap test).
 ProgressFn = Callable[[float, float, float], bool]
 
@@ -46,7 +49,9 @@ class SolveResult:
     values: tuple[float, ...] | None
     objective: float | None
     bound: float | None
-    """Proven upper bound on the model's objective (the solver's dual bound)."""
+    """Proven upper bound on the model's objective (the solver's dual bound); ``None`` unless the
+    solver ended normally (optimal, time limit or interrupted by the caller), since a failed run
+    reports a meaningless bound such as 0."""
     seconds: float
     solver: str
 
@@ -85,6 +90,11 @@ class HighsAdapter:
             h.setSolution(sol)
         if options.progress is not None:
             self._subscribe(h, options.progress, t0)
+        # HiGHS sizes one process-wide thread pool on its first run; a later run asking for another
+        # thread count returns at once with status "not set" and a dual bound of 0 (highspy 1.15).
+        # Resetting the pool before every run costs microseconds and makes each run honour its own
+        # `threads`.
+        highspy.Highs.resetGlobalScheduler(True)
         h.run()
         return self._result(h, model, highspy, time.perf_counter() - t0)
 
@@ -142,11 +152,11 @@ class HighsAdapter:
         else:
             name = h.modelStatusToString(status).lower().replace(" ", "_")
         objective = info.objective_function_value if values is not None else None
-        if is_mip:
-            bound = info.mip_dual_bound
-            bound = None if not math.isfinite(bound) else bound
-        else:
-            bound = objective if name == "optimal" else None
+        bound = None
+        if is_mip and name in BOUND_STATUSES:
+            bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
+        elif not is_mip and name == "optimal":
+            bound = objective
         return SolveResult(name, values, objective, bound, seconds, "highs")
 
 
@@ -212,7 +222,11 @@ class GurobiAdapter:
                  gp.GRB.INTERRUPTED: "interrupted", gp.GRB.INFEASIBLE: "infeasible"}
         status = names.get(m.Status, f"status_{m.Status}")
         values = tuple(v.X for v in x) if m.SolCount > 0 else None
-        bound = m.ObjBound if m.IsMIP else (m.ObjVal if values else None)
+        bound = None
+        if m.IsMIP and status in BOUND_STATUSES:
+            bound = m.ObjBound if math.isfinite(m.ObjBound) else None
+        elif not m.IsMIP and status == "optimal":
+            bound = m.ObjVal
         return SolveResult(status, values, m.ObjVal if values else None, bound, seconds, "gurobi")
 
 

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from helix.cli import main
 from helix.plan import Plan
 
@@ -36,3 +38,18 @@ def test_bad_method_is_one_line(capsys):
     assert main(["plan", REFERENCE, "--method", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown method 'nope'" in err[0] and "petals" in err[0]
+
+
+def test_compare_with_two_threads_after_one(capsys):
+    """The CLI's default --threads is the core count (2 here); HiGHS runs with 1 thread first (the
+    warm-start LP) must not break the later 2-thread MILPs (they used to report a bound of 0)."""
+    local3 = str(REPO / "cluster_specs" / "local3.yaml")
+    assert main(["plan", local3, "--threads", "1", "--time-limit", "5", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main(["plan", local3, "--compare", "--threads", "2", "--time-limit", "5", "--json"]) == 0
+    plans = {p["method"]: p for p in json.loads(capsys.readouterr().out) if p}
+    best = max(p["max_flow_tokens_per_s"] for p in plans.values())
+    assert best == pytest.approx(one["max_flow_tokens_per_s"], rel=0.02)
+    for p in plans.values():
+        assert p["upper_bound_tokens_per_s"] >= best * (1 - 1e-6), p["method"]
+    assert plans["milp"]["extras"]["status"] in ("optimal", "gap", "time_limit", "interrupted")

@@ -1,6 +1,7 @@
 """End to end through ``planner.solve``: the reference target, plan files, bad input, --max-depth."""
 
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from helix.spec import load_cluster
 from planner import METHODS, solve
 from planner.build import build_problem
 from planner.reference import REFERENCE_MAX_FLOW, reference_single24_70b
-from planner_factories import make_node, make_problem
+from planner_factories import brute_force, make_node, make_problem, random_problem
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SPEC = REPO / "cluster_specs" / "reference" / "helix-single24-70b.yaml"
@@ -102,3 +103,16 @@ def test_same_seed_same_plan():
     assert a.placements == b.placements and a.arc_flows == b.arc_flows
     c, d = solve(p, "milp", seed=7, threads=1), solve(p, "milp", seed=7, threads=1)
     assert c.placements == d.placements
+
+
+@pytest.mark.parametrize("warm_starts", [False, True])
+def test_two_threads_after_one_thread_finds_and_proves_the_optimum(warm_starts):
+    """One process, threads=1 then threads=2 (the CLI's default on two cores): both must reach the
+    brute-force optimum, and the reported bound must be a real bound (>= that optimum)."""
+    p = random_problem(random.Random(3), 4, 6, 3, regions=2, inter_region_cap=30.0)
+    best = brute_force(p, True)  # 83.7; the fixed-point bound is 125.6, the best warm start 30
+    for threads in (1, 2):
+        plan = solve(p, "milp", threads=threads, time_limit_s=20, gap=0.0, warm_starts=warm_starts)
+        assert plan.max_flow_tokens_per_s == pytest.approx(best, rel=1e-6), threads
+        assert plan.upper_bound_tokens_per_s >= best * (1 - 1e-6), threads
+        assert plan.extras["bound_class_milp"] >= best * (1 - 1e-6), threads

@@ -59,3 +59,16 @@ def test_solve_records_the_solver_that_ran(monkeypatch):
     monkeypatch.setitem(sys.modules, "gurobipy", None)
     plan = solve(reference_single24_70b(), "milp", solver="gurobi", warm_starts=False, threads=1)
     assert plan.solver == "highs" and plan.max_flow_tokens_per_s >= 2000
+
+
+def test_highs_honours_a_new_thread_count_in_the_same_process():
+    """HiGHS fixes its thread pool on its first run; a later run with other threads must still solve
+    (highspy 1.15 otherwise returns status not_set with a dual bound of 0 in milliseconds)."""
+    p = reference_single24_70b()
+    lp = build_class_model(p, True, flow_bound=fixed_point_bound(p)).lp
+    for threads in (1, 2, 1):
+        res = HighsAdapter().solve(lp, SolveOptions(time_limit_s=30, threads=threads))
+        assert res.status == "optimal", threads
+        assert res.objective == pytest.approx(2046, rel=1e-6)
+        assert res.bound == pytest.approx(2046, rel=1e-6)
+
