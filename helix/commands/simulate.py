@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -83,8 +84,9 @@ def simulate(
         raise HelixUserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
     if link_sharing not in ("fifo", "fair"):
         raise HelixUserError(f"--link-sharing must be fifo or fair, got {link_sharing!r}")
-    if chunk_tokens < 0 or duration < 0 or not 0 < high_water <= 1:
-        raise HelixUserError("--chunk-tokens and --duration must be >= 0, --high-water in (0, 1]")
+    _check_numbers(num_requests=num_requests, duration=duration, load=load, rate=rate,
+                   chunk_tokens=chunk_tokens, high_water=high_water, max_prompt=max_prompt,
+                   max_output=max_output, time_limit=time_limit)
     console = Console() if Console().is_terminal else Console(width=150)
     spec = load_cluster(cluster)
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
@@ -146,6 +148,28 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
         with event_log.open("w") as fh:
             fh.write("time_s,event,subject\n")
             fh.writelines(f"{t:.9f},{kind},{subject}\n" for t, kind, subject in sim.event_log)
+
+
+def _check_numbers(*, num_requests, duration, load, rate, chunk_tokens, high_water, max_prompt,
+                   max_output, time_limit) -> None:
+    """One line naming the first out-of-range option and its value (NaN and infinity included:
+    a NaN duration would never stop the clock)."""
+    finite = math.isfinite
+    checks = (
+        ("--num-requests", num_requests, num_requests is None or num_requests >= 1, ">= 1"),
+        ("--duration", duration, finite(duration) and duration >= 0,
+         "a finite number of seconds >= 0 (0 = until every request is done)"),
+        ("--load", load, finite(load) and load > 0, "> 0 and finite"),
+        ("--rate", rate, rate is None or (finite(rate) and rate > 0), "> 0 requests/s and finite"),
+        ("--chunk-tokens", chunk_tokens, chunk_tokens >= 0, ">= 0 (0 = off)"),
+        ("--high-water", high_water, 0 < high_water <= 1, "in (0, 1]"),
+        ("--max-prompt", max_prompt, max_prompt >= 1, ">= 1 token"),
+        ("--max-output", max_output, max_output >= 1, ">= 1 token"),
+        ("--time-limit", time_limit, finite(time_limit) and time_limit > 0, "> 0 seconds"),
+    )
+    for name, value, ok, bound in checks:
+        if not ok:
+            raise HelixUserError(f"{name} must be {bound}, got {value:g}")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ API (``planner.build.build_problem`` + ``planner.solve.solve``); this module pla
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,14 +55,20 @@ def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0
                   ) -> tuple[TraceRequest, ...]:
     """The requests of one run (offline: in trace order; online: timed at the target rate)."""
     base = load_azure_trace(resolve_trace(opts.trace), opts.max_prompt_tokens, opts.max_output_tokens)
-    n = opts.num_requests or len(base)
+    # `is None`, not `or`: 0 requests (or a rate of 0) is an error, not "use the default".
+    n = len(base) if opts.num_requests is None else opts.num_requests
     if n < 1:
         raise HelixUserError(f"--num-requests must be >= 1, got {n}")
     if mode == "offline":
         return base[:n]
-    if opts.load <= 0 and opts.rate_per_s is None:
-        raise HelixUserError(f"--load must be > 0, got {opts.load}")
-    rate = opts.rate_per_s or online_rate_per_s(plan, base, opts.load)
+    if opts.rate_per_s is None:
+        if not 0 < opts.load < math.inf:
+            raise HelixUserError(f"--load must be > 0 and finite, got {opts.load:g}")
+        rate = online_rate_per_s(plan, base, opts.load)
+    else:
+        if not 0 < opts.rate_per_s < math.inf:
+            raise HelixUserError(f"--rate must be > 0 requests/s and finite, got {opts.rate_per_s:g}")
+        rate = opts.rate_per_s
     if opts.poisson:
         return poisson_workload(rate, n, seed=seed, lengths=base)
     return rescale_to_rate(base[:n], rate)

@@ -60,6 +60,43 @@ def test_bad_options_are_one_line_errors(plan_file, capsys, args, message):
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+    (["--num-requests", "-3"], "--num-requests must be >= 1, got -3"),
+    (["--duration", "-1"], "--duration must be"),
+    (["--duration", "nan"], "--duration must be"),
+    (["--mode", "online", "--load", "0"], "--load must be > 0"),
+    (["--mode", "online", "--load", "-0.5"], "--load must be > 0"),
+    (["--load", "inf"], "--load must be > 0"),
+    (["--mode", "online", "--rate", "0"], "--rate must be > 0"),
+    (["--mode", "online", "--rate", "-2"], "--rate must be > 0"),
+    (["--chunk-tokens", "-1"], "--chunk-tokens must be >= 0 (0 = off), got -1"),
+    (["--high-water", "0"], "--high-water must be in (0, 1], got 0"),
+    (["--high-water", "nan"], "--high-water must be in (0, 1]"),
+    (["--max-prompt", "0"], "--max-prompt must be >= 1"),
+    (["--max-output", "-5"], "--max-output must be >= 1"),
+    (["--time-limit", "-1"], "--time-limit must be > 0"),
+])
+def test_out_of_range_numbers_are_one_line_errors(plan_file, capsys, args, message):
+    # Each of these used to run (0 requests meant "all", rate 0 meant "use --load") or failed
+    # with a message that did not name the option and its value.
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_make_workload_rejects_zero_requests_and_zero_rate():
+    from helix.errors import HelixUserError
+    from helix.sim.run import WorkloadOptions, make_workload
+    plan = single24_plan(load_cluster(SINGLE24))
+    with pytest.raises(HelixUserError, match="num-requests must be >= 1, got 0"):
+        make_workload(WorkloadOptions(num_requests=0), "offline", plan)
+    with pytest.raises(HelixUserError, match="--rate must be > 0 requests/s and finite, got 0$"):
+        make_workload(WorkloadOptions(num_requests=5, rate_per_s=0.0), "online", plan)
+    assert len(make_workload(WorkloadOptions(num_requests=5), "offline", plan)) == 5
+
+
 def test_plan_for_another_cluster_is_refused(plan_file, capsys):
     rc = main(["simulate", str(REPO / "cluster_specs" / "geo24.yaml"), "--plan", str(plan_file),
                "--duration", "1"])
