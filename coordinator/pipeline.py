@@ -9,7 +9,8 @@ layers it lacks (*partial inference*, Helix section 5); so a stage may start ins
 :class:`Topology` is the graph the pipeline builders walk: vertices are node names plus
 :data:`COORDINATOR`, arcs are the hops a request may take. Because a stage always runs to its node's
 ``end``, whether a node can still reach the sink does not depend on where the request entered it,
-which makes the "can this node finish the request under the current mask?" test a single pass.
+so the "can this node finish the request under the current mask?" test is one memoized depth-first
+search, asked only for the vertices a walk actually considers.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ class Topology:
             self.arcs.setdefault(node, ())
         # Nodes by decreasing end: every usable arc u -> w has w.end > u.end, so w comes first.
         self.nodes_by_end_desc = tuple(sorted(self.ranges, key=lambda n: -self.ranges[n][1]))
+        # Derived once for the decision path (walk).
+        self._next_nodes = {v: tuple(w for w in ws if w != COORDINATOR)
+                            for v, ws in self.arcs.items()}
+        self._last_stages = frozenset(n for n in self.ranges if COORDINATOR in self.arcs[n])
+        self._stages = {(v, w): self.stage(v, w) for v, ws in self._next_nodes.items() for w in ws}
 
     def usable(self, src: str, dst: str) -> bool:
         """Whether a request may hop ``src -> dst`` given the layer ranges."""
@@ -142,17 +148,33 @@ class Topology:
     def walk(self, choose: Callable[[str, list[str]], str], allowed: Callable[[str], bool]
              ) -> Pipeline | None:
         """Build a pipeline by asking ``choose(vertex, candidates)`` at every vertex, candidates being
-        the out-arcs to ``allowed`` nodes that can still finish. None when no pipeline exists."""
-        ok = self.finishing_nodes(allowed)
+        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_nodes`). None when
+        no pipeline exists. Only the nodes reachable from the candidates the walk meets are tested,
+        each at most once (``allowed`` must not change during the walk)."""
+        last, next_nodes = self._last_stages, self._next_nodes
+        memo: dict[str, bool] = {}
+
+        def finishes(node: str) -> bool:   # memo-less call; callers look in memo first
+            ok = False
+            if allowed(node):
+                if node in last:
+                    ok = True
+                else:
+                    for w in next_nodes[node]:
+                        if memo[w] if w in memo else finishes(w):
+                            ok = True
+                            break
+            memo[node] = ok
+            return ok
+
         stages: list[Stage] = []
         here = COORDINATOR
-        while True:
-            if here != COORDINATOR and self.ranges[here][1] == self.num_layers \
-                    and COORDINATOR in self.arcs[here]:
-                return Pipeline(tuple(stages))
-            candidates = [w for w in self.arcs[here] if w in ok]
+        while here not in last:
+            candidates = [w for w in next_nodes[here]
+                          if (memo[w] if w in memo else finishes(w))]
             if not candidates:
                 return None
             nxt = choose(here, candidates)
-            stages.append(self.stage(here, nxt))
+            stages.append(self._stages[here, nxt])
             here = nxt
+        return Pipeline(tuple(stages))

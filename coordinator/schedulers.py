@@ -44,6 +44,9 @@ class Scheduler:
         self.assigned: dict[str, int] = {n: 0 for n in topology.ranges}
         """Requests currently holding a stage on each node."""
         self._pipelines: dict[int, Pipeline] = {}
+        # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
+        # even when the request enters mid-slice, so reservations count the node's whole range.
+        self._layers = {n: end - start for n, (start, end) in topology.ranges.items()}
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
         raise NotImplementedError
@@ -54,16 +57,14 @@ class Scheduler:
 
     def _schedule_on(self, topology: Topology, request: RequestInfo,
                      choose: Callable[[str, list[str]], str]) -> Pipeline | None:
-        kv, ranges, tokens = self.kv, topology.ranges, request.kv_tokens
-        # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
-        # even when the request enters mid-slice, so reservations count the node's whole range.
-        pipeline = topology.walk(choose, lambda n: kv.fits(n, tokens * (ranges[n][1] - ranges[n][0])))
+        kv, layers, tokens = self.kv, self._layers, request.kv_tokens
+        pipeline = topology.walk(choose, kv.fits_request(tokens, layers))
         if pipeline is None:
             return None
-        kv.reserve(request.request_id, ((s.node, tokens * (ranges[s.node][1] - ranges[s.node][0]))
-                                        for s in pipeline.stages))
+        kv.reserve(request.request_id, [(s.node, tokens * layers[s.node]) for s in pipeline.stages])
+        assigned = self.assigned
         for s in pipeline.stages:
-            self.assigned[s.node] += 1
+            assigned[s.node] += 1
         self._pipelines[request.request_id] = pipeline
         return pipeline
 
@@ -107,8 +108,9 @@ class HelixScheduler(Scheduler):
             if any(x > 0 for x in weights.values()):
                 self._iwrr[v] = IWRR(weights)
         if fallback is not None:
-            for node in fallback.ranges:
+            for node, (start, end) in fallback.ranges.items():
                 self.assigned.setdefault(node, 0)
+                self._layers.setdefault(node, end - start)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
         pick = self._iwrr[vertex].pick(candidates)
