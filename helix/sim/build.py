@@ -14,6 +14,7 @@ from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 from helix.spec import ClusterSpec
+from planner.build import token_id_bytes  # the planner's figure, so both count the same bytes
 from worker.step_policy import PolicyConfig
 
 
@@ -87,4 +88,4 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
                            connected=lambda a, b: spec.link(a, b) is not None)
     model = spec.model
     return Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
-                     model.activation_bytes_per_token(spec.dtype_bytes))
+                     model.activation_bytes_per_token(spec.dtype_bytes), token_id_bytes(model))

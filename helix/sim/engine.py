@@ -57,7 +57,6 @@ class SimConfig:
     expected_output_tokens: float | None = None
     """Output length the coordinator reserves KV for; None = the workload's mean."""
     seed: int = 0
-    token_id_bytes: int = 4
     link_sharing: str = "fifo"
     """``fifo``: a link sends one message at a time; ``fair``: its bandwidth is split equally among
     the messages in flight (see :mod:`helix.sim.network`)."""
@@ -74,7 +73,10 @@ class Simulator:
 
     def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
                  workers: Mapping[str, SimWorker], network: Network,
-                 activation_bytes_per_token: int) -> None:
+                 activation_bytes_per_token: int, token_id_bytes: int) -> None:
+        """``activation_bytes_per_token``: one hidden state between stages; ``token_id_bytes``: one
+        token id between the coordinator and a stage (``build_simulator`` takes both from the
+        model, as the planner does, so link loads match the plan's arc capacities)."""
         if config.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
         self.config = config
@@ -83,6 +85,7 @@ class Simulator:
         self.workers = dict(workers)
         self.network = network
         self.activation_bytes_per_token = activation_bytes_per_token
+        self.token_id_bytes = token_id_bytes
         self.metrics = MetricsCollector(config.bucket_s)
         mean_out = sum(r.output_tokens for r in workload) / max(1, len(workload))
         self.expected_output_tokens = round(config.expected_output_tokens or mean_out)
@@ -189,7 +192,7 @@ class Simulator:
         self.admitted += 1
         self.metrics.prompt_tokens_admitted += req.prompt_tokens
         first = req.workers[0]
-        return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.config.token_id_bytes,
+        return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.token_id_bytes,
                           [(req, 0, req.prompt_tokens)])
 
     def on_tokens_at_coordinator(self, now_s: float, items: list) -> Iterable[Event]:
@@ -213,7 +216,7 @@ class Simulator:
         for w, its in feeds.items():
             for req, _, _ in its:
                 req.sent_at_s[0] = now_s
-            out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.config.token_id_bytes, its))
+            out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.token_id_bytes, its))
         return out
 
     def on_request_finish(self, now_s: float, req: SimRequest) -> Iterable[Event]:
@@ -329,7 +332,7 @@ class Simulator:
         out: list[Event] = []
         for dst, items in outs.items():
             if dst is None:
-                nbytes = len(items) * self.config.token_id_bytes
+                nbytes = len(items) * self.token_id_bytes
             else:
                 nbytes = 0
                 for req, idx, n in items:

@@ -42,7 +42,8 @@ def diamond_plan() -> Plan:
 
 def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
              kv_tokens: int = 100_000, scheduler: str = "helix", bandwidth_bytes_per_s: float = 1e6,
-             latency_s: float = 0.01, activation_bytes: int = 100) -> Simulator:
+             latency_s: float = 0.01, activation_bytes: int = 100,
+             token_id_bytes: int = 4) -> Simulator:
     pc = PolicyConfig(max_num_seqs=config.max_num_seqs,
                       max_num_batched_tokens=config.chunk_tokens or config.max_batched_tokens_unchunked,
                       chunked_prefill=config.chunk_tokens > 0, self_feeding=False)
@@ -52,7 +53,7 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
                      high_water=config.high_water)
     sched = make_scheduler(scheduler, plan, kv, seed=config.seed)
     net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s), sharing=config.link_sharing)
-    return Simulator(config, workload, sched, workers, net, activation_bytes)
+    return Simulator(config, workload, sched, workers, net, activation_bytes, token_id_bytes)
 
 
 def burst(n: int, prompt: int, output: int, gap_s: float = 0.0) -> tuple[TraceRequest, ...]:
