@@ -26,7 +26,7 @@ def node_capacity(cost: CostModel, node: NodeSpec, region: str) -> NodeCapacity:
     """T(k) table and memory limits of one node under ``cost``."""
     table = cost.throughput_table(node)
     max_mid = cost.max_layers(node)
-    # Latency figures at half the node's capacity: a typical share, not an extreme.
+    # The scalar latency, for k outside the table, at half the node's capacity: a typical share.
     latency_k = max(1, max_mid // 2)
     return NodeCapacity(
         name=node.name, gpu=node.label, region=region,
@@ -37,6 +37,8 @@ def node_capacity(cost: CostModel, node: NodeSpec, region: str) -> NodeCapacity:
         max_layers_first_last=cost.max_layers(node, first=True, last=True),
         layer_latency_s=cost.decode_layer_latency_s(node, latency_k) if table else 0.0,
         memory_bytes=node.vram_bytes * cost.serving.gpu_memory_utilization,
+        layer_latency_s_by_k=tuple(cost.decode_layer_latency_s(node, k)
+                                   for k in range(1, len(table) + 1)),
     )
 
 

@@ -59,7 +59,7 @@ def node_classes(problem: PlacementProblem) -> list[NodeClass]:
     """Partition the nodes into classes of interchangeable nodes (refined until stable)."""
     label = {n.name: repr((n.gpu, n.region, n.throughput_tokens_per_s, n.max_layers,
                            n.max_layers_first, n.max_layers_last, n.max_layers_first_last,
-                           n.layer_latency_s)) for n in problem.nodes}
+                           n.layer_latency_s, n.layer_latency_s_by_k)) for n in problem.nodes}
     for _ in range(len(problem.nodes)):  # colour refinement; stops when no class splits
         sigs = {n.name: repr(_signature(problem, n, label)) for n in problem.nodes}
         if len(set(sigs.values())) == len(set(label.values())):

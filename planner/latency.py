@@ -2,8 +2,9 @@
 
 The arc flows are decomposed into source-to-sink paths (standard flow decomposition). A path's
 latency is the sum of its links' latencies and of each node's compute for the layers it runs there
-(``layers * layer_latency_s``; with partial inference a stage runs only the layers its predecessor
-did not). Figures are flow-weighted means and maxima over the paths.
+(``layers run * layer_latency(k)``, the node's per-layer latency while it holds its k layers; with
+partial inference a stage runs only the layers its predecessor did not). Figures are flow-weighted
+means and maxima over the paths.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def path_stats(problem: PlacementProblem, placement: Placement, flows: FlowResul
             link = problem.link(a, b)
             t += link.latency_s if link else 0.0
             if b != COORDINATOR:
-                end = placement[b][1]
-                t += (end - done) * problem.node(b).layer_latency_s
+                start, end = placement[b]
+                t += (end - done) * problem.node(b).layer_latency(end - start)
                 done = end
         lat.append(t)
         depth.append(len(path) - 2)

@@ -37,15 +37,26 @@ class NodeCapacity:
     max_layers_first_last: int
     """Most layers when it holds both ends (only possible with k = num_layers)."""
     layer_latency_s: float = 0.0
-    """Time of one layer in a decode step at the node's planned batch (for latency estimates)."""
+    """Time of one layer in a decode step at the node's planned batch (for latency estimates), at a
+    typical layer count; used for any k that ``layer_latency_s_by_k`` does not cover."""
     memory_bytes: float = 0.0
     """Usable memory of the node (for infeasibility messages; 0 when unknown)."""
+    layer_latency_s_by_k: tuple[float, ...] = ()
+    """Per-layer decode latency while holding k layers, for k = 1..len: the batch a node can keep
+    (hence its step time per layer) depends strongly on k (a T4 with 4 layers: 73 ms per layer;
+    with 8: 10.6 ms). Empty when unknown."""
 
     def throughput(self, k: int) -> float:
         """T(k), 0 outside the table."""
         if 1 <= k <= len(self.throughput_tokens_per_s):
             return self.throughput_tokens_per_s[k - 1]
         return 0.0
+
+    def layer_latency(self, k: int) -> float:
+        """Seconds one layer adds to a token's latency while the node holds ``k`` layers."""
+        if 1 <= k <= len(self.layer_latency_s_by_k):
+            return self.layer_latency_s_by_k[k - 1]
+        return self.layer_latency_s
 
     def max_layers_for(self, first: bool, last: bool) -> int:
         if first and last:

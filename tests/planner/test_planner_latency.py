@@ -1,5 +1,7 @@
 """Depth and latency along the flow-carrying paths; the progress callback."""
 
+from pathlib import Path
+
 import pytest
 
 from planner import solve
@@ -8,6 +10,8 @@ from planner.latency import decompose, path_stats
 from planner.problem import COORDINATOR
 from planner.reference import reference_single24_70b
 from planner_factories import make_node, make_problem
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_chain_depth_and_latency_add_up():
@@ -43,3 +47,33 @@ def test_progress_reports_incumbent_below_bound():
           progress=lambda t, inc, bound: seen.append((t, inc, bound)))
     assert seen
     assert all(inc <= bound * (1 + 1e-6) for _, inc, bound in seen if inc == inc and inc > 0)
+
+
+def test_latency_uses_the_layer_count_each_node_holds():
+    """The cost model's per-layer latency depends on k (a T4's batch shrinks as its layers grow):
+    a chain of ten T4s with 8 layers each costs 8 * latency(k=8) per node, not 8 * latency(k=4)."""
+    from helix.costmodel import CostModel
+    from helix.spec import load_cluster
+    from planner.build import build_problem
+    spec = load_cluster(REPO / "cluster_specs" / "single24.yaml")
+    p = build_problem(spec)
+    cost = CostModel.for_cluster(spec)
+    t4s = [n for n in spec.nodes if n.gpu == "T4"][:10]
+    placement = {n.name: (8 * i, 8 * i + 8) for i, n in enumerate(t4s)}
+    stats = path_stats(p, placement, max_flow(p, placement))
+    links = [(COORDINATOR, t4s[0].name), *zip([n.name for n in t4s], [n.name for n in t4s[1:]]),
+             (t4s[-1].name, COORDINATOR)]
+    expected = sum(p.link(a, b).latency_s for a, b in links) + \
+        sum(8 * cost.decode_layer_latency_s(n, 8) for n in t4s)
+    assert stats.depth_max == 10
+    assert stats.latency_mean_s == pytest.approx(expected, rel=1e-9)
+    assert cost.decode_layer_latency_s(t4s[0], 8) < 0.5 * cost.decode_layer_latency_s(t4s[0], 4)
+
+
+def test_per_k_latency_falls_back_to_the_scalar():
+    from dataclasses import replace
+    node = replace(make_node("a", (100, 100, 100)), layer_latency_s_by_k=(1.0, 2.0))
+    assert [node.layer_latency(k) for k in (1, 2, 3)] == [1.0, 2.0, 1e-3]
+    p = make_problem([node], 2)
+    stats = path_stats(p, {"a": (0, 2)}, max_flow(p, {"a": (0, 2)}))
+    assert stats.latency_mean_s == pytest.approx(2e-3 + 2 * 2.0)
