@@ -49,6 +49,9 @@ class EngineConfig:
     seed: int = 0
     """Seed of the shared sampling generator (requests with their own ``seed`` use their own)."""
     eos_token_ids: tuple[int, ...] = ()
+    pack_cpu_weights: bool = True
+    """Also keep float32 CPU weights packed for MKL (faster decode GEMMs, twice the weight memory);
+    see :class:`worker.model.Linear`."""
 
 
 @dataclass
@@ -80,7 +83,7 @@ class SliceEngine:
                                               config.chunked_prefill, self_feeding=False), self.blocks)
         kv = PagedKVCache(n_layers, num_blocks, config.block_size_tokens, spec.num_kv_heads,
                           spec.head_dim, self.dtype, self.device)
-        self.model = SliceModel(weights, kv, self.device, self.dtype)
+        self.model = SliceModel(weights, kv, self.device, self.dtype, config.pack_cpu_weights)
         self.sampler = Sampler(config.eos_token_ids, self.device, config.seed)
         self._reqs: dict[Hashable, _Request] = {}
         self.last_plan: StepPlan | None = None

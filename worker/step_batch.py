@@ -58,12 +58,12 @@ def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
     positions = torch.cat([torch.arange(s.start, s.end) for s in spans])
     tables = [blocks.block_table(s.request_id) for s in spans]
     slots = torch.cat([_slots(t, s.start, s.end, bs) for t, s in zip(tables, spans)])
-    dec_slots, dec_mask = _decode_layout(tables[:num_decodes], [s.end for s in spans[:num_decodes]], bs)
+    dec_blocks, dec_mask = _decode_layout(tables[:num_decodes], [s.end for s in spans[:num_decodes]], bs)
     prefills = [_prefill_layout(t, s, bs, device)
                 for t, s in zip(tables[num_decodes:], spans[num_decodes:])]
     return StepBatch(positions=positions.to(device), slots=slots.to(device),
                      num_decodes=num_decodes,
-                     decode_slots=dec_slots.to(device),
+                     decode_blocks=dec_blocks.to(device),
                      decode_mask=None if dec_mask is None else dec_mask.to(device),
                      prefills=prefills)
 
@@ -102,26 +102,25 @@ def _slots(table: Sequence[int], start: int, end: int, bs: int) -> torch.Tensor:
 
 def _decode_layout(tables: Sequence[Sequence[int]], context_lens: Sequence[int],
                    bs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Padded ``[B, max_context]`` slots of every decode's context, and the mask of real entries."""
+    """Padded ``[B, max_blocks]`` block ids of every decode's context, and the mask of real keys."""
     if not tables:
         return torch.zeros(0, 0, dtype=torch.long), None
-    max_ctx = max(context_lens)
-    width = max(len(t) for t in tables)
-    table = torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-    j = torch.arange(max_ctx)
-    slots = table[:, j // bs] * bs + j % bs                      # [B, max_ctx]
-    lens = torch.tensor(context_lens)
-    valid = j[None, :] < lens[:, None]
-    slots = torch.where(valid, slots, torch.zeros_like(slots))   # padding reads slot 0, masked out
-    mask = None if bool(valid.all()) else valid[None, :, None, :]   # [1, B, 1, max_ctx]
-    return slots, mask
+    width = max(-(-n // bs) for n in context_lens)
+    blocks = torch.tensor([list(t[:width]) + [0] * (width - len(t[:width])) for t in tables],
+                          dtype=torch.long)                     # padding reads block 0, masked out
+    valid = torch.arange(width * bs)[None, :] < torch.tensor(context_lens)[:, None]
+    mask = None if bool(valid.all()) else valid[None, :, None, :]   # [1, B, 1, width * bs]
+    return blocks, mask
 
 
 def _prefill_layout(table: Sequence[int], s: RowSpan, bs: int, device: torch.device) -> PrefillAttention:
     n = s.end - s.start
+    num_blocks = -(-s.end // bs)
     mask = None
     if s.start:
-        # Query i (position start + i) sees keys 0 .. start + i.
-        mask = (torch.arange(s.end)[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)
+        # Query i (position start + i) sees keys 0 .. start + i (so never the block padding).
+        keys = torch.arange(num_blocks * bs)
+        mask = (keys[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)
     return PrefillAttention(row_start=s.row_start, num_tokens=n, start=s.start,
-                            context_slots=_slots(table, 0, s.end, bs).to(device), causal_mask=mask)
+                            context_blocks=torch.tensor(table[:num_blocks], dtype=torch.long).to(device),
+                            causal_mask=mask)
