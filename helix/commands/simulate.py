@@ -102,10 +102,22 @@ def simulate(
                     json_out, event_log)
 
 
-def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out):
+def _load_plan(spec, path: Path):
+    """The plan at ``path``: refused (one line) unless made for ``spec``'s model and nodes; a
+    one-line warning on stderr when made for another version of the spec."""
     from helix.plan import Plan
+    from helix.sim.build import check_plan_matches, plan_spec_warning
+    the_plan = Plan.load(path)
+    check_plan_matches(spec, the_plan)
+    warning = plan_spec_warning(spec, the_plan)
+    if warning is not None:
+        typer.echo(f"warning: {warning}", err=True)
+    return the_plan
+
+
+def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out):
     from helix.sim import run as simrun
-    plans = {method: Plan.load(plan)} if plan is not None else {}
+    plans = {method: _load_plan(spec, plan)} if plan is not None else {}
     methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
     rows = simrun.compare(spec, config, opts, methods=methods, time_limit_s=time_limit,
                           plans=plans, progress=lambda s: console.log(s))
@@ -125,9 +137,8 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                 json_out, event_log):
     import dataclasses
 
-    from helix.plan import Plan
     from helix.sim import run as simrun
-    the_plan = Plan.load(plan) if plan is not None else \
+    the_plan = _load_plan(spec, plan) if plan is not None else \
         simrun.make_plan(spec, method, time_limit, config.seed)
     workload = simrun.make_workload(opts, config.mode, the_plan, config.seed)
     config = dataclasses.replace(config, label=f"{the_plan.method}+{scheduler}")

@@ -34,6 +34,18 @@ def check_plan_matches(spec: ClusterSpec, plan: Plan) -> None:
                             f"{arc.dst}, but the cluster spec has no link between them")
 
 
+def plan_spec_warning(spec: ClusterSpec, plan: Plan) -> str | None:
+    """A one-line warning when ``plan`` records the hash of another version of ``spec`` (it passed
+    :func:`check_plan_matches`, so only links, GPUs or serving figures can differ: it runs, but its
+    flows, and so ``--load``'s rate, were computed for other numbers). None when the hashes agree or
+    the plan records none (plans made outside ``planner.build``)."""
+    if plan.spec_hash is None or plan.spec_hash == spec.content_hash():
+        return None
+    return (f"plan {plan.method!r} was made for another version of this cluster spec (spec hash "
+            f"{plan.spec_hash}, this spec {spec.content_hash()}): its flows may not match these "
+            "links and GPUs; re-run `helix plan` to be sure")
+
+
 def policy_config(config: SimConfig, max_batch_seqs: int) -> PolicyConfig:
     chunked = config.chunk_tokens > 0
     return PolicyConfig(

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -95,6 +96,43 @@ def test_make_workload_rejects_zero_requests_and_zero_rate():
     with pytest.raises(HelixUserError, match="--rate must be > 0 requests/s and finite, got 0$"):
         make_workload(WorkloadOptions(num_requests=5, rate_per_s=0.0), "online", plan)
     assert len(make_workload(WorkloadOptions(num_requests=5), "offline", plan)) == 5
+
+
+def _saved(plan, path):
+    plan.save(path)
+    return path
+
+
+@pytest.mark.parametrize("compare", [False, True])
+def test_plan_for_another_version_of_the_spec_warns(tmp_path, capsys, compare):
+    spec = load_cluster(SINGLE24)
+    plan = dataclasses.replace(single24_plan(spec), spec_hash="0123456789abcdef")
+    extra = ["--compare", "--time-limit", "1"] if compare else []
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "0.5", "--num-requests", "4", *extra])
+    assert rc == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in err if "spec hash" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:")
+    assert "0123456789abcdef" in warnings[0] and spec.content_hash() in warnings[0]
+
+
+def test_plan_for_this_spec_does_not_warn(tmp_path, capsys):
+    spec = load_cluster(SINGLE24)
+    plan = dataclasses.replace(single24_plan(spec), spec_hash=spec.content_hash())
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "0.5"])
+    assert rc == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_plan_with_another_layer_count_is_refused(tmp_path, capsys):
+    plan = dataclasses.replace(single24_plan(load_cluster(SINGLE24)), num_layers=40)
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "40 layers" in err and len(err.splitlines()) == 1
 
 
 def test_plan_for_another_cluster_is_refused(plan_file, capsys):
