@@ -67,6 +67,19 @@ def min_layers_for_depth(num_layers: int, max_depth: int | None) -> int:
     return 1 if max_depth is None else math.ceil(num_layers / max_depth)
 
 
+def check_options(*, time_limit_s: float, threads: int, gap: float,
+                  max_depth: int | None = None) -> None:
+    """Raise :class:`HelixUserError` quoting the first bad solve option (named as the CLI names it)."""
+    if not time_limit_s > 0:  # also NaN
+        raise HelixUserError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
+    if threads < 0:
+        raise HelixUserError(f"--threads must be >= 0 (0 = all cores), got {threads}")
+    if not (0 <= gap < math.inf):
+        raise HelixUserError(f"--gap must be >= 0 (0.01 = 1 %), got {gap}")
+    if max_depth is not None and max_depth < 1:
+        raise HelixUserError(f"--max-depth must be >= 1, got {max_depth}")
+
+
 def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "highs",
           time_limit_s: float = 60.0, threads: int = 1, seed: int = 0, gap: float = 0.01,
           partial_inference: bool = True, max_depth: int | None = None,
@@ -76,8 +89,7 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     ``warm_starts=False`` runs the MILP alone (no heuristic incumbent): for ablations and tests."""
     if method not in METHODS:
         raise HelixUserError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-    if max_depth is not None and max_depth < 1:
-        raise HelixUserError(f"--max-depth must be >= 1, got {max_depth}")
+    check_options(time_limit_s=time_limit_s, threads=threads, gap=gap, max_depth=max_depth)
     adapter = make_solver(solver)
     t0 = time.perf_counter()
     partial = partial_inference and max_depth is None

@@ -77,11 +77,12 @@ class HighsAdapter:
 
         t0 = time.perf_counter()
         h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("time_limit", float(options.time_limit_s))
-        h.setOptionValue("threads", int(options.threads))
-        h.setOptionValue("random_seed", int(options.seed))
-        h.setOptionValue("mip_rel_gap", _solver_gap(options.rel_gap))
+        for name, value in [("output_flag", False), ("time_limit", float(options.time_limit_s)),
+                            ("threads", int(options.threads)), ("random_seed", int(options.seed)),
+                            ("mip_rel_gap", _solver_gap(options.rel_gap))]:
+            if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:
+                # HiGHS would silently keep its default (e.g. no time limit): a caller's bug.
+                raise ValueError(f"HiGHS refused option {name} = {value!r}")
         h.passModel(self._lp(model, highspy))
         if options.warm_start is not None:
             sol = highspy.HighsSolution()

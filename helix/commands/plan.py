@@ -46,8 +46,13 @@ def plan_command(
     from helix.spec import load_cluster
     from planner import METHODS, solve
     from planner.build import build_problem
+    from planner.solve import check_options
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    # Bad options fail now, in one line, not after a minute of solving.
+    check_options(time_limit_s=time_limit, threads=threads, gap=gap, max_depth=max_depth)
+    _check_output_path(output, "-o")
+    _check_output_path(draw, "--draw", suffix=".png")
     spec = load_cluster(cluster)
     problem = build_problem(spec, resolve_model(model, base_dir=cluster.parent) if model else None)
     kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
@@ -73,6 +78,20 @@ def plan_command(
         console.print(_summary(plan))
         if output is not None:
             console.print(f"wrote {output}")
+
+
+def _check_output_path(path: Optional[Path], option: str, suffix: Optional[str] = None) -> None:
+    """Raise :class:`HelixUserError` unless ``path`` can be written (its folder exists)."""
+    from helix.errors import HelixUserError
+    if path is None:
+        return
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise HelixUserError(f"{option} {path}: the file name must end in {suffix}")
+    if path.is_dir():
+        raise HelixUserError(f"{option} {path}: is a folder; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise HelixUserError(f"{option} {path}: folder {parent} does not exist")
 
 
 def _run(console, problem, method, kwargs, solve, must=False):

@@ -53,3 +53,17 @@ def test_compare_with_two_threads_after_one(capsys):
     for p in plans.values():
         assert p["upper_bound_tokens_per_s"] >= best * (1 - 1e-6), p["method"]
     assert plans["milp"]["extras"]["status"] in ("optimal", "gap", "time_limit", "interrupted")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gap", "-1"], "--gap must be >= 0"),
+    (["--time-limit", "-1"], "--time-limit must be > 0"),
+    (["--threads", "-2"], "--threads must be >= 0"),
+    (["-o", "/nonexistent-helix-dir/sub/p.yaml"], "folder /nonexistent-helix-dir/sub does not exist"),
+    (["--draw", "/tmp/helix-plan.txt"], "must end in .png"),
+    (["--draw", "/nonexistent-helix-dir/p.png"], "folder /nonexistent-helix-dir does not exist"),
+])
+def test_bad_options_are_one_line_before_solving(args, message, capsys):
+    assert main(["plan", REFERENCE, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

@@ -116,3 +116,13 @@ def test_two_threads_after_one_thread_finds_and_proves_the_optimum(warm_starts):
         assert plan.max_flow_tokens_per_s == pytest.approx(best, rel=1e-6), threads
         assert plan.upper_bound_tokens_per_s >= best * (1 - 1e-6), threads
         assert plan.extras["bound_class_milp"] >= best * (1 - 1e-6), threads
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gap=-1.0), "--gap must be >= 0"), (dict(gap=float("nan")), "--gap must be >= 0"),
+    (dict(time_limit_s=-1.0), "--time-limit must be > 0"), (dict(time_limit_s=0.0), "> 0"),
+    (dict(threads=-2), "--threads must be >= 0"), (dict(max_depth=0), "--max-depth must be >= 1"),
+])
+def test_bad_solve_options_are_user_errors(kwargs, message):
+    with pytest.raises(HelixUserError, match=message):
+        solve(reference_single24_70b(), "milp", **kwargs)

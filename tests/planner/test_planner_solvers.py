@@ -72,3 +72,8 @@ def test_highs_honours_a_new_thread_count_in_the_same_process():
         assert res.objective == pytest.approx(2046, rel=1e-6)
         assert res.bound == pytest.approx(2046, rel=1e-6)
 
+
+
+def test_highs_refusing_an_option_is_an_error_not_a_silent_default():
+    with pytest.raises(ValueError, match="time_limit"):
+        HighsAdapter().solve(_small_model(0), SolveOptions(time_limit_s=-1.0, threads=1))
