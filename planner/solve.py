@@ -93,17 +93,26 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     adapter = make_solver(solver)
     t0 = time.perf_counter()
     partial = partial_inference and max_depth is None
-    min_k = min_layers_for_depth(problem.num_layers, max_depth)
-    check_feasible(problem, min_k)
-    bound = fixed_point_bound(problem, min_k)
-    extras: dict = {"bound_fixed_point": bound}
     if method in HEURISTICS:
-        cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
+        # Heuristics ignore --max-depth, so their bound must hold for every placement.
         if max_depth is not None:
             log.warning("--max-depth is honoured by the MILP methods only; %s ignores it", method)
+        check_feasible(problem)
+        bound = fixed_point_bound(problem)
+        extras: dict = {"bound_fixed_point": bound}
+        cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
         if not cand.placement:
             raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
         return _plan(problem, cand, bound, method, None, t0, partial, extras)
+    min_k = min_layers_for_depth(problem.num_layers, max_depth)
+    check_feasible(problem, min_k)
+    bound = fixed_point_bound(problem, min_k)
+    extras = {"bound_fixed_point": bound}
+    if max_depth is not None:
+        # The MILP and the fixed point then range over this restricted set only: a placement
+        # outside it (a node with fewer layers, overlapping stages) may serve more.
+        extras["bound_scope"] = (f"placements with every node >= {min_k} layers and no partial "
+                                 f"inference (--max-depth {max_depth})")
     best = _best_warm_start(problem, seed, partial, min_k) if warm_starts else \
         Candidate({}, FlowResult(0.0, {}, {}), "none")
     if method == "milp-paper":

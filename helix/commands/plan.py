@@ -154,11 +154,18 @@ def _fmt_gap(plan) -> str:
     return "-" if plan.gap is None else f"{plan.gap * 100:.2f} %"
 
 
+def _bound_label(plan) -> str:
+    """How far the bound reaches: every placement, or only those --max-depth allows."""
+    scope = plan.extras.get("bound_scope")
+    return "proven" if scope is None else f"proven only for {scope}"
+
+
 def _summary(plan) -> str:
     e = plan.extras
     bound = plan.upper_bound_tokens_per_s
     lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s",
-             f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s (proven)   gap {_fmt_gap(plan)}",
+             f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s ({_bound_label(plan)})"
+             f"   gap {_fmt_gap(plan)}",
              f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean;  latency "
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms mean per pass",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
@@ -168,13 +175,17 @@ def _summary(plan) -> str:
 
 def _compare_table(problem, methods, plans):
     from rich.table import Table
-    t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method")
+    scopes = {p.extras["bound_scope"] for p in plans if p and p.extras.get("bound_scope")}
+    t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method",
+              caption="".join(f"* bound only for {s}" for s in sorted(scopes)) or None)
     for col in ("method", "max flow", "bound", "gap", "depth", "seconds"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, p in zip(methods, plans):
         if p is None:
             t.add_row(m, "infeasible", "-", "-", "-", "-")
             continue
-        t.add_row(m, f"{p.max_flow_tokens_per_s:,.1f}", f"{p.upper_bound_tokens_per_s or 0:,.1f}",
+        bound = p.upper_bound_tokens_per_s
+        mark = "*" if p.extras.get("bound_scope") else ""
+        t.add_row(m, f"{p.max_flow_tokens_per_s:,.1f}", "-" if bound is None else f"{bound:,.1f}{mark}",
                   _fmt_gap(p), str(p.extras.get("depth_max")), f"{p.solve_seconds:.1f}")
     return t

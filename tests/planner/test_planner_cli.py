@@ -67,3 +67,9 @@ def test_bad_options_are_one_line_before_solving(args, message, capsys):
     assert main(["plan", REFERENCE, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_max_depth_bound_is_labelled_as_restricted(capsys):
+    assert main(["plan", REFERENCE, "--max-depth", "20", "--time-limit", "3", "--threads", "1"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "proven only for placements with every node >= 4 layers and no partial inference" in text

@@ -59,6 +59,9 @@ def test_max_depth_limits_hops(reference):
     assert plan.partial_inference is False
     assert all(p.num_layers >= 4 for p in plan.placements)
     assert plan.max_flow_tokens_per_s > 0
+    # The bound ranges over restricted placements only, and says so.
+    assert ">= 4 layers" in plan.extras["bound_scope"] and "--max-depth 20" in plan.extras["bound_scope"]
+    assert "bound_scope" not in solve(reference, "milp", time_limit_s=5).extras
     with pytest.raises(InfeasibleError, match="max-depth needs >= 8 layers"):
         solve(reference, "milp", max_depth=10)  # only the A100s hold 8+ layers: 48 < 80
 
@@ -126,3 +129,14 @@ def test_two_threads_after_one_thread_finds_and_proves_the_optimum(warm_starts):
 def test_bad_solve_options_are_user_errors(kwargs, message):
     with pytest.raises(HelixUserError, match=message):
         solve(reference_single24_70b(), "milp", **kwargs)
+
+
+@pytest.mark.parametrize("method", ["petals", "swarm", "uniform"])
+def test_heuristics_ignore_max_depth_and_keep_an_unrestricted_bound(method):
+    """A heuristic ignores --max-depth, so its bound must cover placements with small nodes too
+    (uniform reached 2046 tokens/s against the restricted bound 1834.5: PlannerBug)."""
+    p = reference_single24_70b()
+    plan = solve(p, method, max_depth=20)
+    assert plan.max_flow_tokens_per_s == solve(p, method, partial_inference=False).max_flow_tokens_per_s
+    assert plan.upper_bound_tokens_per_s == pytest.approx(2046.0, rel=1e-6)
+    assert "bound_scope" not in plan.extras
