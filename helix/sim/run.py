@@ -38,7 +38,10 @@ class WorkloadOptions:
     num_requests: int | None = None
     """Use only the first N requests (None: all)."""
     load: float = 0.75
-    """Online: arrival rate as a fraction of the plan's max flow, converted to requests/s."""
+    """Online: arrival rate as a fraction of the plan's max flow, converted to requests/s (see
+    :func:`online_rate_per_s`). Max flow comes from the cost model's T(k), which assumes a node
+    batches all its KV-resident requests each step; a stage of an S-stage pipeline sees about 1/S
+    of them, so the simulator serves several times less than max flow and 0.75 overloads it."""
     rate_per_s: float | None = None
     """Online: explicit arrival rate (requests/s); overrides ``load``."""
 

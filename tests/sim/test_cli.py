@@ -174,3 +174,12 @@ nodes:
     rc = main(["simulate", str(spec_path), "--plan", str(plan_file), "--duration", "1"])
     assert rc == 2
     assert "no link" in capsys.readouterr().err
+
+
+def test_load_help_says_what_the_rate_is_based_on(capsys):
+    # --load 0.75 overloads every run; the help must say why, not just "fraction of max flow".
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "LOAD x the plan's max flow (prompt + output tokens/s" in text
+    assert "/ the trace's mean prompt + output tokens per request" in text
+    assert "1/S" in text and "overloads" in text
