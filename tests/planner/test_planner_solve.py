@@ -140,3 +140,20 @@ def test_heuristics_ignore_max_depth_and_keep_an_unrestricted_bound(method):
     assert plan.max_flow_tokens_per_s == solve(p, method, partial_inference=False).max_flow_tokens_per_s
     assert plan.upper_bound_tokens_per_s == pytest.approx(2046.0, rel=1e-6)
     assert "bound_scope" not in plan.extras
+
+
+def test_a_late_phase_gets_only_the_time_left():
+    import time
+
+    from planner.solve import _options
+    late = _options(1.0, 1, 0, 0.01, None, time.perf_counter() - 5.0)
+    assert late.time_limit_s == 0.0  # used to be max(1.0, remaining): a full extra second
+
+
+def test_short_time_limit_is_respected():
+    """single24 with 0.5 s: the solver phases used to get >= 1 s each, plus a 30 s LP (2.8 s in all)."""
+    p = build_problem(load_cluster(REPO / "cluster_specs" / "single24.yaml"))
+    plan = solve(p, "milp", time_limit_s=0.5, threads=1)
+    assert plan.solve_seconds < 1.5
+    assert plan.max_flow_tokens_per_s > 0
+    assert plan.upper_bound_tokens_per_s >= plan.max_flow_tokens_per_s
