@@ -72,8 +72,12 @@ class Topology:
 
     ``arcs[v]`` lists the vertices a request may go to after ``v`` (in a fixed order). An arc
     ``u -> w`` between nodes is usable when ``w`` holds layer ``u.end`` (``w.start <= u.end < w.end``;
-    with ``partial_inference`` off, ``w.start == u.end``); the coordinator feeds nodes starting at
-    layer 0 and collects from nodes ending at the last layer.
+    with ``partial_inference`` off, ``w.start == u.end``) and ``w`` does not hold layer 0; the
+    coordinator feeds nodes starting at layer 0 and collects from nodes ending at the last layer.
+
+    A node holding layer 0 is only ever a *first* stage: it embeds token ids, and the worker engine
+    cannot enter such a slice in the middle (``worker.engine``). The rule lives here so that the
+    simulator's schedulers and the live coordinator build the same pipelines.
     """
 
     def __init__(self, num_layers: int, ranges: Mapping[str, tuple[int, int]],
@@ -104,7 +108,11 @@ class Topology:
         if dst not in self.ranges:
             return False
         start, end = self.ranges[dst]
-        if self.partial_inference and src != COORDINATOR:
+        if src == COORDINATOR:
+            return start == 0
+        if start == 0:   # a layer-0 node is a first stage only (see the class docstring)
+            return False
+        if self.partial_inference:
             return start <= at_layer < end
         return start == at_layer
 

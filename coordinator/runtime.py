@@ -84,21 +84,13 @@ class Observer(Protocol):
     def finished(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
 
 
-def engine_topology(topology: Topology) -> Topology:
-    """``topology`` without the hops the worker engine cannot run: a node holding layer 0 embeds
-    token ids, so it can only be a request's *first* stage (``worker.engine`` refuses to enter such
-    a slice in the middle). The simulator has no such limit, so the shared builder keeps those hops."""
-    arcs = {v: [w for w in outs if v == COORDINATOR or w == COORDINATOR or topology.ranges[w][0] > 0]
-            for v, outs in topology.arcs.items()}
-    return Topology(topology.num_layers, topology.ranges, arcs, topology.partial_inference)
-
-
 def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
-    """The simulator's Helix scheduler (IWRR over the plan's flows, KV masking, fallback hops) on the
-    hops the engine supports; a plan with no such pipeline at all is a user error."""
+    """The simulator's Helix scheduler (IWRR over the plan's flows, KV masking, fallback hops); a
+    plan with no pipeline the engine can run (a layer-0 node is a first stage only, see
+    :class:`~coordinator.pipeline.Topology`) is a user error."""
     flows = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows}
-    main = engine_topology(Topology.from_plan(plan, flows_only=True))
-    fallback = engine_topology(Topology.from_plan(plan, flows_only=False))
+    main = Topology.from_plan(plan, flows_only=True)
+    fallback = Topology.from_plan(plan, flows_only=False)
     if fallback.walk(lambda _v, cands: cands[0], lambda _n: True) is None:
         raise HelixUserError("the plan has no pipeline the workers can run (a node holding layer 0 "
                              "can only be a first stage)")

@@ -119,3 +119,23 @@ def test_helix_falls_back_to_zero_flow_hops_when_flow_paths_are_masked():
     sched = make_scheduler("helix", plan, KVEstimator(caps))
     seen = Counter(sched.schedule(RequestInfo(i, 1, 1)).nodes for i in range(100))
     assert seen == {("x", "y"): 50, ("u", "v"): 50}
+
+
+def test_no_scheduler_enters_a_layer0_node_mid_pipeline():
+    """A node holding layer 0 embeds token ids: the worker engine can only run it as a first stage,
+    so no topology (hence neither the simulator nor the live coordinator) hops into it later."""
+    from plan_factories import make_plan
+    ranges = {"whole": (0, 8), "tail": (4, 8), "head": (0, 4)}
+    flows = {(COORDINATOR, "head"): 1.0, ("head", "tail"): 1.0, ("tail", COORDINATOR): 1.0,
+             ("head", "whole"): 1.0, (COORDINATOR, "whole"): 1.0, ("whole", COORDINATOR): 2.0}
+    plan = make_plan(8, ranges, flows)
+    assert Topology.from_plan(plan, flows_only=False).arcs["head"] == ("tail",)
+    for name in ("helix", "swarm", "random", "shortest-queue"):
+        kv = _kv(plan)
+        sched = make_scheduler(name, plan, kv)
+        seen = {sched.schedule(RequestInfo(i, 10, 10)).nodes for i in range(20)}
+        assert seen <= {("head", "tail"), ("whole",)} and seen, (name, seen)
+        kv.observe("whole", 1e13)   # the whole-model node full: only head -> tail remains
+        assert sched.schedule(RequestInfo(99, 10, 10)).nodes == ("head", "tail"), name
+        kv.observe("tail", 1e13)    # and never head -> whole (entering at layer 4)
+        assert sched.schedule(RequestInfo(100, 10, 10)) is None, name
