@@ -85,10 +85,11 @@ class DataPlane:
         self.send_frames(peer, frames)
 
     def send_frames(self, peer: str, frames: list) -> None:
+        nbytes = sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
         with self._send_lock:
             self._socket(peer).send_multipart(frames, copy=False)
             self.messages_sent += 1
-            self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+            self.bytes_sent += nbytes
 
     def poll(self, timeout_s: float) -> bool:
         """Whether a message is ready within ``timeout_s``."""

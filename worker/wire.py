@@ -155,8 +155,11 @@ def encode(msg: Message) -> list:
         head = {"v": WIRE_VERSION, "kind": "rel", "ids": list(msg.request_ids)}
     else:
         raise TypeError(f"not a wire message: {type(msg).__name__}")
-    frames[0] = msgpack.packb(head)
+    frames[0] = _packer.pack(head)
     return frames
+
+
+_packer = msgpack.Packer()   # reused: building one per message costs as much as packing a decode header
 
 
 # --- decoding ---------------------------------------------------------------------------------------
@@ -185,12 +188,21 @@ def _decode_input(d: dict, frames: Sequence) -> WireInput:
     return WireInput(item, route)
 
 
+def _decode_header(frame) -> dict:
+    try:
+        head = msgpack.unpackb(frame if isinstance(frame, bytes) else _buffer(frame))
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise WireError(f"malformed header: {exc!r}") from None
+    if not isinstance(head, dict) or head.get("v") != WIRE_VERSION:
+        version = head.get("v") if isinstance(head, dict) else None
+        raise WireError(f"wire version {version!r}, expected {WIRE_VERSION}")
+    return head
+
+
 def decode(frames: Sequence) -> Message:
     """The message in ``frames`` (bytes or ``zmq.Frame``); tensors view the frames' memory."""
+    head = _decode_header(frames[0])
     try:
-        head = msgpack.unpackb(_buffer(frames[0]))
-        if head.get("v") != WIRE_VERSION:
-            raise WireError(f"wire version {head.get('v')!r}, expected {WIRE_VERSION}")
         kind = head["kind"]
         if kind == "in":
             return InputBatch(tuple(_decode_input(d, frames) for d in head["items"]))

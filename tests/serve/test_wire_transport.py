@@ -69,3 +69,53 @@ def test_two_endpoints_carry_frames_in_order():
     finally:
         a.close()
         b.close()
+
+
+def test_small_and_large_frames_in_one_message_bit_exact():
+    """One-token frames sit below pyzmq's 64 KiB copy threshold, prefill chunks above it; a message
+    may mix both, every tensor arrives bit for bit, and the byte counter counts what was sent."""
+    a, b = DataPlane(), DataPlane()
+    try:
+        a.set_peers({"b": b.address})
+        small = torch.randn(1, 256)                                   # 1 KiB
+        large = torch.randn(65, 256)                                  # 65 KiB
+        msg = InputBatch((WireInput(StageInput(1, 0, hidden_states=large)),
+                          WireInput(StageInput(2, 5, hidden_states=small)),
+                          WireInput(StageInput(3, 9, token_ids=(7, 8)))))
+        for _ in range(3):
+            a.send("b", msg)
+        for _ in range(3):
+            got = b.recv(timeout_s=5.0)
+            assert got is not None
+            x, y, z = got.inputs
+            assert torch.equal(x.item.hidden_states, large) and torch.equal(y.item.hidden_states, small)
+            assert z.item.token_ids == (7, 8) and y.item.start_position == 5
+        assert a.bytes_sent == 3 * (len(encode(msg)[0]) + large.nbytes + small.nbytes)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_malformed_messages_raise_and_leave_no_parts_behind():
+    import zmq
+    b = DataPlane()
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    try:
+        push.connect(b.address)
+        good = encode(InputBatch((WireInput(StageInput(5, 0, hidden_states=torch.ones(2, 8))),)))
+        short = msgpack.packb({"v": 1, "kind": "in", "items": [
+            {"id": 1, "pos": 0, "dt": "float32", "sh": [2, 8], "f": 1},
+            {"id": 2, "pos": 0, "dt": "float32", "sh": [2, 8], "f": 2}]})
+        push.send_multipart([b"\xc1 not msgpack", b"x" * 10, b"y"])   # garbage header, 2 parts
+        push.send_multipart([short, bytes(64)])                       # names 2 frames, has 1
+        push.send_multipart([msgpack.packb({"v": 9, "kind": "rel", "ids": []}), b"z"])
+        push.send_multipart(good)
+        for _ in range(3):
+            with pytest.raises(WireError):
+                b.recv(timeout_s=5.0)
+        got = b.recv(timeout_s=5.0)
+        assert got.inputs[0].item.request_id == 5
+        assert torch.equal(got.inputs[0].item.hidden_states, torch.ones(2, 8))
+    finally:
+        push.close(linger=0)
+        b.close()
