@@ -13,13 +13,15 @@ rates costs only the compute it contains. Both sides of every comparison use the
 and the same number of torch threads (1 by default: the machine is shared, and OpenMP spinning on
 oversubscribed cores makes multi-threaded numbers meaningless).
 
-    python scripts/bench_engine.py            # full: about 6 CPU-minutes (9-14 min on a busy machine)
-    python scripts/bench_engine.py --quick    # smaller sweep: about 4 CPU-minutes (6 min busy)
+    python scripts/bench_engine.py            # full: 32 requests x 6 rates; about 2.5x the quick run
+    python scripts/bench_engine.py --quick    # 20 requests x 4 rates: 7.5 min at load 3-5 on 2 cores
+    python scripts/bench_engine.py --only-orca --orca-requests 48 --orca-rates 0.8,1.2   # a slice
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
@@ -156,7 +158,11 @@ def throughput_at_latency(points: list[tuple[float, float]], slo_s: float) -> fl
     return best
 
 
-def bench_orca(ckpt: Path, n: int, rate_factors: list[float], lines: list[str]) -> None:
+def bench_orca(ckpt: Path, n: int, rate_factors: list[float], padded: bool, lines: list[str]) -> None:
+    """Throughput and median normalised latency of both systems at each offered rate, then the
+    throughput each sustains under a latency SLO. Rates are fractions of the iteration-level engine's
+    offline capacity, so the sweep runs past the request-level saturation point (request-level
+    batching saturates well below it) up to the iteration-level one; ``n`` requests per rate."""
     cfg_iter = EngineConfig(max_num_seqs=32, max_num_batched_tokens=512, chunked_prefill=True,
                             kv_budget_bytes=512 * 2**20)
     cfg_req = EngineConfig(max_num_seqs=32, max_num_batched_tokens=32 * 512, chunked_prefill=False,
@@ -164,30 +170,35 @@ def bench_orca(ckpt: Path, n: int, rate_factors: list[float], lines: list[str]) 
     # Capacity: all requests at once through the iteration-level engine (offline throughput).
     offline = workload(n, 0.0, seed=1)
     cap, _ = summarize(offline, serve_iteration_level(ckpt, offline, cfg_iter))
-    lines += [f"Offline capacity of the iteration-level engine: {cap:.2f} req/s.", "",
-              "| offered rate (req/s) | iteration-level: throughput (req/s) | median latency (s/token) "
-              "| request-level: throughput | median latency | request-level, padded: throughput "
-              "| median latency |", "|---|---|---|---|---|---|---|"]
-    systems = {"iteration-level": [], "request-level": [], "request-level, padded": []}
+    systems = {"iteration-level": [], "request-level": []}
+    if padded:
+        systems["request-level, padded"] = []
+    lines += [f"Offline capacity of the iteration-level engine: {cap:.2f} req/s; {n} requests per "
+              "rate.", "",
+              "| offered rate (req/s) | " + " | ".join(f"{k}: throughput (req/s) | median latency (s/token)"
+                                                   for k in systems) + " |",
+              "|---|" + "---|---|" * len(systems)]
     for f in rate_factors:
         reqs = workload(n, cap * f, seed=2)
-        runs = [serve_iteration_level(ckpt, reqs, cfg_iter), serve_request_level(ckpt, reqs, cfg_req),
-                serve_request_level(ckpt, reqs, cfg_req, pad=True)]
+        runs = [serve_iteration_level(ckpt, reqs, cfg_iter), serve_request_level(ckpt, reqs, cfg_req)]
+        if padded:
+            runs.append(serve_request_level(ckpt, reqs, cfg_req, pad=True))
         row = f"| {cap * f:.2f} "
         for pts, res in zip(systems.values(), runs):
             pts.append(summarize(reqs, res))
             row += f"| {pts[-1][0]:.2f} | {pts[-1][1]:.4f} "
         lines.append(row + "|")
         print(lines[-1], flush=True)
-    lines += ["", "| latency SLO (median s/token) | iteration-level req/s | request-level req/s (ratio) "
-              "| request-level, padded req/s (ratio) |", "|---|---|---|---|"]
+    others = [k for k in systems if k != "iteration-level"]
+    lines += ["", "| latency SLO (median s/token) | iteration-level req/s | "
+              + " | ".join(f"{k} req/s (ratio)" for k in others) + " |", "|---|---|" + "---|" * len(others)]
     it_pts = systems["iteration-level"]
     lo = min(l for _, l in it_pts)
-    for mult in (2, 4, 8):
+    for mult in (2, 4, 8, 16):
         slo = lo * mult
         a = throughput_at_latency(it_pts, slo)
-        row = f"| {slo:.4f} ({mult}x the lightest-load latency) | {a:.2f} "
-        for name in ("request-level", "request-level, padded"):
+        row = f"| {slo:.4f} ({mult}x the iteration-level lightest-load latency) | {a:.2f} "
+        for name in others:
             b = throughput_at_latency(systems[name], slo)
             row += f"| {b:.2f} ({a / b:.1f}x) " if b > 0 else "| 0 (never meets it) "
         lines.append(row + "|")
@@ -262,15 +273,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sweep (about 4 CPU-minutes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (default 1)")
     ap.add_argument("--no-append", action="store_true", help="print only; do not touch BENCHMARKS.md")
+    ap.add_argument("--orca-requests", type=int, help="requests per rate of the Orca sweep")
+    ap.add_argument("--orca-rates", help="comma-separated rates of the Orca sweep, as fractions of "
+                    "the iteration-level offline capacity")
+    ap.add_argument("--only-orca", action="store_true", help="run only the Orca comparison")
+    ap.add_argument("--padded", action="store_true",
+                    help="also run request-level batching with prompts padded to the batch's longest")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True,
                          text=True).stdout.strip() or platform.processor()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    cmd = "python scripts/bench_engine.py" + (" --quick" if args.quick else "")
+    cmd = " ".join(["python scripts/bench_engine.py", *sys.argv[1:]])
     lines = ["## Worker engine (issue 5)", "",
              f"`{cmd}` on {date.today()} ({nproc} cores, {cpu}, torch {torch.__version__}, "
-             f"{args.threads} torch thread(s), machine shared with other work: compare within a table). "
+             f"{args.threads} torch thread(s), times are CPU seconds of the process, load average "
+             f"{os.getloadavg()[0]:.1f} at the start on a machine shared with other work). "
              "Model: random LLaMA, hidden 512, 8 layers, 8 heads / 4 KV heads, vocab 8192, float32.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp)
@@ -279,10 +297,17 @@ def main() -> None:
                   "Prompts ~U(32, 512), outputs ~U(1, 128), Poisson arrivals; max 32 requests per "
                   "batch for both; iteration-level = decode-first + chunked prefill (512-token budget); "
                   "request-level = a batch runs until its longest request ends (results return then), "
-                  "same kernels; 'padded' also pads every prompt to the batch's longest, as "
-                  "FasterTransformer (Orca's baseline) does.", ""]
-        n, factors = (10, [0.2, 0.6, 0.95]) if args.quick else (16, [0.1, 0.3, 0.6, 0.9])
-        bench_orca(ckpt, n, factors, lines)
+                  "same kernels, its best batch size (the largest: at low load a batch holds whatever "
+                  "arrived, at high load more rows amortise the weights better)"
+                  + ("; 'padded' also pads every prompt to the batch's longest, as FasterTransformer "
+                     "(Orca's baseline) does" if args.padded else "") + ".", ""]
+        n, factors = (20, [0.15, 0.4, 0.7, 1.0]) if args.quick else (32, [0.1, 0.25, 0.4, 0.6, 0.8, 1.0])
+        n = args.orca_requests or n
+        factors = [float(f) for f in args.orca_rates.split(",")] if args.orca_rates else factors
+        bench_orca(ckpt, n, factors, args.padded, lines)
+        if args.only_orca:
+            print("\n".join(lines))
+            return
         lines += ["", "### Chunked prefill: time between tokens (TBT) of 8 running decodes while "
                   "512-token prompts arrive (one every 0.4 s)", ""]
         bench_chunked(ckpt, 3 if args.quick else 5, lines)
