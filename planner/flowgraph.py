@@ -78,13 +78,19 @@ def max_flow(problem: PlacementProblem, placement: Placement,
     g = build_graph(problem, placement, partial_inference)
     if not nx.has_path(g, SOURCE, SINK):
         return FlowResult(0.0, {}, {name: 0.0 for name in placement})
-    value, flow = nx.maximum_flow(g, SOURCE, SINK, flow_func=preflow_push)
+    # preflow-push keeps vertices in sets; with string-keyed vertices their order (and so which of
+    # several equal-value flows comes out) would change with PYTHONHASHSEED. Integer labels, in
+    # the graph's insertion order, make the arc flows the same in every process.
+    keys = list(g.nodes)
+    h = nx.relabel_nodes(g, {v: i for i, v in enumerate(keys)}, copy=True)
+    value, flow = nx.maximum_flow(h, keys.index(SOURCE), keys.index(SINK), flow_func=preflow_push)
     arcs: dict[tuple[str, str], float] = {}
     nodes: dict[str, float] = {name: 0.0 for name in placement}
-    for u, out in flow.items():
-        for v, f in out.items():
+    for ui, out in flow.items():
+        for vi, f in out.items():
             if f <= 0:
                 continue
+            u, v = keys[ui], keys[vi]
             if u[-1] == "in" and v[-1] == "out":
                 nodes[u[0]] = f
                 continue
