@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,12 +64,6 @@ def relative_errors(model: ModelSpec, gpu: GpuKind, num_gpus: int, folder: Path,
     return errors
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
 def calibrate(model: ModelSpec, root: str | Path, decode_context: float = 1024
               ) -> list[CalibrationRow]:
     """One row per profile folder under ``root`` (e.g. ``shared/data/profiles/llama1-30b``)."""
@@ -79,6 +74,6 @@ def calibrate(model: ModelSpec, root: str | Path, decode_context: float = 1024
                                       memory_efficiency=DEFAULT_MEMORY_EFFICIENCY)
         err = relative_errors(model, gpu, n, folder, decode_context)
         err_default = relative_errors(model, default, n, folder, decode_context)
-        rows.append(CalibrationRow(folder.name, gpu.name, n, len(err), _median(err), max(err),
-                                   _median(err_default), max(err_default)))
+        rows.append(CalibrationRow(folder.name, gpu.name, n, len(err), median(err), max(err),
+                                   median(err_default), max(err_default)))
     return rows

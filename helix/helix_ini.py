@@ -103,7 +103,9 @@ def _nic(section: configparser.SectionProxy, where: str) -> float | None:
     return min(known) if known else None
 
 
-def _links(cluster: configparser.ConfigParser, path: Path, nodes: set[str]) -> list[dict[str, Any]]:
+def _links(cluster: configparser.ConfigParser, path: Path, nodes: set[str]
+           ) -> dict[frozenset[str], tuple[float, float]]:
+    """Undirected pair -> (bandwidth bytes/s, latency s)."""
     pairs: dict[frozenset[str], tuple[float, float]] = {}
     for section in cluster.sections():
         m = re.fullmatch(r"Link-(\w+)-(\w+)", section)
@@ -122,8 +124,7 @@ def _links(cluster: configparser.ConfigParser, path: Path, nodes: set[str]) -> l
         if key in pairs:  # the other direction: keep the conservative figures
             bw, lat = min(bw, pairs[key][0]), max(lat, pairs[key][1])
         pairs[key] = (bw, lat)
-    return [{"between": sorted(key), "bandwidth": f"{bw!r}B/s", "latency": f"{lat!r}s"}
-            for key, (bw, lat) in pairs.items()]
+    return pairs
 
 
 def read_helix_ini(cluster_path: str | Path, profile_path: str | Path,
@@ -132,10 +133,12 @@ def read_helix_ini(cluster_path: str | Path, profile_path: str | Path,
     cpath, ppath = Path(cluster_path), Path(profile_path)
     cluster, profile = _read(cpath), _read(ppath)
     nodes = _nodes(cluster, profile, cpath)
-    links = _links(cluster, cpath, {n["name"] for n in nodes})
-    if not links:
+    pairs = _links(cluster, cpath, {n["name"] for n in nodes})
+    if not pairs:
         raise SpecError(f"{cpath}: no [Link-a-b] sections")
-    bandwidths = sorted(float(link["bandwidth"][:-3]) for link in links)
+    links = [{"between": sorted(key), "bandwidth": f"{bw!r}B/s", "latency": f"{lat!r}s"}
+             for key, (bw, lat) in pairs.items()]
+    bandwidths = sorted(bw for bw, _ in pairs.values())
     data: dict[str, Any] = {
         "model": model,
         # Every pair is listed, so the region figures only describe the typical link.

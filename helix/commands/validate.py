@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from helix.errors import SpecError
-from helix.spec import ClusterSpec, load_cluster
+from helix.spec import ClusterSpec, load_cluster, parse_cluster
 from helix.units import format_bandwidth, format_duration, format_size
 
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -29,7 +29,6 @@ def load_any(path: Path, helix_ini: Optional[list[Path]], model: Optional[str]) 
     if model is not None:
         data = spec.to_dict()
         data["model"] = model
-        from helix.spec import parse_cluster
         spec = parse_cluster(data, source=str(path), base_dir=path.parent)
     return spec
 
