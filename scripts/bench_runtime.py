@@ -8,7 +8,7 @@
 3. End to end: tokens/s and TTFT of 3 local Ray workers behind the OpenAI API vs the whole model in one
    single-process engine, same model (the demo checkpoint) and the same burst.
 
-    python scripts/bench_runtime.py [--quick] [--no-write]
+    python scripts/bench_runtime.py [--quick] [--no-write] [--only data,decisions,e2e]
 """
 
 from __future__ import annotations
@@ -216,20 +216,40 @@ def table(headers: tuple, rows: list[tuple]) -> str:
                       *map(fmt, cells[1:])])
 
 
+PARTS = ("data", "decisions", "e2e")
+
+
+def parse_only(values: list[str] | None) -> tuple[str, ...]:
+    """The parts named by ``--only`` (repeatable, each a comma list), in run order; all when none."""
+    if not values:
+        return PARTS
+    named = {p.strip() for v in values for p in v.split(",") if p.strip()}
+    unknown = sorted(named - set(PARTS))
+    if unknown:
+        raise SystemExit(f"--only: unknown part {', '.join(map(repr, unknown))}; known: {', '.join(PARTS)}")
+    return tuple(p for p in PARTS if p in named)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer frames, requests and decisions")
     ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
-    ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--only", action="append", metavar="PARTS",
+                    help=f"run only these parts (comma list or repeated; of {', '.join(PARTS)})")
+    ap.add_argument("--skip-e2e", action="store_true", help="same as leaving e2e out of --only")
     args = ap.parse_args()
+    parts = tuple(p for p in parse_only(args.only) if not (args.skip_e2e and p == "e2e"))
     out = []
-    out.append("Data plane (two processes, loopback, best of 6 interleaved runs):\n\n" + table(
-        ("payload", "path", "frames/s", "GB/s", "vs raw"), bench_data_plane(args.quick)))
-    print(out[-1], "\n", flush=True)
-    out.append("Coordinator pipeline decisions (IWRR + KV masking, stats corrections every 1000):\n\n"
-               + table(("plan", "KV", "decisions", "masked (None)", "decisions/s"), bench_decisions(args.quick)))
-    print(out[-1], "\n", flush=True)
-    if not args.skip_e2e:
+    if "data" in parts:
+        out.append("Data plane (two processes, loopback, best of 6 interleaved runs):\n\n" + table(
+            ("payload", "path", "frames/s", "GB/s", "vs raw"), bench_data_plane(args.quick)))
+        print(out[-1], "\n", flush=True)
+    if "decisions" in parts:
+        out.append("Coordinator pipeline decisions (IWRR + KV masking, stats corrections every 1000):\n\n"
+                   + table(("plan", "KV", "decisions", "masked (None)", "decisions/s"),
+                           bench_decisions(args.quick)))
+        print(out[-1], "\n", flush=True)
+    if "e2e" in parts:
         rows, busy, wall = bench_end_to_end(args.quick)
         out.append("End to end, demo checkpoint (tiny-llama, 8 layers, hidden 64), greedy burst, local3 "
                    "plan:\n\n" + table(("setup", "requests", "output tokens", "tokens/s", "TTFT p50 ms",
@@ -238,7 +258,7 @@ def main() -> None:
         print(out[-1], flush=True)
     if not args.no_write:
         cmd = "python scripts/bench_runtime.py" + (" --quick" if args.quick else "") + \
-            (" --skip-e2e" if args.skip_e2e else "")
+            ("" if parts == PARTS else f" --only {','.join(parts)}")
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, " \
                   f"load avg {os.getloadavg()[0]:.1f} at start"
         entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
