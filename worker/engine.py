@@ -109,8 +109,14 @@ class SliceEngine:
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
                                  {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
                                  self.weights.end - self.weights.start, self.device)
-        x = self.model.forward(x, batch)
-        outputs, finished, fed_back = self._outputs(spans, x)
+        if self.weights.is_last:
+            # Only each request's last row of the step is sampled (and only if never sampled).
+            chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
+            keep = torch.tensor([s.row_start + s.end - s.start - 1 for s in chosen], dtype=torch.long,
+                                device=self.device)
+            outputs, finished, fed_back = self._sample(chosen, self.model.forward(x, batch, keep))
+        else:
+            outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch))
         self.policy.complete(plan, finished)
         for rid in finished:
             del self._reqs[rid]
@@ -181,26 +187,24 @@ class SliceEngine:
 
     # --- outputs ----------------------------------------------------------------------------------
     def _outputs(self, spans: Sequence[RowSpan], x: torch.Tensor):
-        """Outputs for never-emitted positions; returns (outputs, finished ids, tokens to feed back)."""
-        if not self.weights.is_last:
-            outs = []
-            for s in spans:
-                req = self._reqs[s.request_id]
-                first = max(s.start, req.next_emit)
-                if first < s.end:
-                    rows = x[s.row_start + first - s.start:s.row_start + s.end - s.start]
-                    outs.append(StageOutput(s.request_id, first, hidden_states=rows.clone(),
-                                            new_request=req.new if first == 0 else None))
-                    req.next_emit = s.end
-            return outs, [], []
-        return self._sample(spans, x)
+        """Hidden states for never-emitted positions (stages before the last); returns (outputs, [],
+        [])."""
+        outs = []
+        for s in spans:
+            req = self._reqs[s.request_id]
+            first = max(s.start, req.next_emit)
+            if first < s.end:
+                rows = x[s.row_start + first - s.start:s.row_start + s.end - s.start]
+                outs.append(StageOutput(s.request_id, first, hidden_states=rows.clone(),
+                                        new_request=req.new if first == 0 else None))
+                req.next_emit = s.end
+        return outs, [], []
 
-    def _sample(self, spans: Sequence[RowSpan], x: torch.Tensor):
-        chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
+    def _sample(self, chosen: Sequence[RowSpan], x: torch.Tensor):
+        """Sample the last row of each ``chosen`` span; ``x`` holds exactly those rows, in order."""
         if not chosen:
             return [], [], []
-        rows = torch.tensor([s.row_start + s.end - s.start - 1 for s in chosen], device=self.device)
-        logits = self.model.logits(x[rows])
+        logits = self.model.logits(x)
         states = [self._reqs[s.request_id].sampling for s in chosen]
         tokens = self.sampler.sample(logits, states)
         outs, finished, fed_back = [], [], []

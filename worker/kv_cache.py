@@ -51,17 +51,24 @@ class PagedKVCache:
         self.keys[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.values[layer].index_copy_(1, slots, v.transpose(0, 1))
 
-    def read_blocks(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_blocks(self, layer: int, block_ids: torch.Tensor,
+                    out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of whole blocks: ``block_ids`` ``[*S, n]`` -> ``[kv_heads, *S, n * block_size,
         head_dim]`` each. One row of the gather is a block (``block_size * head_dim`` contiguous
-        elements), measured about 2x faster on CPU than gathering the same context slot by slot."""
+        elements), measured about 2x faster on CPU than gathering the same context slot by slot.
+        ``out``: contiguous key and value buffers of ``[kv_heads, block_ids.numel(), block_size *
+        head_dim]`` to gather into (reused across layers instead of allocating per read)."""
         bs = self.block_size_tokens
         kv_heads, num_slots, head_dim = self.keys.shape[1:]
         flat = block_ids.reshape(-1)
         shape = (kv_heads, *block_ids.shape[:-1], block_ids.shape[-1] * bs, head_dim)
         by_block = (kv_heads, num_slots // bs, bs * head_dim)
-        return (self.keys[layer].view(by_block).index_select(1, flat).view(shape),
-                self.values[layer].view(by_block).index_select(1, flat).view(shape))
+        if out is None:
+            return (self.keys[layer].view(by_block).index_select(1, flat).view(shape),
+                    self.values[layer].view(by_block).index_select(1, flat).view(shape))
+        torch.index_select(self.keys[layer].view(by_block), 1, flat, out=out[0])
+        torch.index_select(self.values[layer].view(by_block), 1, flat, out=out[1])
+        return out[0].view(shape), out[1].view(shape)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at ``slots`` (any shape ``S``) -> ``[kv_heads, *S, head_dim]`` each."""

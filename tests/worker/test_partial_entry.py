@@ -47,3 +47,20 @@ def test_entering_late_skips_layers_and_matches_a_slice_that_starts_there(tiny_c
         assert [(o.request_id, o.start_position) for o in out_skip] == \
             [(o.request_id, o.start_position) for o in out_ref]
         assert all(torch.equal(a.hidden_states, b.hidden_states) for a, b in zip(out_skip, out_ref))
+
+
+def test_last_slice_entered_at_its_final_layer(tiny_ckpt, prompts):
+    """The last stage runs only its final layer for these requests (the final layer is then a
+    per-row subset and the sampled rows are picked after it): same tokens as a [7,8) last stage."""
+    ckpt, _ = tiny_ckpt
+    config = EngineConfig(eos_token_ids=(2,), max_num_batched_tokens=24)
+    reqs = [Prompt(i, tuple(ids), SamplingParams(temperature=0, max_tokens=5)) for i, ids in enumerate(prompts)]
+    got = {}
+    for last, enter in (((5, 8), 7), ((7, 8), None)):
+        engines = [SliceEngine.from_checkpoint(ckpt, 0, 3, config),
+                   SliceEngine.from_checkpoint(ckpt, 3, 7, config),
+                   SliceEngine.from_checkpoint(ckpt, *last, config)]
+        got[last] = LocalPipeline(engines, enter_layers=[None, None, enter]).run(reqs)
+        if enter is not None:
+            assert engines[2].model.rows_run[:2] == [0, 0]
+    assert got[(5, 8)] == got[(7, 8)]
