@@ -14,7 +14,10 @@ the masked ones resume exactly where they left off. Pure: no clock, no randomnes
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class IWRR:
@@ -23,7 +26,7 @@ class IWRR:
     Ties are broken by the order of ``weights`` (insertion order), so decisions are deterministic.
     """
 
-    __slots__ = ("_keys", "_weights", "_credit", "_index")
+    __slots__ = ("_keys", "_weights", "_credit", "_index", "_pick_position")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
         keys = [k for k, w in weights.items() if w > 0]
@@ -33,6 +36,7 @@ class IWRR:
         self._weights: tuple[float, ...] = tuple(float(weights[k]) for k in keys)
         self._credit: list[float] = [0.0] * len(keys)
         self._index = {k: i for i, k in enumerate(keys)}
+        self._pick_position = self.picker([1 << i for i in range(len(keys))], range(len(keys)))
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -44,17 +48,31 @@ class IWRR:
 
     def pick(self, allowed: Container[str] | None = None) -> str | None:
         """Next choice among ``allowed`` (all when None); None when no choice is allowed."""
-        credit, weights, keys = self._credit, self._weights, self._keys
-        best = -1
-        total = 0.0
-        for i in range(len(keys)):
-            if allowed is not None and keys[i] not in allowed:
-                continue
-            credit[i] += weights[i]
-            total += weights[i]
-            if best < 0 or credit[i] > credit[best]:
-                best = i
-        if best < 0:
-            return None
-        credit[best] -= total
-        return keys[best]
+        keys = self._keys
+        mask = (1 << len(keys)) - 1 if allowed is None else \
+            sum(1 << i for i, k in enumerate(keys) if k in allowed)
+        i = self._pick_position(mask)
+        return None if i is None else keys[i]
+
+    def picker(self, key_bits: Sequence[int], values: Sequence[T]) -> Callable[[int], T | None]:
+        """:meth:`pick` for the decision path: ``pick(allowed)`` allows choice ``i`` when
+        ``allowed & key_bits[i]`` and returns ``values[i]`` for the choice it makes (None when
+        none is allowed). Picks through any picker of one IWRR share its credits."""
+        credit = self._credit
+        entries = tuple(zip(range(len(self._keys)), key_bits, self._weights))
+        values = tuple(values)
+
+        def pick(allowed: int) -> T | None:
+            best = -1
+            total = top = 0.0
+            for i, bit, weight in entries:
+                if allowed & bit:
+                    c = credit[i] = credit[i] + weight
+                    total += weight
+                    if best < 0 or c > top:
+                        best, top = i, c
+            if best < 0:
+                return None
+            credit[best] = top - total
+            return values[best]
+        return pick

@@ -9,16 +9,25 @@ layers it lacks (*partial inference*, Helix section 5); so a stage may start ins
 :class:`Topology` is the graph the pipeline builders walk: vertices are node names plus
 :data:`COORDINATOR`, arcs are the hops a request may take. Because a stage always runs to its node's
 ``end``, whether a node can still reach the sink does not depend on where the request entered it,
-so the "can this node finish the request under the current mask?" test is one memoized depth-first
-search, asked only for the vertices a walk actually considers.
+so "which nodes can finish the request under the current mask?" is a function of the mask alone.
+The decision path runs on bitmasks (node ``i`` of :attr:`Topology.nodes` is bit ``1 << i``): the KV
+mask comes in as an int (:class:`~coordinator.kv_estimator.FitMask`), the finishing set is cached
+by mask and otherwise updated from the last one (:meth:`Topology.finishing_mask`), and a walk step
+is an ``and`` of two ints plus the scheduler's pick.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from helix.plan import COORDINATOR, Plan
+
+Pick = Callable[[int], int] | int
+"""What a walk does at one vertex (:meth:`Topology.walk_mask`)."""
+
+_FINISHING_CACHE_SIZE = 256
+"""Allowed masks whose finishing sets a topology remembers (a few KiB)."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +101,32 @@ class Topology:
             self.arcs.setdefault(node, ())
         # Nodes by decreasing end: every usable arc u -> w has w.end > u.end, so w comes first.
         self.nodes_by_end_desc = tuple(sorted(self.ranges, key=lambda n: -self.ranges[n][1]))
-        # Derived once for the decision path (walk).
-        self._next_nodes = {v: tuple(w for w in ws if w != COORDINATOR)
-                            for v, ws in self.arcs.items()}
-        self._last_stages = frozenset(n for n in self.ranges if COORDINATOR in self.arcs[n])
-        self._stages = {(v, w): self.stage(v, w) for v, ws in self._next_nodes.items() for w in ws}
+        # Integer view for the decision path: node i is bit 1 << i, the coordinator (source and
+        # sink) is vertex len(nodes), bit 1 << len(nodes).
+        self.nodes: tuple[str, ...] = tuple(self.ranges)
+        """Node ``i`` is vertex number ``i`` and bit ``1 << i`` of the decision path's masks."""
+        self.vertices: tuple[str, ...] = (*self.nodes, COORDINATOR)
+        """Names by vertex number: the nodes, then the coordinator (number ``len(nodes)``)."""
+        self.index: dict[str, int] = {v: i for i, v in enumerate(self.vertices)}
+        """Vertex numbers by name."""
+        index = self.index
+        self._source = source = index[COORDINATOR]
+
+        def mask(vertices: Iterable[str]) -> int:
+            return sum(1 << index[w] for w in set(vertices))
+        out = [self.arcs[v] for v in self.vertices]
+        self._next_mask = [mask(w for w in ws if w != COORDINATOR) for ws in out]
+        self._next_bits = [tuple((w, 1 << index[w]) for w in ws if w != COORDINATOR) for ws in out]
+        self._is_last = [COORDINATOR in ws for ws in out]
+        self._stage_at = [[self.stage(v, w) if w in ws and w != COORDINATOR else None
+                           for w in self.vertices] for v, ws in zip(self.vertices, out)]
+        self._finish_steps = tuple((1 << index[v], mask(self.arcs[v])) for v in self.nodes_by_end_desc)
+        self._outs = [mask(ws) for ws in out]   # out-arcs, the coordinator's bit standing for the sink
+        self._preds = [mask(u for u in self.nodes if v in self.arcs[u]) for v in self.nodes]
+        self._sink = 1 << source
+        # finishing_mask's answers by allowed mask (oldest first), and the last one asked for.
+        self._finishing: dict[int, int] = {0: 0}
+        self._last_allowed = self._last_finishing = 0
 
     def usable(self, src: str, dst: str) -> bool:
         """Whether a request may hop ``src -> dst`` given the layer ranges."""
@@ -140,49 +170,116 @@ class Topology:
         at_layer = 0 if src == COORDINATOR else self.ranges[src][1]
         return Stage(dst, at_layer, self.ranges[dst][1])
 
+    def mask_of(self, nodes: Iterable[str]) -> int:
+        """The bitmask of ``nodes`` (bit ``1 << i`` for ``self.nodes[i]``)."""
+        index = self.index
+        return sum(1 << index[n] for n in set(nodes))
+
+    def finishing_mask(self, allowed: int) -> int:
+        """Bitmask of the nodes from which some path of ``allowed`` nodes reaches the sink
+        (``allowed`` included).
+
+        A pure function of ``allowed``, cached (so topologies may be shared). Near saturation the
+        masks repeat (a node fills, a request finishes, it opens again), so most answers come from
+        the cache; the others are derived from the previous answer, since a decision changes the KV
+        room of a few nodes and fewer still cross a mask boundary: only the nodes whose ``allowed``
+        bit flipped and the ancestors whose answer changes with them are looked at."""
+        ok = self._finishing.get(allowed)
+        if ok is None:
+            flips = allowed ^ self._last_allowed
+            sink = self._sink
+            if flips.bit_count() > 8:   # e.g. a new request size: one pass is cheaper
+                ok = sink
+                for bit, outs in self._finish_steps:   # successors first (nodes_by_end_desc)
+                    if allowed & bit and ok & outs:
+                        ok |= bit
+            else:
+                ok = self._last_finishing | sink
+                ok = self._add(self._remove(ok, flips & ~allowed & ok), allowed, flips & allowed)
+            ok ^= sink
+            memo = self._finishing
+            if len(memo) >= _FINISHING_CACHE_SIZE:
+                del memo[next(iter(memo))]
+            memo[allowed] = ok
+        self._last_allowed, self._last_finishing = allowed, ok
+        return ok
+
+    def _remove(self, ok: int, lost: int) -> int:
+        """``ok`` without the nodes ``lost`` and the ancestors left without a finishing next hop."""
+        preds, outs = self._preds, self._outs
+        ok &= ~lost
+        while lost:
+            bit = lost & -lost
+            lost ^= bit
+            check = preds[bit.bit_length() - 1] & ok
+            while check:
+                p = check & -check
+                check ^= p
+                if not outs[p.bit_length() - 1] & ok:
+                    ok ^= p
+                    lost |= p
+        return ok
+
+    def _add(self, ok: int, allowed: int, gained: int) -> int:
+        """``ok`` with the ``allowed`` nodes that now finish through the newly allowed ``gained``."""
+        preds, outs = self._preds, self._outs
+        todo = gained & ~ok
+        while todo:
+            bit = todo & -todo
+            todo ^= bit
+            i = bit.bit_length() - 1
+            if outs[i] & ok and not ok & bit:
+                ok |= bit
+                todo |= preds[i] & allowed & ~ok
+        return ok
+
     def finishing_nodes(self, allowed: Callable[[str], bool]) -> set[str]:
         """Nodes from which some path of ``allowed`` nodes reaches the sink (``allowed`` included)."""
-        ok: set[str] = set()
-        arcs = self.arcs
-        for node in self.nodes_by_end_desc:
-            if not allowed(node):
-                continue
-            for w in arcs[node]:
-                if w == COORDINATOR or w in ok:
-                    ok.add(node)
-                    break
-        return ok
+        ok = self.finishing_mask(self.mask_of(n for n in self.nodes if allowed(n)))
+        return {n for i, n in enumerate(self.nodes) if ok >> i & 1}
+
+    def next_mask(self, vertex: int) -> int:
+        """Bitmask of the nodes ``vertex`` (a number) has arcs to."""
+        return self._next_mask[vertex]
+
+    def candidates(self, vertex: int, mask: int) -> list[str]:
+        """Names of ``vertex``'s next nodes in ``mask``, in arc order."""
+        return [w for w, bit in self._next_bits[vertex] if mask & bit]
+
+    def picks(self, choose: Callable[[str, list[str]], str]) -> list[Pick]:
+        """``choose(vertex, candidates)`` (names, candidates in arc order) as :meth:`walk_mask`'s
+        table: one function per vertex number."""
+        def pick_at(v: int) -> Callable[[int], int]:
+            name, index, candidates = self.vertices[v], self.index, self.candidates
+            return lambda mask: index[choose(name, candidates(v, mask))]
+        return [pick_at(v) for v in range(len(self.vertices))]
 
     def walk(self, choose: Callable[[str, list[str]], str], allowed: Callable[[str], bool]
              ) -> Pipeline | None:
         """Build a pipeline by asking ``choose(vertex, candidates)`` at every vertex, candidates being
-        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_nodes`). None when
-        no pipeline exists. Only the nodes reachable from the candidates the walk meets are tested,
-        each at most once (``allowed`` must not change during the walk)."""
-        last, next_nodes = self._last_stages, self._next_nodes
-        memo: dict[str, bool] = {}
+        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_nodes`), in arc
+        order. None when no pipeline exists."""
+        return self.walk_mask(self.picks(choose), self.mask_of(n for n in self.nodes if allowed(n)))
 
-        def finishes(node: str) -> bool:   # memo-less call; callers look in memo first
-            ok = False
-            if allowed(node):
-                if node in last:
-                    ok = True
-                else:
-                    for w in next_nodes[node]:
-                        if memo[w] if w in memo else finishes(w):
-                            ok = True
-                            break
-            memo[node] = ok
-            return ok
-
+    def walk_mask(self, picks: Sequence[Pick], allowed: int) -> Pipeline | None:
+        """:meth:`walk` on bitmasks, for the decision path. ``allowed`` is the bitmask of unmasked
+        nodes; ``picks[v]`` says what to do at vertex number ``v``: either the number of the node
+        to go to (where that is the only hop and choosing it changes no state), or a function
+        from the candidates (a non-empty bitmask) to the number of the node chosen."""
+        finishing = self.finishing_mask(allowed)
+        next_mask, stage_at, is_last = self._next_mask, self._stage_at, self._is_last
+        here = self._source
+        candidates = next_mask[here] & finishing
+        if not candidates:
+            return None
         stages: list[Stage] = []
-        here = COORDINATOR
-        while here not in last:
-            candidates = [w for w in next_nodes[here]
-                          if (memo[w] if w in memo else finishes(w))]
-            if not candidates:
-                return None
-            nxt = choose(here, candidates)
-            stages.append(self._stages[here, nxt])
+        while True:
+            # Every candidate can finish, so the next vertex has candidates too unless it is last.
+            nxt = picks[here]
+            if nxt.__class__ is not int:
+                nxt = nxt(candidates)
+            stages.append(stage_at[here][nxt])
+            if is_last[nxt]:
+                return Pipeline(tuple(stages))
             here = nxt
-        return Pipeline(tuple(stages))
+            candidates = next_mask[here] & finishing

@@ -19,12 +19,13 @@ clock; randomness only from the seed given.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 
 from coordinator.iwrr import IWRR
-from coordinator.kv_estimator import KVEstimator
-from coordinator.pipeline import Pipeline, RequestInfo, Topology
+from coordinator.kv_estimator import FitMask, KVEstimator
+from coordinator.pipeline import Pick, Pipeline, RequestInfo, Topology
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
 
@@ -47,24 +48,34 @@ class Scheduler:
         # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
         # even when the request enters mid-slice, so reservations count the node's whole range.
         self._layers = {n: end - start for n, (start, end) in topology.ranges.items()}
+        self._fit_masks: dict[tuple[str, ...], FitMask] = {}
+        self._picks = self._picks_on(topology)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
         raise NotImplementedError
 
     def schedule(self, request: RequestInfo) -> Pipeline | None:
         """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
-        return self._schedule_on(self.topology, request, self.choose)
+        return self._schedule_on(self.topology, request, self._picks)
 
-    def _schedule_on(self, topology: Topology, request: RequestInfo,
-                     choose: Callable[[str, list[str]], str]) -> Pipeline | None:
-        kv, layers, tokens = self.kv, self._layers, request.kv_tokens
-        pipeline = topology.walk(choose, kv.fits_request(tokens, layers))
+    def _picks_on(self, topology: Topology) -> list[Pick]:
+        """How to choose at each vertex of ``topology`` (:meth:`Topology.walk_mask`)."""
+        return topology.picks(self.choose)
+
+    def _schedule_on(self, topology: Topology, request: RequestInfo, picks: list[Pick]
+                     ) -> Pipeline | None:
+        tokens = request.kv_tokens
+        fit = self._fit_masks.get(topology.nodes)
+        if fit is None:   # one per node order; topologies of one plan share it
+            fit = self._fit_masks[topology.nodes] = FitMask(self.kv, topology.nodes, self._layers)
+        pipeline = topology.walk_mask(picks, fit.allowed(tokens))
         if pipeline is None:
             return None
-        kv.reserve(request.request_id, [(s.node, tokens * layers[s.node]) for s in pipeline.stages])
-        assigned = self.assigned
-        for s in pipeline.stages:
-            assigned[s.node] += 1
+        layers, assigned = self._layers, self.assigned
+        nodes = [s.node for s in pipeline.stages]
+        self.kv.reserve(request.request_id, [(n, tokens * layers[n]) for n in nodes])
+        for n in nodes:
+            assigned[n] += 1
         self._pipelines[request.request_id] = pipeline
         return pipeline
 
@@ -100,17 +111,52 @@ class HelixScheduler(Scheduler):
 
     def __init__(self, topology: Topology, kv: KVEstimator,
                  flows: Mapping[tuple[str, str], float], fallback: Topology | None = None) -> None:
-        super().__init__(topology, kv)
-        self.fallback = fallback
         self._iwrr: dict[str, IWRR] = {}
         for v, outs in topology.arcs.items():
             weights = {w: flows.get((v, w), 0.0) for w in outs}
             if any(x > 0 for x in weights.values()):
                 self._iwrr[v] = IWRR(weights)
+        super().__init__(topology, kv)
+        self.fallback = fallback
         if fallback is not None:
             for node, (start, end) in fallback.ranges.items():
                 self.assigned.setdefault(node, 0)
                 self._layers.setdefault(node, end - start)
+            self._fallback_picks = self._iwrr_picks(fallback, self._choose_by_kv)
+
+    def _picks_on(self, topology: Topology) -> list[Pick]:
+        return self._iwrr_picks(topology, None)
+
+    def _iwrr_picks(self, topology: Topology, otherwise: Callable[[str, list[str]], str] | None
+                    ) -> list[Pick]:
+        """Per vertex of ``topology``: pick by the vertex's IWRR, and where it allows none of the
+        candidates, by ``otherwise`` (None: the flow topology, where that cannot happen)."""
+        return [self._iwrr_pick(topology, v, otherwise) for v in range(len(topology.vertices))]
+
+    def _iwrr_pick(self, topology: Topology, v: int,
+                   otherwise: Callable[[str, list[str]], str] | None) -> Pick:
+        name, index, nexts = topology.vertices[v], topology.index, topology.next_mask(v)
+        iwrr = self._iwrr.get(name)
+        # A choice that is no vertex of this topology gets bit 0 (never a candidate).
+        bits = [] if iwrr is None else [1 << index[w] if w in index else 0 for w in iwrr.choices]
+        covered = sum(bits) & nexts == nexts   # some choice is always allowed: never `otherwise`
+        # The only hop, and taking it changes no state: a lone IWRR choice's credit stays 0.0
+        # (0.0 + w - w for finite w), and `otherwise` has nothing to compare.
+        stateless = otherwise is not None if iwrr is None else \
+            covered and len(bits) == 1 and math.isfinite(iwrr.weight(iwrr.choices[0]))
+        if nexts.bit_count() == 1 and stateless:
+            return nexts.bit_length() - 1
+        pick = None if iwrr is None else iwrr.picker(bits, [index.get(w, -1) for w in iwrr.choices])
+        if covered:
+            return pick
+
+        def pick_or_else(mask: int) -> int:
+            nxt = None if pick is None else pick(mask)
+            if nxt is not None:
+                return nxt
+            assert otherwise is not None, (name, topology.candidates(v, mask))  # flows cover arcs
+            return index[otherwise(name, topology.candidates(v, mask))]
+        return pick_or_else
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
         pick = self._iwrr[vertex].pick(candidates)
@@ -118,16 +164,13 @@ class HelixScheduler(Scheduler):
         return pick
 
     def schedule(self, request: RequestInfo) -> Pipeline | None:
-        pipeline = self._schedule_on(self.topology, request, self.choose)
+        pipeline = self._schedule_on(self.topology, request, self._picks)
         if pipeline is None and self.fallback is not None:
-            pipeline = self._schedule_on(self.fallback, request, self._choose_fallback)
+            pipeline = self._schedule_on(self.fallback, request, self._fallback_picks)
         return pipeline
 
-    def _choose_fallback(self, vertex: str, candidates: list[str]) -> str:
-        iwrr = self._iwrr.get(vertex)
-        pick = iwrr.pick(candidates) if iwrr is not None else None
-        if pick is not None:
-            return pick
+    def _choose_by_kv(self, vertex: str, candidates: list[str]) -> str:
+        """Fallback hop where the vertex's IWRR allows no candidate: the least used node."""
         if candidates == [COORDINATOR]:
             return COORDINATOR
         return min(candidates, key=self.kv.usage_fraction)

@@ -1,0 +1,117 @@
+"""Property tests of the bitmask decision path against plain definitions: the KV fit mask kept in
+step through the estimator's change log, the cached and incrementally updated finishing set, and
+whole schedulers against the whole-graph reference (reference_scheduler.py) on random plans and KV
+states, saturated ones included (most nodes masked, masks flipping back and forth)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings, strategies as st
+
+from coordinator.kv_estimator import KVEstimator
+from coordinator.pipeline import Topology
+from coordinator.schedulers import SCHEDULERS
+from helix.plan import COORDINATOR
+from plan_factories import make_plan
+from test_decisions_unchanged import replay
+
+NUM_LAYERS = 24
+
+
+@st.composite
+def plans(draw):
+    """4-14 nodes with random (often overlapping) slices, some at layer 0 and some at the last
+    layer; flows on a random subset of the usable arcs, sometimes zero."""
+    n = draw(st.integers(4, 14))
+    ranges = {}
+    for i in range(n):
+        size = draw(st.integers(2, 12))
+        kind = draw(st.sampled_from(["first", "last", "any"])) if i > 1 else ("first", "last")[i]
+        start = {"first": 0, "last": NUM_LAYERS - size}.get(kind) \
+            if kind != "any" else draw(st.integers(0, NUM_LAYERS - size))
+        ranges[f"n{i}"] = (start, start + size)
+    flows = {}
+    for u, (_, ue) in [(COORDINATOR, (0, 0)), *ranges.items()]:
+        for w, (ws, we) in ranges.items():
+            usable = ws == 0 if u == COORDINATOR else ws != 0 and ws <= ue < we
+            if u != w and usable and draw(st.booleans()):
+                flows[(u, w)] = draw(st.sampled_from([0.0, 1.0, 2.5, 7.0]))
+        if u != COORDINATOR and ue == NUM_LAYERS:
+            flows[(u, COORDINATOR)] = 1.0
+    return make_plan(NUM_LAYERS, ranges, flows)
+
+
+def finishing_by_definition(topo: Topology, allowed: set[str]) -> set[str]:
+    """Nodes with a path of allowed nodes to the sink, by depth-first search from each node."""
+    def finishes(v, seen=()):
+        return v in allowed and any(w == COORDINATOR or (w not in seen and finishes(w, seen + (v,)))
+                                    for w in topo.arcs[v])
+    return {v for v in topo.nodes if finishes(v)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(plans(), st.integers(0, 2**32), st.booleans())
+def test_finishing_mask_matches_the_definition_over_changing_masks(plan, seed, flows_only):
+    """Random walks through allowed masks: one or two bits flipping (the incremental update),
+    many at once (the full pass), and earlier masks again (the cache)."""
+    topo = Topology.from_plan(plan, flows_only=flows_only)
+    rng = random.Random(seed)
+    allowed = set(topo.nodes)
+    history = []
+    for _ in range(60):
+        r = rng.random()
+        if r < 0.6:
+            for v in rng.sample(topo.nodes, rng.randint(1, 2)):
+                allowed ^= {v}
+        elif r < 0.8:
+            allowed = {v for v in topo.nodes if rng.random() < 0.6}
+        elif history:
+            allowed = rng.choice(history)
+        history.append(set(allowed))
+        got = topo.finishing_mask(topo.mask_of(allowed))
+        assert {v for i, v in enumerate(topo.nodes) if got >> i & 1} \
+            == finishing_by_definition(topo, allowed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_fit_mask_is_fits_on_every_node(seed):
+    """After any mix of reserve / release / observe (and a trimmed change log), the mask is
+    exactly KVEstimator.fits for each node, for repeated and new request sizes."""
+    from coordinator.kv_estimator import FitMask
+    rng = random.Random(seed)
+    nodes = [f"n{i}" for i in range(rng.randint(1, 40))]
+    layers = {n: rng.randint(1, 9) for n in nodes}
+    kv = KVEstimator({n: rng.randint(1, 30) * 100 * layers[n] for n in nodes},
+                     high_water=rng.choice([0.9, 1.0]))
+    fit = FitMask(kv, nodes, layers)
+    tokens = 100
+    for step in range(300):
+        r = rng.random()
+        if r < 0.4:
+            kv.reserve(rng.randrange(20), [(n, float(rng.randint(0, 900)))
+                                            for n in rng.sample(nodes, min(3, len(nodes)))])
+        elif r < 0.7:
+            kv.release(rng.randrange(20))
+        elif r < 0.8:
+            n = rng.choice(nodes)
+            kv.observe(n, rng.choice([0.0, kv.used(n), rng.uniform(0, 3000 * layers[n])]))
+        elif r < 0.9:
+            tokens = rng.choice([100, 100, rng.randint(0, 300), 150.5])
+        elif r < 0.92:   # a burst longer than the log keeps: the mask must start over
+            for _ in range(5000):
+                kv.observe(rng.choice(nodes), 0.0)
+        if rng.random() < 0.7:
+            got = fit.allowed(tokens)
+            assert [bool(got >> i & 1) for i in range(len(nodes))] \
+                == [kv.fits(n, tokens * layers[n]) for n in nodes], step
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans(), st.sampled_from(SCHEDULERS), st.integers(0, 2**32))
+def test_schedulers_decide_like_the_reference(plan, name, seed):
+    """The seeded call-by-call replay of test_decisions_unchanged on small random plans: room for
+    5-40 requests per node, so most nodes are masked much of the time; request sizes mostly
+    repeated (incremental masks) and sometimes new (full re-test)."""
+    replay(plan, name, seed, steps=400)
