@@ -2,8 +2,9 @@
 
 PUSH/PULL keeps the order of messages from one sender to one receiver, which is all a pipeline needs
 (a request's inputs at a stage all come from one upstream stage, or from the coordinator and the last
-stage in causal order). Messages are :mod:`worker.wire` frames, sent with ``copy=False`` so a hidden-state
-tensor goes from the engine's output to the socket without a Python-side copy.
+stage in causal order). Messages are :mod:`worker.wire` frames: a head frame, copied into ZeroMQ when it
+is small (it then holds every small tensor too), and zero-copy frames for large tensors, which go from
+the engine's output to the socket without a Python-side copy.
 
 Sockets are not thread-safe: receiving belongs to the thread that calls :meth:`DataPlane.recv`;
 sending takes a lock, so several threads may send.
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 
 import zmq
 
-from worker.wire import Message, decode, encode
+from worker.wire import INLINE_MAX_BYTES, Message, decode, encode, frames_after
 
 #: Peer name -> ``tcp://host:port``.
 PeerBook = Mapping[str, str]
@@ -81,13 +82,18 @@ class DataPlane:
         return sock
 
     def send(self, peer: str, msg: Message) -> None:
-        frames = encode(msg)
-        self.send_frames(peer, frames)
+        self.send_frames(peer, encode(msg))
 
     def send_frames(self, peer: str, frames: list) -> None:
-        nbytes = sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
+        head = frames[0]
+        nbytes = len(head)
         with self._send_lock:
-            self._socket(peer).send_multipart(frames, copy=False)
+            sock = self._push.get(peer) or self._socket(peer)
+            if len(frames) == 1:   # the common decode-step message: one copied frame
+                sock.send(head, copy=nbytes < INLINE_MAX_BYTES)
+            else:
+                nbytes += sum(f.nbytes for f in frames[1:])
+                sock.send_multipart(frames, copy=False)
             self.messages_sent += 1
             self.bytes_sent += nbytes
 
@@ -95,22 +101,33 @@ class DataPlane:
         """Whether a message is ready within ``timeout_s``."""
         return bool(self._poller.poll(max(0, int(timeout_s * 1000))))
 
+    def _recv_frames(self, flags: int) -> list:
+        """One whole message's parts: the head as bytes, the large-tensor frames zero-copy. Parts after
+        a head that announces none are not asked for (saves a ``RCVMORE`` query per small message);
+        after a head that is not ours every part is drained, so a bad message leaves nothing behind."""
+        sock = self._pull
+        frames = [sock.recv(flags)]
+        if frames_after(frames[0]) != 0:
+            while sock.getsockopt(zmq.RCVMORE):
+                frames.append(sock.recv(copy=False))
+        return frames
+
     def recv(self, timeout_s: float) -> Message | None:
         """The next message, or None when none arrives within ``timeout_s``."""
         try:   # a backlog is the common case under load: skip the poll
-            return decode(self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False))
+            return decode(self._recv_frames(zmq.NOBLOCK))
         except zmq.Again:
             pass
         if timeout_s <= 0 or not self._pull.poll(int(timeout_s * 1000)):
             return None
-        return decode(self._pull.recv_multipart(copy=False))
+        return decode(self._recv_frames(0))
 
     def recv_ready(self, max_messages: int = 1024) -> list[Message]:
         """Every message already queued (up to ``max_messages``), without waiting."""
         out: list[Message] = []
         for _ in range(max_messages):
             try:
-                frames = self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = self._recv_frames(zmq.NOBLOCK)
             except zmq.Again:
                 break
             out.append(decode(frames))
