@@ -58,11 +58,27 @@ class IWRR:
         """:meth:`pick` for the decision path: ``pick(allowed)`` allows choice ``i`` when
         ``allowed & key_bits[i]`` and returns ``values[i]`` for the choice it makes (None when
         none is allowed). Picks through any picker of one IWRR share its credits."""
-        credit = self._credit
-        entries = tuple(zip(range(len(self._keys)), key_bits, self._weights))
+        credit, weights = self._credit, self._weights
+        entries = tuple(zip(range(len(weights)), key_bits, weights))
         values = tuple(values)
+        # Usually every choice is allowed: then no bit tests, and the total is known. (Summed in
+        # choice order from 0.0, as the general loop does, so the credits come out the same.)
+        every = sum(key_bits) if all(key_bits) else -1
+        every_total = 0.0
+        for weight in weights:
+            every_total += weight
+        first_weight, rest = weights[0], tuple(enumerate(weights))[1:]
 
         def pick(allowed: int) -> T | None:
+            if allowed & every == every:
+                best = 0
+                top = credit[0] = credit[0] + first_weight
+                for i, weight in rest:
+                    c = credit[i] = credit[i] + weight
+                    if c > top:
+                        best, top = i, c
+                credit[best] = top - every_total
+                return values[best]
             best = -1
             total = top = 0.0
             for i, bit, weight in entries:

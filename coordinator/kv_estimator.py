@@ -12,9 +12,10 @@ still tracks its real blocks and preempts on overflow. The live coordinator corr
 with the workers' reported usage (:meth:`KVEstimator.observe`). Pure bookkeeping, no clock.
 
 The decision path asks "does this request fit?" of many nodes per decision, while one decision
-changes only the few nodes of one pipeline. So the estimator keeps a log of the nodes it changed
-(:attr:`KVEstimator.version`, :meth:`KVEstimator.changed_since`), and a :class:`FitMask` re-tests
-only those nodes between two decisions for requests of the same size.
+changes only the few nodes of one pipeline. So the estimator logs the nodes whose estimate grew and
+those whose estimate shrank, and a :class:`FitMask` re-tests between two decisions (for requests of
+the same size) only the nodes that may have crossed the high-water mark: grown ones that fitted,
+shrunk ones that did not.
 """
 
 from __future__ import annotations
@@ -37,24 +38,15 @@ class KVEstimator:
         self._reserved: dict[str, float] = {n: 0.0 for n in capacity_token_layers}
         self._observed: dict[str, float] = {n: 0.0 for n in capacity_token_layers}
         self._by_request: dict[Hashable, tuple[tuple[str, float], ...]] = {}
-        self._log: list[str] = []   # nodes whose estimate changed, oldest first (repeats allowed)
-        self._log_base = 0          # version of self._log[0]: entries dropped so far
+        # Change logs for FitMask, append-only until trimmed together (a new epoch).
+        self._grown: list[str] = []    # nodes whose estimate grew (or may have)
+        self._shrunk: list[str] = []   # nodes whose estimate shrank (or may have)
+        self._log_epoch = 0
 
-    @property
-    def version(self) -> int:
-        """Number of per-node changes so far (reserve, release, observe); only grows."""
-        return self._log_base + len(self._log)
-
-    def changed_since(self, version: int) -> list[str] | None:
-        """Nodes whose estimate may have changed after :attr:`version` was ``version`` (in order,
-        with repeats), or None when the log no longer reaches back that far: assume every node."""
-        start = version - self._log_base
-        return self._log[start:] if start >= 0 else None
-
-    def _trim_log(self) -> None:
-        if len(self._log) > _LOG_LIMIT:
-            self._log_base += len(self._log)
-            self._log.clear()
+    def _trim_logs(self) -> None:
+        self._log_epoch += 1
+        self._grown.clear()
+        self._shrunk.clear()
 
     def capacity(self, node: str) -> float:
         return self._capacity[node]
@@ -83,29 +75,37 @@ class KVEstimator:
 
     def reserve(self, request_id: Hashable, amounts: Iterable[tuple[str, float]]) -> None:
         """Record ``request_id``'s reservation: (node, token-layers) pairs. Replaces an earlier one."""
-        self.release(request_id)
+        if request_id in self._by_request:
+            self.release(request_id)
         amounts = tuple(amounts)
-        reserved, log = self._reserved, self._log
+        reserved, grown, shrunk = self._reserved, self._grown, self._shrunk
+        if len(grown) > _LOG_LIMIT:
+            self._trim_logs()
         for node, token_layers in amounts:
-            reserved[node] += token_layers
-            log.append(node)
+            before = reserved[node]
+            after = reserved[node] = before + token_layers
+            (shrunk if after < before else grown).append(node)
         self._by_request[request_id] = amounts
 
     def release(self, request_id: Hashable) -> None:
         """Forget ``request_id``'s reservation (finished, cancelled). Unknown ids are ignored."""
-        self._trim_log()
-        reserved, log = self._reserved, self._log
+        reserved, grown, shrunk = self._reserved, self._grown, self._shrunk
+        if len(shrunk) > _LOG_LIMIT:
+            self._trim_logs()
         for node, token_layers in self._by_request.pop(request_id, ()):
-            left = reserved[node] - token_layers
+            before = reserved[node]
+            left = before - token_layers
             # Float sums drift; an empty node must read exactly zero.
-            reserved[node] = left if left > 1e-6 else 0.0
-            log.append(node)
+            after = reserved[node] = left if left > 1e-6 else 0.0
+            (grown if after > before else shrunk).append(node)
 
     def observe(self, node: str, used_token_layers: float) -> None:
         """A worker's real usage report; the estimate never reads below it until the next report."""
-        self._trim_log()
+        if len(self._grown) > _LOG_LIMIT or len(self._shrunk) > _LOG_LIMIT:
+            self._trim_logs()
         self._observed[node] = float(used_token_layers)
-        self._log.append(node)
+        self._grown.append(node)
+        self._shrunk.append(node)
 
     def num_reserved(self) -> int:
         return len(self._by_request)
@@ -115,45 +115,53 @@ class FitMask:
     """The nodes where a request of ``tokens`` fits, as a bitmask (bit ``i``: ``nodes[i]``).
 
     Exactly :meth:`KVEstimator.fits` for ``tokens * layers[node]`` on every node (the same float
-    expression), but kept in step with the estimator through its change log: between two calls for
-    the same token count only the nodes changed in between are re-tested. A different token count,
-    or a log that was trimmed past this mask's version, re-tests every node.
+    expression), kept in step with the estimator through its change logs: between two calls for
+    the same token count only the nodes that may have crossed the mark are re-tested (``used`` only
+    grows or only shrinks between two log entries, and ``fits`` is monotone in it). A new token
+    count, or logs trimmed since the last call, re-test every node.
     """
 
-    __slots__ = ("_kv", "_nodes", "_index", "_layers", "_tokens", "_version", "_mask")
+    __slots__ = ("_kv", "_nodes", "_node_bit_layers", "_tokens", "_epoch", "_seen", "_mask")
 
     def __init__(self, kv: KVEstimator, nodes: Sequence[str], layers: Mapping[str, int]) -> None:
         self._kv = kv
         self._nodes = tuple(nodes)
-        self._index = {n: i for i, n in enumerate(self._nodes)}
-        self._layers = tuple(layers[n] for n in self._nodes)
+        self._node_bit_layers = {n: (1 << i, layers[n]) for i, n in enumerate(self._nodes)}
         self._tokens: float | None = None
-        self._version = -1
+        self._epoch = -1
+        self._seen = (0, 0)   # lengths of the grown and shrunk logs already applied
         self._mask = 0
 
     def allowed(self, tokens: float) -> int:
         """Bitmask of the nodes where reserving ``tokens * layers[node]`` keeps them at or below
         their high-water mark."""
         kv = self._kv
-        changed = kv.changed_since(self._version) if tokens == self._tokens \
-            and type(tokens) is type(self._tokens) else None
-        if changed is None:
-            self._tokens = tokens
-            self._mask = self._test(range(len(self._nodes)), 0)
-        elif changed:
-            index = self._index
-            self._mask = self._test({index[n] for n in changed if n in index}, self._mask)
-        self._version = kv.version
+        grown, shrunk = kv._grown, kv._shrunk
+        seen = len(grown), len(shrunk)
+        if tokens != self._tokens or type(tokens) is not type(self._tokens) \
+                or kv._log_epoch != self._epoch:
+            self._tokens, self._epoch = tokens, kv._log_epoch
+            self._mask = self._update(0, (), self._nodes)
+        elif seen != self._seen:
+            self._mask = self._update(self._mask, grown[self._seen[0]:], shrunk[self._seen[1]:])
+        self._seen = seen
         return self._mask
 
-    def _test(self, indices: Iterable[int], mask: int) -> int:
+    def _update(self, mask: int, grown: Iterable[str], shrunk: Iterable[str]) -> int:
+        """``mask`` after re-testing the ``grown`` nodes it allows and the ``shrunk`` ones it
+        does not (every node once, whatever the order: each test reads the current estimate)."""
         reserved, observed, limit = self._kv._reserved, self._kv._observed, self._kv._limit
-        nodes, layers, tokens = self._nodes, self._layers, self._tokens
-        for i in indices:
-            node = nodes[i]
-            r, o = reserved[node], observed[node]
-            if (o if o > r else r) + tokens * layers[i] <= limit[node]:   # = fits()
-                mask |= 1 << i
-            else:
-                mask &= ~(1 << i)
+        bit_layers, tokens = self._node_bit_layers, self._tokens
+        for node in grown:
+            bl = bit_layers.get(node)
+            if bl is not None and mask & bl[0]:
+                r, o = reserved[node], observed[node]
+                if not (o if o > r else r) + tokens * bl[1] <= limit[node]:   # = fits()
+                    mask ^= bl[0]
+        for node in shrunk:
+            bl = bit_layers.get(node)
+            if bl is not None and not mask & bl[0]:
+                r, o = reserved[node], observed[node]
+                if (o if o > r else r) + tokens * bl[1] <= limit[node]:   # = fits()
+                    mask |= bl[0]
         return mask

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from helix.plan import COORDINATOR, Plan
 
@@ -28,6 +29,9 @@ Pick = Callable[[int], int] | int
 
 _FINISHING_CACHE_SIZE = 256
 """Allowed masks whose finishing sets a topology remembers (a few KiB)."""
+
+_PATH_CACHE_SIZE = 4096
+"""Pipelines a topology keeps to hand out again for the same path (a few MiB at most)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Pipeline:
 
     stages: tuple[Stage, ...]
 
-    @property
+    @cached_property   # Topology.walk_mask hands out one Pipeline object per path, reused
     def nodes(self) -> tuple[str, ...]:
         return tuple(s.node for s in self.stages)
 
@@ -118,8 +122,6 @@ class Topology:
         self._next_mask = [mask(w for w in ws if w != COORDINATOR) for ws in out]
         self._next_bits = [tuple((w, 1 << index[w]) for w in ws if w != COORDINATOR) for ws in out]
         self._is_last = [COORDINATOR in ws for ws in out]
-        self._stage_at = [[self.stage(v, w) if w in ws and w != COORDINATOR else None
-                           for w in self.vertices] for v, ws in zip(self.vertices, out)]
         self._finish_steps = tuple((1 << index[v], mask(self.arcs[v])) for v in self.nodes_by_end_desc)
         self._outs = [mask(ws) for ws in out]   # out-arcs, the coordinator's bit standing for the sink
         self._preds = [mask(u for u in self.nodes if v in self.arcs[u]) for v in self.nodes]
@@ -127,6 +129,8 @@ class Topology:
         # finishing_mask's answers by allowed mask (oldest first), and the last one asked for.
         self._finishing: dict[int, int] = {0: 0}
         self._last_allowed = self._last_finishing = 0
+        # walk_mask's pipelines by path code (see there).
+        self._paths: dict[int, Pipeline] = {}
 
     def usable(self, src: str, dst: str) -> bool:
         """Whether a request may hop ``src -> dst`` given the layer ranges."""
@@ -267,19 +271,36 @@ class Topology:
         to go to (where that is the only hop and choosing it changes no state), or a function
         from the candidates (a non-empty bitmask) to the number of the node chosen."""
         finishing = self.finishing_mask(allowed)
-        next_mask, stage_at, is_last = self._next_mask, self._stage_at, self._is_last
+        next_mask, is_last = self._next_mask, self._is_last
         here = self._source
         candidates = next_mask[here] & finishing
         if not candidates:
             return None
-        stages: list[Stage] = []
+        # The path as the digits of one int, base len(vertices) after a leading 1: cheaper to
+        # build than a list of stages, and the key of the Pipeline made for it the first time.
+        base = here + 1
+        code = 1
         while True:
             # Every candidate can finish, so the next vertex has candidates too unless it is last.
             nxt = picks[here]
             if nxt.__class__ is not int:
                 nxt = nxt(candidates)
-            stages.append(stage_at[here][nxt])
+            code = code * base + nxt
             if is_last[nxt]:
-                return Pipeline(tuple(stages))
+                pipeline = self._paths.get(code)
+                return self._pipeline(code) if pipeline is None else pipeline
             here = nxt
             candidates = next_mask[here] & finishing
+
+    def _pipeline(self, code: int) -> Pipeline:
+        """The Pipeline of path ``code`` (:meth:`walk_mask`), made and remembered."""
+        base, path, rest = self._source + 1, [], code
+        while rest > 1:
+            rest, v = divmod(rest, base)
+            path.append(v)
+        vertices = [self.vertices[v] for v in (self._source, *reversed(path))]
+        pipeline = Pipeline(tuple(self.stage(u, w) for u, w in zip(vertices, vertices[1:])))
+        if len(self._paths) >= _PATH_CACHE_SIZE:
+            self._paths.clear()
+        self._paths[code] = pipeline
+        return pipeline

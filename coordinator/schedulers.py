@@ -48,7 +48,7 @@ class Scheduler:
         # A worker's paged cache gives a request blocks on *every* layer it holds (worker.kv_blocks),
         # even when the request enters mid-slice, so reservations count the node's whole range.
         self._layers = {n: end - start for n, (start, end) in topology.ranges.items()}
-        self._fit_masks: dict[tuple[str, ...], FitMask] = {}
+        self._fit_masks: dict[Topology, FitMask] = {}
         self._picks = self._picks_on(topology)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
@@ -65,14 +65,15 @@ class Scheduler:
     def _schedule_on(self, topology: Topology, request: RequestInfo, picks: list[Pick]
                      ) -> Pipeline | None:
         tokens = request.kv_tokens
-        fit = self._fit_masks.get(topology.nodes)
+        fit = self._fit_masks.get(topology)   # by identity: hashing the node tuple costs more
         if fit is None:   # one per node order; topologies of one plan share it
-            fit = self._fit_masks[topology.nodes] = FitMask(self.kv, topology.nodes, self._layers)
+            fit = next((f for t, f in self._fit_masks.items() if t.nodes == topology.nodes), None) \
+                or FitMask(self.kv, topology.nodes, self._layers)
+            self._fit_masks[topology] = fit
         pipeline = topology.walk_mask(picks, fit.allowed(tokens))
         if pipeline is None:
             return None
-        layers, assigned = self._layers, self.assigned
-        nodes = [s.node for s in pipeline.stages]
+        layers, assigned, nodes = self._layers, self.assigned, pipeline.nodes
         self.kv.reserve(request.request_id, [(n, tokens * layers[n]) for n in nodes])
         for n in nodes:
             assigned[n] += 1
@@ -85,8 +86,9 @@ class Scheduler:
         if pipeline is None:
             return
         self.kv.release(request_id)
-        for s in pipeline.stages:
-            self.assigned[s.node] -= 1
+        assigned = self.assigned
+        for n in pipeline.nodes:
+            assigned[n] -= 1
 
     def observe_hop(self, src: str, dst: str, delay_s: float) -> None:
         """A measured delay from ``src`` handing a request to ``dst`` until ``dst`` finished it."""

@@ -1,7 +1,8 @@
-"""Property tests of the bitmask decision path against plain definitions: the KV fit mask kept in
-step through the estimator's change log, the cached and incrementally updated finishing set, and
-whole schedulers against the whole-graph reference (reference_scheduler.py) on random plans and KV
-states, saturated ones included (most nodes masked, masks flipping back and forth)."""
+"""Property tests of the bitmask decision path against plain definitions: IWRR picks on bitmasks,
+the KV fit mask kept in step through the estimator's change logs, the cached and incrementally
+updated finishing set, and whole schedulers against the whole-graph reference
+(reference_scheduler.py) on random plans and KV states, saturated ones included (most nodes masked,
+masks flipping back and forth)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from coordinator.kv_estimator import KVEstimator
+from coordinator.iwrr import IWRR
+from coordinator.kv_estimator import FitMask, KVEstimator
 from coordinator.pipeline import Topology
 from coordinator.schedulers import SCHEDULERS
 from helix.plan import COORDINATOR
@@ -40,6 +42,54 @@ def plans(draw):
         if u != COORDINATOR and ue == NUM_LAYERS:
             flows[(u, COORDINATOR)] = 1.0
     return make_plan(NUM_LAYERS, ranges, flows)
+
+
+class PlainIWRR:
+    """Smooth WRR as first written (one loop over the choices, names tested for membership)."""
+
+    def __init__(self, weights):
+        self.keys = [k for k, w in weights.items() if w > 0]
+        self.weights = [float(weights[k]) for k in self.keys]
+        self.credit = [0.0] * len(self.keys)
+
+    def pick(self, allowed):
+        best, total = -1, 0.0
+        for i, k in enumerate(self.keys):
+            if k in allowed:
+                self.credit[i] += self.weights[i]
+                total += self.weights[i]
+                if best < 0 or self.credit[i] > self.credit[best]:
+                    best = i
+        if best < 0:
+            return None
+        self.credit[best] -= total
+        return self.keys[best]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 3.0, 0.1, 1e-3, 7.25, 1e6]), min_size=1, max_size=7),
+       st.integers(0, 2**32))
+def test_iwrr_pickers_pick_like_the_plain_loop(weights, seed):
+    """Names and bitmask pickers (two pickers on one IWRR, one with a choice outside its
+    topology) interleaved, mostly with every choice allowed, against the plain loop."""
+    rng = random.Random(seed)
+    named = {f"k{i}": w for i, w in enumerate(weights)}
+    if not any(w > 0 for w in weights):
+        return
+    iwrr, plain = IWRR(named), PlainIWRR(named)
+    keys = list(iwrr.choices)
+    by_bit = iwrr.picker([1 << i for i in range(len(keys))], keys)
+    partial = iwrr.picker([0] + [1 << i for i in range(1, len(keys))], keys)
+    for _ in range(200):
+        allowed = set(keys) if rng.random() < 0.6 else {k for k in keys if rng.random() < 0.5}
+        mask = sum(1 << i for i, k in enumerate(keys) if k in allowed)
+        how = rng.randrange(3)
+        if how == 2:
+            allowed.discard(keys[0])
+        want = plain.pick(allowed)
+        got = iwrr.pick(allowed) if how == 0 else (by_bit, partial)[how - 1](mask)
+        assert got == want
+        assert iwrr._credit == plain.credit
 
 
 def finishing_by_definition(topo: Topology, allowed: set[str]) -> set[str]:
@@ -79,7 +129,6 @@ def test_finishing_mask_matches_the_definition_over_changing_masks(plan, seed, f
 def test_fit_mask_is_fits_on_every_node(seed):
     """After any mix of reserve / release / observe (and a trimmed change log), the mask is
     exactly KVEstimator.fits for each node, for repeated and new request sizes."""
-    from coordinator.kv_estimator import FitMask
     rng = random.Random(seed)
     nodes = [f"n{i}" for i in range(rng.randint(1, 40))]
     layers = {n: rng.randint(1, 9) for n in nodes}
