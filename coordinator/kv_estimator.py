@@ -59,6 +59,19 @@ class KVEstimator:
         cap = self._capacity[node]
         return self.used(node) / cap if cap > 0 else 1.0
 
+    def least_used(self, nodes: Iterable[str]) -> str:
+        """The node of ``nodes`` with the lowest :meth:`usage_fraction`, the first one on ties."""
+        reserved, observed, capacity = self._reserved, self._observed, self._capacity
+        best, best_fraction = None, 0.0
+        for node in nodes:
+            r, o, cap = reserved[node], observed[node], capacity[node]
+            fraction = (o if o > r else r) / cap if cap > 0 else 1.0   # = usage_fraction()
+            if best is None or fraction < best_fraction:
+                best, best_fraction = node, fraction
+        if best is None:
+            raise ValueError("least_used() of no nodes")
+        return best
+
     def fits(self, node: str, token_layers: float) -> bool:
         """Whether reserving ``token_layers`` more keeps ``node`` at or below its high-water mark."""
         return self.used(node) + token_layers <= self._limit[node]

@@ -31,6 +31,9 @@ from helix.plan import COORDINATOR, Plan
 
 SCHEDULERS = ("helix", "swarm", "random", "shortest-queue")
 
+_AMOUNTS_CACHE_SIZE = 4096
+"""(pipeline, request size) pairs whose KV reservations a scheduler keeps ready."""
+
 
 class Scheduler:
     """Base: KV-masked walk over ``topology``; subclasses implement :meth:`choose`."""
@@ -49,6 +52,7 @@ class Scheduler:
         # even when the request enters mid-slice, so reservations count the node's whole range.
         self._layers = {n: end - start for n, (start, end) in topology.ranges.items()}
         self._fit_masks: dict[Topology, FitMask] = {}
+        self._amounts: dict[tuple, tuple[Pipeline, tuple[tuple[str, int], ...]]] = {}
         self._picks = self._picks_on(topology)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
@@ -73,9 +77,19 @@ class Scheduler:
         pipeline = topology.walk_mask(picks, fit.allowed(tokens))
         if pipeline is None:
             return None
-        layers, assigned, nodes = self._layers, self.assigned, pipeline.nodes
-        self.kv.reserve(request.request_id, [(n, tokens * layers[n]) for n in nodes])
-        for n in nodes:
+        # Topologies hand out one Pipeline object per path, so the amounts repeat. The entry holds
+        # the pipeline, which keeps its id from being reused while the entry exists.
+        key = (id(pipeline), tokens, tokens.__class__)
+        entry = self._amounts.get(key)
+        if entry is None:
+            if len(self._amounts) >= _AMOUNTS_CACHE_SIZE:
+                self._amounts.clear()
+            layers = self._layers
+            entry = self._amounts[key] = \
+                (pipeline, tuple((n, tokens * layers[n]) for n in pipeline.nodes))
+        self.kv.reserve(request.request_id, entry[1])
+        assigned = self.assigned
+        for n in pipeline.nodes:
             assigned[n] += 1
         self._pipelines[request.request_id] = pipeline
         return pipeline
@@ -175,7 +189,7 @@ class HelixScheduler(Scheduler):
         """Fallback hop where the vertex's IWRR allows no candidate: the least used node."""
         if candidates == [COORDINATOR]:
             return COORDINATOR
-        return min(candidates, key=self.kv.usage_fraction)
+        return self.kv.least_used(candidates)
 
 
 class RandomScheduler(Scheduler):
