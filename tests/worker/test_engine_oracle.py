@@ -168,3 +168,22 @@ def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_gr
     # Work: layer 2 ran only the rows of requests that entered at 2; every row ran layers 3-5.
     assert 0 < rows_layer2 < rows_all
     assert mid.model.rows_run == [rows_layer2, rows_all, rows_all, rows_all]
+
+
+def test_length_grouped_decode_attention_matches_hf(tiny_ckpt, prompts, hf_greedy):
+    """With 4-token blocks the 16 mixed-length contexts fall into several decode groups (each
+    padded only to its own longest); tokens still equal HF's."""
+    ckpt, _ = tiny_ckpt
+    engine = SliceEngine.from_checkpoint(ckpt, 0, 8, EngineConfig(
+        eos_token_ids=(2,), max_num_batched_tokens=512, block_size_tokens=4))
+    seen = []
+    forward = engine.model.forward
+
+    def recording(x, batch, keep=None):
+        seen.append(len(batch.decode_groups))
+        return forward(x, batch, keep)
+
+    engine.model.forward = recording
+    got = LocalPipeline([engine]).run(_requests(prompts))
+    assert [got[f"r{i}"] for i in range(16)] == hf_greedy
+    assert max(seen) > 1, "no step had more than one decode group"
