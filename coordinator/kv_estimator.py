@@ -128,10 +128,12 @@ class FitMask:
     """The nodes where a request of ``tokens`` fits, as a bitmask (bit ``i``: ``nodes[i]``).
 
     Exactly :meth:`KVEstimator.fits` for ``tokens * layers[node]`` on every node (the same float
-    expression), kept in step with the estimator through its change logs: between two calls for
-    the same token count only the nodes that may have crossed the mark are re-tested (``used`` only
-    grows or only shrinks between two log entries, and ``fits`` is monotone in it). A new token
-    count, or logs trimmed since the last call, re-test every node.
+    expression), kept in step with the estimator through its change logs. ``fits`` is monotone in
+    both the node's ``used`` and the request size (float rounding keeps order), so from one call to
+    the next only the nodes that may have crossed the mark are re-tested: for the same size, grown
+    nodes that fitted and shrunk ones that did not; for a smaller request, grown nodes that fitted
+    and every node that did not; for a larger one, every node that fitted and shrunk ones that did
+    not. Logs trimmed since the last call re-test every node.
     """
 
     __slots__ = ("_kv", "_nodes", "_node_bit_layers", "_tokens", "_epoch", "_seen", "_mask")
@@ -150,15 +152,24 @@ class FitMask:
         their high-water mark."""
         kv = self._kv
         grown, shrunk = kv._grown, kv._shrunk
-        seen = len(grown), len(shrunk)
-        if tokens != self._tokens or type(tokens) is not type(self._tokens) \
-                or kv._log_epoch != self._epoch:
-            self._tokens, self._epoch = tokens, kv._log_epoch
-            self._mask = self._update(0, (), self._nodes)
-        elif seen != self._seen:
-            self._mask = self._update(self._mask, grown[self._seen[0]:], shrunk[self._seen[1]:])
-        self._seen = seen
-        return self._mask
+        seen, last = (len(grown), len(shrunk)), self._tokens
+        # int and float sizes mix freely: tokens * layers is the exact product rounded either way.
+        if last is None or kv._log_epoch != self._epoch:
+            self._epoch = kv._log_epoch
+            grown, shrunk, mask = (), self._nodes, 0
+        elif tokens == last:
+            if seen == self._seen:
+                return self._mask
+            grown, shrunk, mask = grown[self._seen[0]:], shrunk[self._seen[1]:], self._mask
+        elif tokens < last:
+            grown, shrunk, mask = grown[self._seen[0]:], self._nodes, self._mask
+        elif tokens > last:
+            grown, shrunk, mask = self._nodes, shrunk[self._seen[1]:], self._mask
+        else:   # not ordered (NaN)
+            grown, shrunk, mask = (), self._nodes, 0
+        self._tokens, self._seen = tokens, seen
+        self._mask = mask = self._update(mask, grown, shrunk)
+        return mask
 
     def _update(self, mask: int, grown: Iterable[str], shrunk: Iterable[str]) -> int:
         """``mask`` after re-testing the ``grown`` nodes it allows and the ``shrunk`` ones it

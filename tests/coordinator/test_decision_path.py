@@ -128,7 +128,8 @@ def test_finishing_mask_matches_the_definition_over_changing_masks(plan, seed, f
 @given(st.integers(0, 2**32))
 def test_fit_mask_is_fits_on_every_node(seed):
     """After any mix of reserve / release / observe (and a trimmed change log), the mask is
-    exactly KVEstimator.fits for each node, for repeated and new request sizes."""
+    exactly KVEstimator.fits for each node, for repeated, smaller and larger request sizes (int
+    and float alike, NaN included)."""
     rng = random.Random(seed)
     nodes = [f"n{i}" for i in range(rng.randint(1, 40))]
     layers = {n: rng.randint(1, 9) for n in nodes}
@@ -147,7 +148,7 @@ def test_fit_mask_is_fits_on_every_node(seed):
             n = rng.choice(nodes)
             kv.observe(n, rng.choice([0.0, kv.used(n), rng.uniform(0, 3000 * layers[n])]))
         elif r < 0.9:
-            tokens = rng.choice([100, 100, rng.randint(0, 300), 150.5])
+            tokens = rng.choice([100, 100, rng.randint(0, 300), 150.5, 100.0, float("nan")])
         elif r < 0.92:   # a burst longer than the log keeps: the mask must start over
             for _ in range(5000):
                 kv.observe(rng.choice(nodes), 0.0)
