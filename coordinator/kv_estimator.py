@@ -136,12 +136,14 @@ class FitMask:
     not. Logs trimmed since the last call re-test every node.
     """
 
-    __slots__ = ("_kv", "_nodes", "_node_bit_layers", "_tokens", "_epoch", "_seen", "_mask")
+    __slots__ = ("_kv", "_nodes", "_node_bit_layers", "_every", "_tokens", "_epoch", "_seen",
+                 "_mask")
 
     def __init__(self, kv: KVEstimator, nodes: Sequence[str], layers: Mapping[str, int]) -> None:
         self._kv = kv
         self._nodes = tuple(nodes)
         self._node_bit_layers = {n: (1 << i, layers[n]) for i, n in enumerate(self._nodes)}
+        self._every = (1 << len(self._nodes)) - 1
         self._tokens: float | None = None
         self._epoch = -1
         self._seen = (0, 0)   # lengths of the grown and shrunk logs already applied
@@ -176,12 +178,14 @@ class FitMask:
         does not (every node once, whatever the order: each test reads the current estimate)."""
         reserved, observed, limit = self._kv._reserved, self._kv._observed, self._kv._limit
         bit_layers, tokens = self._node_bit_layers, self._tokens
-        for node in grown:
+        for node in grown if mask else ():
             bl = bit_layers.get(node)
             if bl is not None and mask & bl[0]:
                 r, o = reserved[node], observed[node]
                 if not (o if o > r else r) + tokens * bl[1] <= limit[node]:   # = fits()
                     mask ^= bl[0]
+        if mask == self._every:   # e.g. ample KV: nothing can open up
+            return mask
         for node in shrunk:
             bl = bit_layers.get(node)
             if bl is not None and not mask & bl[0]:

@@ -188,6 +188,8 @@ class Topology:
         the cache; the others are derived from the previous answer, since a decision changes the KV
         room of a few nodes and fewer still cross a mask boundary: only the nodes whose ``allowed``
         bit flipped and the ancestors whose answer changes with them are looked at."""
+        if allowed == self._last_allowed:
+            return self._last_finishing
         ok = self._finishing.get(allowed)
         if ok is None:
             flips = allowed ^ self._last_allowed
