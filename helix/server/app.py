@@ -5,13 +5,18 @@
 ``GET /health`` (200 only when a token was produced recently or a one-token probe passes now),
 ``GET /metrics`` (Prometheus). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
 "code"}}``: 400 for bad input, 404 for an unknown model or path, 503 with ``Retry-After`` when the
-queue is full. A client that disconnects mid-stream cancels its request (KV freed on every stage).
+queue is full, 504 (``timeout_error``) when the workers produce nothing for ``request_timeout_s``,
+500 (``server_error``) when generation fails. A stream that fails or times out sends one
+``data: {"error": ...}`` event and then ``data: [DONE]`` (as vLLM does). Streamed chunks carry
+``logprobs`` when requested, in the same format as the non-streamed reply. A client that disconnects
+mid-stream cancels its request (KV freed on every stage).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,14 +29,35 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.requests import Delta, Done, RequestHandle, RequestTimeout
 from coordinator.runtime import Coordinator, QueueFull
 from helix.errors import HelixUserError
+from helix.server.logprobs import LogprobsBuilder
 from helix.server.metrics import ServingMetrics
 from helix.server.schemas import ChatRequest, CompletionRequest
 
 
+log = logging.getLogger("helix.server")
+
+
+class GenerationFailed(RuntimeError):
+    """The coordinator ended the request with an error (``Done.error``): HTTP 500."""
+
+
+def error_body(message: str, err_type: str, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+
+
 def error_response(status: int, message: str, err_type: str, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, err_type, code), status_code=status, headers=headers)
+
+
+def _stream_error(exc: Exception) -> dict:
+    """The error event that ends a failed stream (before ``data: [DONE]``)."""
+    if isinstance(exc, RequestTimeout):
+        return error_body(str(exc), "timeout_error", "request_timeout")
+    if isinstance(exc, GenerationFailed):
+        return error_body(str(exc), "server_error")
+    log.exception("stream failed")   # a bug: keep the traceback in the log
+    return error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -56,9 +82,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(503, str(exc), "service_unavailable", "queue_full",
                               headers={"Retry-After": str(exc.retry_after_s)})
 
+    @app.exception_handler(RequestTimeout)
+    async def _timeout(_req, exc: RequestTimeout):
+        return error_response(504, str(exc), "timeout_error", "request_timeout")
+
+    @app.exception_handler(GenerationFailed)
+    async def _failed(_req, exc: GenerationFailed):
+        return error_response(500, str(exc), "server_error")
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        kind = ("not_found_error" if exc.status_code == 404 else
+                "server_error" if exc.status_code >= 500 else "invalid_request_error")
         return error_response(exc.status_code, str(exc.detail), kind)
 
 
@@ -97,17 +132,22 @@ class OpenAIServer:
                                  f"[0, {codec.vocab_size})")
         return list(prompt)
 
+    def _logprobs(self, params, as_token_ids: bool) -> LogprobsBuilder | None:
+        if params.logprobs is None:
+            return None
+        return LogprobsBuilder(self.coordinator.codec, as_token_ids)
+
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
         params = body.params()
         ids = self._prompt_ids(body.single_prompt())
+        lp = self._logprobs(params, body.return_tokens_as_token_ids)
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, "text_completion", body.include_usage(), chat=False)
+            return self._stream(handle, rid, body.include_usage(), lp, chat=False)
         text, done, tokens = await self._collect(handle)
-        choice = {"index": 0, "text": text,
-                  "logprobs": self._completion_logprobs(tokens, params, body.return_tokens_as_token_ids),
+        choice = {"index": 0, "text": text, "logprobs": lp and lp.completion(tokens),
                   "finish_reason": done.finish_reason}
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": _usage(done)}
@@ -116,18 +156,19 @@ class OpenAIServer:
         self._check_model(body.model)
         params = body.params()
         ids = self.coordinator.codec.encode_chat(body.message_dicts())
+        lp = self._logprobs(params, body.return_tokens_as_token_ids)
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, "chat.completion.chunk", body.include_usage(), chat=True)
+            return self._stream(handle, rid, body.include_usage(), lp, chat=True)
         text, done, tokens = await self._collect(handle)
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": self._chat_logprobs(tokens, params, body.return_tokens_as_token_ids),
-                  "finish_reason": done.finish_reason}
+                  "logprobs": lp and lp.chat(tokens), "finish_reason": done.finish_reason}
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": _usage(done)}
 
     async def _collect(self, handle: RequestHandle):
+        """(text, Done, sampled tokens); a timeout (504) or a failed generation (500) raises."""
         text, tokens, done = [], [], None
         try:
             async for ev in handle.aevents(self.timeout_s):
@@ -136,63 +177,61 @@ class OpenAIServer:
                     tokens.extend(ev.tokens)
                 else:
                     done = ev
-        except RequestTimeout as exc:
-            raise StarletteHTTPException(504, str(exc)) from None
         finally:
             handle.cancel()   # no-op when finished; frees KV when the client went away
+        if done.error is not None:
+            raise GenerationFailed(done.error)
         return "".join(text), done, tokens
 
-    def _token_namer(self, as_ids: bool):
-        if as_ids:
-            return lambda ids: f"token_id:{ids[0]}"
-        return self.coordinator.codec.decode
-
-    def _completion_logprobs(self, tokens, params, as_ids: bool):
-        if params.logprobs is None:
-            return None
-        dec = self._token_namer(as_ids)
-        return {"tokens": [dec([t.token_id]) for t in tokens],
-                "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [{dec([i]): lp for i, lp in t.top_logprobs} for t in tokens],
-                "text_offset": []}
-
-    def _chat_logprobs(self, tokens, params, as_ids: bool):
-        if params.logprobs is None:
-            return None
-        dec = self._token_namer(as_ids)
-        return {"content": [{"token": dec([t.token_id]), "logprob": t.logprob, "bytes": None,
-                             "top_logprobs": [{"token": dec([i]), "logprob": lp, "bytes": None}
-                                              for i, lp in t.top_logprobs]} for t in tokens]}
-
-    def _stream(self, handle: RequestHandle, rid: str, obj: str, include_usage: bool,
-                chat: bool) -> StreamingResponse:
-        return StreamingResponse(self._sse_events(handle, rid, obj, include_usage, chat),
+    def _stream(self, handle: RequestHandle, rid: str, include_usage: bool,
+                logprobs: LogprobsBuilder | None, chat: bool) -> StreamingResponse:
+        return StreamingResponse(self._sse_events(handle, rid, include_usage, logprobs, chat),
                                  media_type="text/event-stream")
 
-    async def _sse_events(self, handle, rid, obj, include_usage, chat) -> AsyncIterator[str]:
+    async def _sse_events(self, handle: RequestHandle, rid: str, include_usage: bool,
+                          logprobs: LogprobsBuilder | None, chat: bool) -> AsyncIterator[str]:
+        """Chat: a role chunk first. Then a chunk per text delta (with the logprobs of the tokens
+        since the last chunk), a finish chunk (logprobs of tokens whose text was held back or cut by a
+        stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error event."""
         created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        extra = {"usage": None} if include_usage else {}   # OpenAI: null on all but the usage chunk
 
-        def chunk(payload, finish=None):
-            choice = ({"index": 0, "delta": payload, "logprobs": None, "finish_reason": finish} if chat
-                      else {"index": 0, "text": payload, "logprobs": None, "finish_reason": finish})
-            return {"id": rid, "object": obj, "created": created, "model": self.model_name,
-                    "choices": [choice]}
+        def chunk(text: str | None, tokens=(), finish=None):
+            lp = None
+            if logprobs is not None and tokens:
+                lp = logprobs.chat(tokens) if chat else logprobs.completion(tokens)
+            if chat:
+                delta = {} if text is None else {"content": text}
+                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            return _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
+                         "choices": [choice], **extra})
         try:
             if chat:
-                yield _sse(chunk({"role": "assistant", "content": ""}))
+                yield _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
+                            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}], **extra})
+            pending = []   # sampled tokens not yet sent (their text is held back)
             async for ev in handle.aevents(self.timeout_s):
-                if isinstance(ev, Delta) and ev.text:
-                    yield _sse(chunk({"content": ev.text} if chat else ev.text))
-                elif isinstance(ev, Done):
-                    yield _sse(chunk({} if chat else "", finish=ev.finish_reason))
-                    if include_usage:
-                        yield _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                    "choices": [], "usage": _usage(ev)})
-            yield "data: [DONE]\n\n"
-        except RequestTimeout as exc:
-            yield _sse({"error": {"message": str(exc), "type": "timeout", "param": None, "code": None}})
+                if isinstance(ev, Delta):
+                    pending.extend(ev.tokens)
+                    if ev.text:
+                        yield chunk(ev.text, pending)
+                        pending = []
+                    continue
+                if ev.error is not None:
+                    raise GenerationFailed(ev.error)
+                yield chunk(None, pending, finish=ev.finish_reason)
+                if include_usage:
+                    yield _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
+                                "choices": [], "usage": _usage(ev)})
+        except Exception as exc:   # not GeneratorExit / CancelledError: a disconnect just ends here
+            yield _sse(_stream_error(exc))
         finally:
             handle.cancel()   # client disconnect lands here (GeneratorExit / CancelledError)
+        yield "data: [DONE]\n\n"
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model",
