@@ -26,7 +26,7 @@ class IWRR:
     Ties are broken by the order of ``weights`` (insertion order), so decisions are deterministic.
     """
 
-    __slots__ = ("_keys", "_weights", "_credit", "_index", "_pick_position")
+    __slots__ = ("_keys", "_weights", "_credit", "_index")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
         keys = [k for k, w in weights.items() if w > 0]
@@ -36,7 +36,6 @@ class IWRR:
         self._weights: tuple[float, ...] = tuple(float(weights[k]) for k in keys)
         self._credit: list[float] = [0.0] * len(keys)
         self._index = {k: i for i, k in enumerate(keys)}
-        self._pick_position = self.picker([1 << i for i in range(len(keys))], range(len(keys)))
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -51,8 +50,8 @@ class IWRR:
         keys = self._keys
         mask = (1 << len(keys)) - 1 if allowed is None else \
             sum(1 << i for i, k in enumerate(keys) if k in allowed)
-        i = self._pick_position(mask)
-        return None if i is None else keys[i]
+        # A picker per call (not kept: an IWRR holds plain data, so copies stay independent).
+        return self.picker([1 << i for i in range(len(keys))], keys)(mask)
 
     def picker(self, key_bits: Sequence[int], values: Sequence[T]) -> Callable[[int], T | None]:
         """:meth:`pick` for the decision path: ``pick(allowed)`` allows choice ``i`` when

@@ -58,6 +58,11 @@ class Scheduler:
     def choose(self, vertex: str, candidates: list[str]) -> str:
         raise NotImplementedError
 
+    def __deepcopy__(self, memo: dict) -> Scheduler:
+        # The pick tables close over this instance's IWRR credits and methods: a deep copy would
+        # share them with the original without saying so.
+        raise TypeError(f"{type(self).__name__} cannot be deep-copied; build a new scheduler")
+
     def schedule(self, request: RequestInfo) -> Pipeline | None:
         """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
         return self._schedule_on(self.topology, request, self._picks)
