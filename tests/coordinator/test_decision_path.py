@@ -24,14 +24,19 @@ NUM_LAYERS = 24
 @st.composite
 def plans(draw):
     """4-14 nodes with random (often overlapping) slices, some at layer 0 and some at the last
-    layer; flows on a random subset of the usable arcs, sometimes zero."""
+    layer; flows on a random subset of the usable arcs, sometimes zero; partial inference on or
+    off."""
     n = draw(st.integers(4, 14))
     ranges = {}
     for i in range(n):
         size = draw(st.integers(2, 12))
         kind = draw(st.sampled_from(["first", "last", "any"])) if i > 1 else ("first", "last")[i]
-        start = {"first": 0, "last": NUM_LAYERS - size}.get(kind) \
-            if kind != "any" else draw(st.integers(0, NUM_LAYERS - size))
+        if kind == "first":
+            start = 0
+        elif kind == "last":
+            start = NUM_LAYERS - size
+        else:
+            start = draw(st.integers(0, NUM_LAYERS - size))
         ranges[f"n{i}"] = (start, start + size)
     flows = {}
     for u, (_, ue) in [(COORDINATOR, (0, 0)), *ranges.items()]:
@@ -41,7 +46,7 @@ def plans(draw):
                 flows[(u, w)] = draw(st.sampled_from([0.0, 1.0, 2.5, 7.0]))
         if u != COORDINATOR and ue == NUM_LAYERS:
             flows[(u, COORDINATOR)] = 1.0
-    return make_plan(NUM_LAYERS, ranges, flows)
+    return make_plan(NUM_LAYERS, ranges, flows, partial_inference=draw(st.booleans()))
 
 
 class PlainIWRR:
