@@ -8,16 +8,21 @@
     async for chunk in c.astream("Hello"): ...
 
 Sampling options use vLLM's ``SamplingParams`` names (``temperature``, ``top_p``, ``top_k``,
-``min_p``, ``seed``, ``max_tokens``, ``stop_token_ids``, ``ignore_eos``, ...), given as keywords or as
-``sampling_params=`` (a ``worker.sampling.SamplingParams``, a vLLM one, or a dict); ``stop`` takes
-stop strings. The server validates them: a bad value raises :class:`ClientError` with its message.
+``min_p``, ``seed``, ``max_tokens``, ``min_tokens``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
+``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logprobs``), given as keywords
+or as ``sampling_params=``: a dict, or any object with those attribute names (duck-typed: a
+``vllm.SamplingParams`` works, but vLLM is not a dependency of Helix and is not installed here, so the
+tests use a stand-in dataclass); ``stop`` takes stop strings. Keywords override ``sampling_params``.
+The server validates the values: a bad one raises :class:`ClientError` with its message.
+
+Leaving a stream early (``break``, closing the generator) cancels the request on the server, which frees
+its KV cache on every stage.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,27 +65,35 @@ def _de(data: bytes) -> dict:
     return json.loads(data)
 
 
-def _sampling_dict(sampling_params: Any, kwargs: dict) -> dict:
+SAMPLING_NAMES = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens",
+                  "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty", "logprobs")
+"""Attributes of vLLM's ``SamplingParams`` that the server takes (``stop`` is read too, as stop strings)."""
+
+
+def _sampling_fields(sampling_params: Any) -> dict:
+    """The known sampling fields of a dict or of any object with vLLM's attribute names.
+
+    Duck-typed on purpose: vLLM is not a dependency (nor installable everywhere Helix runs), so a
+    ``vllm.SamplingParams``, a ``worker.sampling.SamplingParams`` or any stand-in with those attribute
+    names works. Other attributes (``n``, ``skip_special_tokens``, ...) are ignored; so are ``None``
+    values (vLLM's "unset")."""
     if sampling_params is None:
-        base = {}
-    elif isinstance(sampling_params, dict):
-        base = dict(sampling_params)
-    elif dataclasses.is_dataclass(sampling_params):
-        base = dataclasses.asdict(sampling_params)
-    else:   # vLLM's SamplingParams (msgspec) and similar: take the public fields we know
-        base = {k: getattr(sampling_params, k) for k in (
-            "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "stop_token_ids", "max_tokens", "min_tokens", "ignore_eos", "logprobs")
-            if getattr(sampling_params, k, None) is not None}
-    base.update(kwargs)
-    if "stop_token_ids" in base and base["stop_token_ids"] is not None:
-        base["stop_token_ids"] = list(base["stop_token_ids"])
-    return base
+        return {}
+    if isinstance(sampling_params, Mapping):
+        return {k: v for k, v in sampling_params.items() if v is not None}
+    return {k: v for k in (*SAMPLING_NAMES, "stop")
+            if (v := getattr(sampling_params, k, None)) is not None}
 
 
 def _request(prompt: str | Sequence[int], stop, sampling_params, kwargs) -> dict:
-    stop = kwargs.pop("stop", stop)
-    req: dict = {"sampling": _sampling_dict(sampling_params, kwargs)}
+    """The Generate request; keywords override ``sampling_params``, ``stop=`` overrides its ``stop``."""
+    sampling = {**_sampling_fields(sampling_params), **kwargs}
+    stop = sampling.pop("stop", None) if stop is None else stop
+    sampling.pop("stop", None)
+    if sampling.get("stop_token_ids") is not None:
+        sampling["stop_token_ids"] = [int(t) for t in sampling["stop_token_ids"]]
+    req: dict = {"sampling": sampling}
     if isinstance(prompt, str):
         req["prompt"] = prompt
     else:

@@ -26,10 +26,15 @@ class LocalStack:
     coordinator: Coordinator
     grpc: ControlServer
     http: HttpThread
+    metrics: ServingMetrics
 
     @property
     def url(self) -> str:
         return self.http.url
+
+    def generated_tokens(self) -> int:
+        """Output tokens of every request that ended so far (cancelled ones included)."""
+        return int(self.metrics.registry.get_sample_value("helix:generation_tokens_total") or 0)
 
     def kv_blocks_used(self) -> dict[str, int]:
         return {s.node: s.stats().kv_blocks_used for s in self.servers}
@@ -57,7 +62,7 @@ def local_stack(ckpt, config: RuntimeConfig | None = None):
         service.coordinator = coord
         grpc = start_server([service.handler()], "127.0.0.1", 0)
         http = HttpThread(create_app(coord, MODEL_NAME, metrics))
-        yield LocalStack(servers, coord, grpc, http)
+        yield LocalStack(servers, coord, grpc, http, metrics)
     finally:
         if http is not None:
             http.stop()
