@@ -1,8 +1,11 @@
 """The coordinator's gRPC service (``helix.Coordinator``): native streaming generate and registration.
 
 - ``Generate`` (server streaming): ``{"prompt": str | "prompt_token_ids": [int], "sampling": {vLLM
-  SamplingParams fields}, "stop": [str]}`` -> ``{"token_ids", "text"}`` messages, then one
-  ``{"finish_reason", "usage"}``. A client that goes away cancels the request.
+  SamplingParams fields}, "stop": str | [str]}`` -> ``{"token_ids", "text"}`` messages, then one
+  ``{"finish_reason", "usage"}``. A client that goes away cancels the request. Bad input answers
+  ``INVALID_ARGUMENT`` (the same checks as the HTTP API: ``SamplingParams`` and
+  ``Coordinator.submit``), a full queue ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a
+  request that failed on a worker ``INTERNAL``.
 - ``Register``: a worker started outside Ray (``helix worker``) announces ``{"node", "control",
   "data"}``; ``helix serve`` waits for the nodes it was told are external.
 - ``Info``: the served model and nodes.
@@ -16,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
-from coordinator.requests import Delta, Done, RequestTimeout
+from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, QueueFull, WorkerHandle
 from helix.errors import HelixUserError
 from worker.control import COORDINATOR_SERVICE, service_handler
@@ -55,14 +58,47 @@ class Registry:
                 self._cond.wait(timeout=min(left, 1.0))
 
 
-def _sampling(d: dict) -> SamplingParams:
-    d = dict(d or {})
-    if "stop_token_ids" in d:
-        d["stop_token_ids"] = tuple(d["stop_token_ids"])
-    try:
-        return SamplingParams(**d)
-    except TypeError as exc:
-        raise HelixUserError(f"unknown sampling option: {exc}") from None
+def _sampling(d) -> SamplingParams:
+    """vLLM ``SamplingParams`` fields from JSON; the values are checked by ``SamplingParams``."""
+    if d is None:
+        return SamplingParams()
+    if not isinstance(d, dict):
+        raise HelixUserError(f"'sampling' must be an object of SamplingParams fields, got {d!r}")
+    known = set(SamplingParams.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise HelixUserError(f"unknown sampling option(s) {unknown}; known: {sorted(known)}")
+    if d.get("stop_token_ids", ()) is None:   # vLLM takes null for "none"
+        d = {k: v for k, v in d.items() if k != "stop_token_ids"}
+    return SamplingParams(**d)
+
+
+def _prompt_ids(req: dict, coord: Coordinator) -> list:
+    """Token ids as given (``Coordinator.submit`` checks them against the vocabulary)."""
+    if "prompt_token_ids" in req:
+        ids = req["prompt_token_ids"]
+        if not isinstance(ids, list):
+            raise HelixUserError(f"'prompt_token_ids' must be a list of token ids, got {ids!r}")
+        return ids
+    if isinstance(req.get("prompt"), str):
+        return coord.codec.encode(req["prompt"])
+    raise HelixUserError("Generate needs 'prompt' (a string) or 'prompt_token_ids'")
+
+
+def _stop(req: dict) -> tuple:
+    stop = req.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if not isinstance(stop, list):
+        raise HelixUserError(f"'stop' must be a string or a list of strings, got {stop!r}")
+    return tuple(stop)
+
+
+def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+    context.set_code(code)
+    context.set_details(details)
 
 
 class CoordinatorService:
@@ -74,31 +110,33 @@ class CoordinatorService:
         self.coordinator: Coordinator | None = None
 
     def generate(self, req: dict, context: grpc.ServicerContext) -> Iterator[dict]:
+        # Statuses other than INVALID_ARGUMENT are set and the stream ended, not context.abort():
+        # abort raises, and the service guard (worker.control) would rewrite the status to INTERNAL.
         coord = self.coordinator
         if coord is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")
-        if "prompt_token_ids" in req:
-            ids = [int(t) for t in req["prompt_token_ids"]]
-        elif isinstance(req.get("prompt"), str):
-            ids = coord.codec.encode(req["prompt"])
-        else:
-            raise HelixUserError("Generate needs 'prompt' (a string) or 'prompt_token_ids'")
+            _fail(context, grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")
+            return
+        ids = _prompt_ids(req, coord)
         try:
-            handle = coord.submit(ids, _sampling(req.get("sampling")), tuple(req.get("stop") or ()))
+            handle = coord.submit(ids, _sampling(req.get("sampling")), _stop(req))
         except QueueFull as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            _fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return
         context.add_callback(handle.cancel)   # client gone -> free KV everywhere
         try:
             for ev in handle.events(timeout_s=coord.config.request_timeout_s):
                 if isinstance(ev, Delta):
                     yield {"token_ids": list(ev.token_ids), "text": ev.text}
-                elif isinstance(ev, Done):
+                elif ev.error is not None:
+                    _fail(context, grpc.StatusCode.INTERNAL, ev.error)
+                    return
+                else:
                     yield {"finish_reason": ev.finish_reason,
                            "usage": {"prompt_tokens": ev.prompt_tokens,
                                      "completion_tokens": ev.completion_tokens}}
         except RequestTimeout as exc:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            _fail(context, grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
 
     def info(self, _req: dict, _ctx) -> dict:
         coord = self.coordinator

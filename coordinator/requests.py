@@ -4,6 +4,9 @@ Events reach the caller through a :class:`RequestHandle`, from the coordinator's
 into an ``asyncio.Queue`` (HTTP server) via ``loop.call_soon_threadsafe``, or into a thread-safe queue
 (gRPC server threads, scripts). Consumers wait with a timeout; a request that produces nothing for
 ``timeout_s`` is cancelled, so no caller waits forever on a lost worker.
+
+:class:`RequestLimits` is the one check of a request against the served model and pipelines, shared by
+the HTTP and the gRPC API (both go through ``Coordinator.submit``).
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.pipeline import Pipeline
 from coordinator.textcodec import Detokenizer
-from worker.sampling import SampledToken, SamplingParams
+from helix.errors import HelixUserError
+from worker.sampling import MAX_LOGPROBS, SampledToken, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class Delta:
 
 @dataclass(frozen=True)
 class Done:
-    """The request ended: ``stop`` / ``length`` / ``abort``; usage counts; ``error`` when it failed."""
+    """The request ended: ``stop`` / ``length`` / ``abort`` / ``error``; usage counts; ``error`` (the
+    message) when it failed."""
 
     finish_reason: str
     prompt_tokens: int
@@ -108,3 +113,44 @@ class LiveRequest:
     last_token_s: float | None = None
     num_output_tokens: int = 0
     done: bool = False
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of the served model and its pipelines.
+
+    Checked once, before a request is queued, for the HTTP and the gRPC API alike: a request that
+    passes can be encoded, sent and run on any stage (its ids index the embedding and the logits, its
+    numbers fit MessagePack; :class:`SamplingParams` already checked types and int64 ranges), and
+    some pipeline can hold its KV, so it never waits for room that cannot come."""
+
+    vocab_size: int
+    max_context_tokens: int
+    max_kv_tokens: int
+    """Most prompt + ``max_tokens`` tokens the roomiest pipeline admits when empty."""
+    max_logprobs: int = MAX_LOGPROBS
+
+    def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> tuple[int, ...]:
+        """The prompt as a tuple; :class:`HelixUserError` naming the first problem."""
+        ids = tuple(prompt_token_ids)
+        vocab = self.vocab_size
+        if not ids:
+            raise HelixUserError("the prompt is empty")
+        bad = [t for t in ids if not (type(t) is int and 0 <= t < vocab)]
+        if bad:
+            raise HelixUserError(f"prompt token ids must be integers in [0, {vocab}) (the "
+                                 f"vocabulary), got {bad[:5]!r}")
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise HelixUserError(f"stop_token_ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise HelixUserError(f"logprobs must be in [0, {self.max_logprobs}], got {params.logprobs}")
+        total = len(ids) + params.max_tokens
+        if total > self.max_context_tokens:
+            raise HelixUserError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                                 f"exceeds the model's context of {self.max_context_tokens} tokens")
+        if total > self.max_kv_tokens:
+            raise HelixUserError(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                                 f"needs KV cache for {total} tokens, but no pipeline of this "
+                                 f"deployment holds more than {self.max_kv_tokens}")
+        return ids

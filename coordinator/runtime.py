@@ -11,12 +11,19 @@ requests over the ZeroMQ data plane:
 here (and straight to the first stage) -> detokenize, stop strings, stream to the caller. A finish,
 a stop string or a cancellation releases the scheduler's reservation and, unless the last stage
 already did, frees the request's KV on every stage of its pipeline.
+
+``submit`` checks every request once (:class:`~coordinator.requests.RequestLimits`: vocabulary,
+context, the KV the roomiest pipeline can hold, logprobs), for the HTTP and the gRPC API alike. A
+request a stage drops anyway (``worker.server.failure_event``) ends with an error, freed everywhere;
+the others go on. The waiting queue is strict FIFO; it moves when a request ends and after every
+stats poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -27,7 +34,7 @@ from typing import Protocol
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo, Topology
-from coordinator.requests import Delta, Done, LiveRequest, RequestHandle
+from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits
 from coordinator.schedulers import HelixScheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
@@ -35,9 +42,9 @@ from helix.plan import COORDINATOR, Plan
 from worker.control import WORKER_SERVICE, ControlClient, ControlError
 from worker.io_types import NewRequest, StageInput
 from worker.sampling import SamplingParams
-from worker.server import WorkerStats
+from worker.server import WorkerStats, failure_message
 from worker.transport import DataPlane
-from worker.wire import Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireInput
+from worker.wire import Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
 
 log = logging.getLogger("helix.coordinator")
 
@@ -64,6 +71,9 @@ class RuntimeConfig:
     """A request with no output for this long is cancelled."""
     configure_timeout_s: float = 180.0
     health_window_s: float = 30.0
+    """``healthy()`` without a probe needs a pipeline whose every stage stepped this recently."""
+    health_stats_stale_s: float = 10.0
+    """A node whose last stats answer is older than this counts as unreachable."""
     engine: dict = field(default_factory=dict)
     """Engine options for every worker (``worker.engine.EngineConfig`` field names)."""
 
@@ -118,9 +128,16 @@ class Coordinator:
         self._live: dict[int, LiveRequest] = {}
         self._waiting: deque[LiveRequest] = deque()
         self._next_id = 0
+        self.limits: RequestLimits | None = None
+        self._kv_tokens: dict[frozenset[str], int] = {}   # _max_kv_tokens by excluded nodes
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.last_token_unix_s: float | None = None
+        # Health, in this process's monotonic clock: when each node last answered the stats poll,
+        # when its successful-step count last grew, and the nodes whose last poll failed.
+        self._answered_s: dict[str, float] = {}
+        self._stepped_s: dict[str, float] = {}
+        self._unreachable: set[str] = set()
+        self._probe_lock = threading.Lock()
 
     # --- workers ----------------------------------------------------------------------------------
     def attach(self, workers: Sequence[WorkerHandle]) -> None:
@@ -140,9 +157,12 @@ class Coordinator:
             client.call("SetPeers", {"peers": peers})
         self.data.set_peers(peers)
         self.stats = {n: WorkerStats.from_dict(r) for n, r in replies.items()}
+        self._answered_s = dict.fromkeys(self.stats, time.monotonic())
         kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
                          self.config.kv_high_water)
         self.scheduler = live_scheduler(self.plan, kv)
+        self.limits = RequestLimits(self.codec.vocab_size, self.codec.max_context_tokens,
+                                    self._max_kv_tokens())
         for target, name in ((self._receive_loop, "receiver"), (self._stats_loop, "stats")):
             t = threading.Thread(target=target, name=f"helix-coordinator-{name}", daemon=True)
             t.start()
@@ -163,18 +183,15 @@ class Coordinator:
         """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`."""
         if self.scheduler is None:
             raise RuntimeError("coordinator has no workers yet (call attach)")
-        n_prompt = len(prompt_token_ids)
-        limit = self.codec.max_context_tokens
-        if n_prompt == 0:
-            raise HelixUserError("the prompt is empty")
-        if n_prompt + params.max_tokens > limit:
-            raise HelixUserError(f"prompt ({n_prompt} tokens) plus max_tokens ({params.max_tokens}) "
-                                 f"exceeds the model's context of {limit} tokens")
+        prompt = self.limits.check(prompt_token_ids, params)
+        bad_stop = [s for s in stop if not isinstance(s, str)]
+        if bad_stop:
+            raise HelixUserError(f"stop must be strings, got {bad_stop[:5]!r}")
         with self._lock:
             rid = self._next_id
             self._next_id += 1
             handle = RequestHandle(rid, self.cancel, loop)
-            req = LiveRequest(rid, tuple(prompt_token_ids), params,
+            req = LiveRequest(rid, prompt, params,
                               Detokenizer(self.codec, tuple(s for s in stop if s)), handle)
             # FIFO: a newcomer never overtakes requests already waiting for a pipeline.
             if self._waiting or not self._try_dispatch(req):
@@ -195,22 +212,92 @@ class Coordinator:
             self._end(req, "abort", release_stages=True)
 
     def _try_dispatch(self, req: LiveRequest) -> bool:
+        """Reserve a pipeline for ``req`` and send it to the first stage; False when every pipeline
+        is masked. A send that raises undoes the reservation, then re-raises."""
         info = RequestInfo(req.request_id, len(req.prompt_token_ids), req.params.max_tokens)
         pipeline = self.scheduler.schedule(info)
         if pipeline is None:
             return False
+        try:
+            route = Route(tuple(Hop(s.node, s.start) for s in pipeline.stages))
+            first = pipeline.stages[0]
+            new = NewRequest(req.request_id, len(req.prompt_token_ids), req.params,
+                             req.prompt_token_ids, enter_layer=first.start)
+            item = StageInput(req.request_id, 0, token_ids=req.prompt_token_ids, new_request=new)
+            self.data.send(first.node, InputBatch((WireInput(item, route),)))
+        except BaseException:
+            self.scheduler.release(req.request_id)
+            raise
         req.pipeline = pipeline
         self.pipeline_counts[pipeline.nodes] += 1
-        route = Route(tuple(Hop(s.node, s.start) for s in pipeline.stages))
-        first = pipeline.stages[0]
-        new = NewRequest(req.request_id, len(req.prompt_token_ids), req.params,
-                         req.prompt_token_ids, enter_layer=first.start)
-        item = StageInput(req.request_id, 0, token_ids=req.prompt_token_ids, new_request=new)
-        self.data.send(first.node, InputBatch((WireInput(item, route),)))
         return True
 
+    def _admit_waiting(self) -> None:
+        """Dispatch waiting requests, oldest first, while a pipeline has room (under the lock).
+
+        A head that no serving pipeline could ever hold (its nodes drained since it was queued), or
+        whose dispatch raised, is ended with an error rather than left blocking everyone behind it."""
+        while self._waiting:
+            req = self._waiting[0]
+            try:
+                if self._try_dispatch(req):
+                    self._waiting.popleft()
+                    continue
+                error = self._never_fits(req)
+            except Exception as exc:   # a bug: the request fails, the queue moves on
+                log.exception("coordinator: dispatching request %d failed", req.request_id)
+                error = f"internal error while dispatching the request: {type(exc).__name__}: {exc}"
+            if error is None:
+                return   # masked for now: it waits (FIFO) until a request ends or usage drops
+            self._waiting.popleft()
+            self._finish(req, "error", release_stages=False, error=error)
+
+    def _never_fits(self, req: LiveRequest) -> str | None:
+        """Why no pipeline of nodes that still take requests can ever hold ``req``, or None."""
+        draining = frozenset(n for n, s in self.stats.items() if s.draining)
+        room = self._max_kv_tokens(draining)
+        total = len(req.prompt_token_ids) + req.params.max_tokens
+        if total <= room:
+            return None
+        return (f"no pipeline can hold this request's KV ({total} tokens) any more: draining "
+                f"node(s) {sorted(draining)}; the others hold at most {room}")
+
+    def _max_kv_tokens(self, exclude: frozenset[str] = frozenset()) -> int:
+        """Most prompt + max_tokens tokens some pipeline avoiding ``exclude`` admits when empty.
+
+        The scheduler admits a request to a node only while its reservation stays under the node's
+        KV high-water mark (:meth:`KVEstimator.fits`: ``tokens * layers <= high_water * capacity``),
+        so a larger request would wait forever; the widest path's narrowest stage sets the bound."""
+        cached = self._kv_tokens.get(exclude)
+        if cached is not None:
+            return cached
+        kv, topology = self.scheduler.kv, self.scheduler.fallback or self.scheduler.topology
+        room = {}
+        for p in self.plan.placements:
+            if p.node in exclude:
+                continue
+            layers, limit = p.end - p.start, kv.high_water * kv.capacity(p.node)
+            tokens = int(limit // layers)
+            while (tokens + 1) * layers <= limit:   # float division may land one off
+                tokens += 1
+            while tokens > 0 and tokens * layers > limit:
+                tokens -= 1
+            room[p.node] = tokens
+        best = 0
+        for tokens in sorted(set(room.values()), reverse=True):
+            if topology.walk(lambda _v, cands: cands[0], lambda n: room.get(n, -1) >= tokens):
+                best = tokens
+                break
+        self._kv_tokens[exclude] = best
+        return best
+
     def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
-        """Finish ``req`` (under the lock): release KV, tell the caller, admit waiting requests."""
+        """Finish ``req`` (under the lock), then admit waiting requests."""
+        self._finish(req, reason, release_stages, error)
+        self._admit_waiting()
+
+    def _finish(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
+        """Finish ``req`` (under the lock): release KV, tell the caller."""
         req.done = True
         self._live.pop(req.request_id, None)
         if req.pipeline is not None:
@@ -222,25 +309,43 @@ class Coordinator:
         if self.observer is not None and req.first_token_s is not None:
             self.observer.finished(time.perf_counter() - req.arrival_s, len(req.prompt_token_ids),
                                    req.num_output_tokens)
-        while self._waiting and self._try_dispatch(self._waiting[0]):
-            self._waiting.popleft()
 
     # --- tokens from the last stages ----------------------------------------------------------------
     def _receive_loop(self) -> None:
+        """Tokens and failures from the stages. A message that does not decode, or whose handling
+        raises, is logged and dropped: the loop (every request's output) must outlive it."""
         while not self._stop.is_set():
-            msg = self.data.recv(0.05)
-            if isinstance(msg, TokenBatch):
-                self.last_token_unix_s = time.time()
-                with self._lock:
-                    for ev in msg.tokens:
-                        self._on_token(ev)
-            elif msg is not None:
-                log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
+            try:
+                msg = self.data.recv(0.05)
+            except WireError as exc:
+                log.warning("coordinator: dropped a bad data-plane message: %s", exc)
+                continue
+            except Exception:   # not the message (a socket error?): do not spin on it
+                log.exception("coordinator: data-plane receive failed")
+                self._stop.wait(0.05)
+                continue
+            try:
+                self._on_message(msg)
+            except Exception:
+                log.exception("coordinator: handling %s failed", type(msg).__name__)
+
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, TokenBatch):
+            with self._lock:
+                for ev in msg.tokens:
+                    self._on_token(ev)
+        elif msg is not None:
+            log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
 
     def _on_token(self, ev: TokenEvent) -> None:
         req = self._live.get(ev.request_id)
         if req is None or req.done:
             return   # cancelled while the token was in flight
+        failure = failure_message(ev)
+        if failure is not None:   # a stage dropped it: fail it and free it everywhere
+            self._end(req, "error", release_stages=True,
+                      error=f"request failed on worker {ev.node}: {failure}")
+            return
         now = time.perf_counter()
         if self.observer is not None:
             if req.first_token_s is None:
@@ -268,12 +373,22 @@ class Coordinator:
             try:
                 s = WorkerStats.from_dict(client.call("Stats", timeout_s=2.0))
             except ControlError as exc:
-                log.warning("coordinator: stats of %s failed: %s", node, exc)
+                if node not in self._unreachable:
+                    log.warning("coordinator: stats of %s failed: %s", node, exc)
+                self._unreachable.add(node)
                 continue
+            now = time.monotonic()
+            self._unreachable.discard(node)
+            self._answered_s[node] = now
+            old = self.stats.get(node)
+            if old is not None and s.steps_total > old.steps_total:
+                self._stepped_s[node] = now
             self.stats[node] = s
             used = s.kv_used_token_layers if not s.draining else 2 * s.kv_capacity_token_layers
             with self._lock:
                 self.scheduler.kv.observe(node, used)
+        with self._lock:   # usage may have dropped with no request ending: the queue may move
+            self._admit_waiting()
 
     @property
     def num_running(self) -> int:
@@ -289,15 +404,33 @@ class Coordinator:
                 for n, s in self.stats.items()}
 
     def healthy(self, probe_timeout_s: float = 10.0) -> bool:
-        """A token arrived within ``health_window_s``, or a one-token probe succeeds now."""
-        last = self.last_token_unix_s
-        if last is not None and time.time() - last < self.config.health_window_s:
+        """True when some pipeline's every stage answers the stats poll and completed a generation
+        step within ``health_window_s``; otherwise when a one-token probe generates through a
+        pipeline now. False at once when no pipeline's stages all answer (workers gone)."""
+        now = time.monotonic()
+        stale = self.config.health_stats_stale_s
+        reachable = {n for n, t in self._answered_s.items()
+                     if now - t <= stale and n not in self._unreachable and not self.stats[n].draining}
+        if not self._has_pipeline(reachable):
+            return False
+        window = self.config.health_window_s
+        stepped = {n for n in reachable if now - self._stepped_s.get(n, -math.inf) <= window}
+        if self._has_pipeline(stepped):
             return True
+        with self._probe_lock:   # concurrent health checks share the machine, not one probe each
+            return self._probe(probe_timeout_s)
+
+    def _has_pipeline(self, nodes: set[str]) -> bool:
+        topology = self.scheduler.fallback or self.scheduler.topology
+        return topology.walk(lambda _v, cands: cands[0], nodes.__contains__) is not None
+
+    def _probe(self, timeout_s: float) -> bool:
         try:
-            handle = self.submit(self.codec.encode("health") or [0], SamplingParams(temperature=0, max_tokens=1))
+            handle = self.submit(self.codec.encode("health") or [0],
+                                 SamplingParams(temperature=0, max_tokens=1))
             return any(isinstance(ev, Done) and ev.error is None and ev.finish_reason != "abort"
-                       for ev in handle.events(timeout_s=probe_timeout_s))
-        except Exception:   # QueueFull, timeout, a dead worker: all mean "not healthy now"
+                       for ev in handle.events(timeout_s=timeout_s))
+        except Exception:   # QueueFull, a timeout, a failed step: all mean "not healthy now"
             return False
 
     def close(self, shutdown_workers: bool = False) -> None:

@@ -9,10 +9,18 @@ tokens back to itself, so ``generate`` is just a loop over ``step``.
 Preemption is local: the engine keeps every input it received for a request, so a preempted request is
 recomputed here from those inputs; outputs are emitted only for positions never emitted before, so the
 other stages never notice.
+
+A failure tied to one request fails only that request: an input the engine refuses (token ids outside
+the vocabulary, stop token ids or a logprobs count it cannot serve, more KV than the pool holds, an
+input out of order) drops the request, and a step whose model run raises drops the requests of that
+step; the others keep running. Dropped requests are reported by :meth:`SliceEngine.take_failures`
+(the worker tells the coordinator, which answers the client with an error and frees the request's KV
+on every stage).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +38,8 @@ from worker.step_policy import PolicyConfig, StepPlan, StepPolicy
 from worker.weights import load_slice
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+log = logging.getLogger("helix.engine")
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,15 @@ class EngineConfig:
     pack_cpu_weights: bool = True
     """Also keep float32 CPU weights packed for MKL (faster decode GEMMs, twice the weight memory);
     see :class:`worker.model.Linear`."""
+
+
+@dataclass(frozen=True)
+class RequestFailure:
+    """A request the engine dropped (its state and KV are gone from this engine)."""
+
+    request_id: Hashable
+    message: str
+    """For people: what was wrong with the request, or what failed in its step."""
 
 
 @dataclass
@@ -86,7 +105,10 @@ class SliceEngine:
         self.model = SliceModel(weights, kv, self.device, self.dtype, config.pack_cpu_weights)
         self.sampler = Sampler(config.eos_token_ids, self.device, config.seed)
         self._reqs: dict[Hashable, _Request] = {}
+        self._failures: list[RequestFailure] = []
         self.last_plan: StepPlan | None = None
+        self.num_failed_steps = 0
+        """Steps whose model run raised (their requests were dropped)."""
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, start: int, end: int,
@@ -98,12 +120,41 @@ class SliceEngine:
 
     # --- Engine interface ------------------------------------------------------------------------
     def step(self, inputs: Sequence[StageInput] = ()) -> list[StageOutput]:
+        """Accept ``inputs``, run one iteration, return its outputs. Inputs refused and requests of a
+        step that raised are dropped and reported by :meth:`take_failures`, never raised."""
+        failed: set[Hashable] = set()
         for item in inputs:
-            self._accept(item)
+            if item.request_id in failed:
+                continue   # a later piece of a request refused earlier in this batch
+            try:
+                self._accept(item)
+            except Exception as exc:   # refused: drop this request only
+                failed.add(item.request_id)
+                self._fail([item.request_id], _describe(exc))
         plan = self.policy.schedule()
         self.last_plan = plan
         if plan.is_empty:
             return []
+        try:
+            return self._run(plan)
+        except Exception as exc:   # the model run or the sampler: drop this step's requests only
+            log.exception("engine [%d, %d): step failed", self.weights.start, self.weights.end)
+            self.num_failed_steps += 1
+            ids = [*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)]
+            self._fail(ids, f"the step failed on layers [{self.weights.start}, {self.weights.end}): "
+                            f"{_describe(exc)}")
+            return []
+
+    def take_failures(self) -> list[RequestFailure]:
+        """Requests dropped since the last call (each once)."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _fail(self, request_ids: Sequence[Hashable], message: str) -> None:
+        self.release(request_ids)
+        self._failures.extend(RequestFailure(rid, message) for rid in dict.fromkeys(request_ids))
+
+    def _run(self, plan: StepPlan) -> list[StageOutput]:
         spans = plan_rows(plan)
         x = self._inputs(spans)
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
@@ -148,6 +199,7 @@ class SliceEngine:
         if self.weights.is_first:
             if item.token_ids is None:
                 raise ValueError(f"request {rid!r}: the first stage needs token ids")
+            self._check_token_ids("token ids", item.token_ids)
             req.tokens.extend(item.token_ids)
         else:
             if item.hidden_states is None:
@@ -164,13 +216,26 @@ class SliceEngine:
                                  f"slice [{w.start}, {w.end})")
         if enter != w.start and w.is_first:
             raise HelixUserError(f"request {new.request_id!r}: the first stage cannot skip layers")
-        self.policy.add(new.request_id, new.num_prompt_tokens, new.sampling.max_tokens,
-                        num_available_tokens=0)
         req = _Request(new, enter - w.start)
         if w.is_last:
+            # What the sampler indexes by token id must lie in the vocabulary (it would raise inside
+            # a step shared with other requests).
+            self._check_token_ids("stop_token_ids", new.sampling.stop_token_ids)
+            self._check_token_ids("prompt token ids", new.prompt_token_ids)
+            if (new.sampling.logprobs or 0) > w.spec.vocab_size:
+                raise HelixUserError(f"logprobs={new.sampling.logprobs} exceeds the vocabulary "
+                                     f"({w.spec.vocab_size} tokens)")
             req.sampling = self.sampler.new_state(new.sampling, new.prompt_token_ids)
             req.next_emit = new.num_prompt_tokens - 1   # positions before the prompt's last sample nothing
+        self.policy.add(new.request_id, new.num_prompt_tokens, new.sampling.max_tokens,
+                        num_available_tokens=0)
         self._reqs[new.request_id] = req
+
+    def _check_token_ids(self, what: str, ids: Sequence[int]) -> None:
+        vocab = self.weights.spec.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            raise HelixUserError(f"{what} {bad[:5]} outside the vocabulary [0, {vocab})")
 
     def _inputs(self, spans: Sequence[RowSpan]) -> torch.Tensor:
         """The step's input matrix ``[num_tokens, hidden]``."""
@@ -231,3 +296,8 @@ class SliceEngine:
         if len(st.output_token_ids) >= p.max_tokens:
             return "length"
         return None
+
+
+def _describe(exc: Exception) -> str:
+    """One line for the client: a user error's message as is, anything else with its type."""
+    return str(exc) if isinstance(exc, HelixUserError) else f"{type(exc).__name__}: {exc}"

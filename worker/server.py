@@ -12,6 +12,11 @@ forward what it produced along each request's :class:`~worker.wire.Route`:
 
 A ``Release`` (cancellation, or a finish reported by the last stage) frees the request's KV; a short
 tombstone list drops inputs of a released request that were still in flight.
+
+A request the engine drops (an input it refuses, or a step that raised; see
+:meth:`~worker.engine.SliceEngine.take_failures`) is reported to the coordinator at once
+(:func:`failure_event`), which answers its client with the error and releases it on every stage; the
+other requests keep running. A data-plane message that does not decode is logged and dropped.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from typing import Any
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR
 from worker.control import ControlServer, WORKER_SERVICE, service_handler, start_server
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from worker.io_types import StageInput, StageOutput
+from worker.sampling import SampledToken
 from worker.transport import DataPlane
 from worker.wire import InputBatch, Release, Route, TokenBatch, TokenEvent, WireInput
 
@@ -36,6 +42,28 @@ log = logging.getLogger("helix.worker")
 
 _TOMBSTONES = 4096
 _IDLE_POLL_S = 0.005
+_MAX_MESSAGES_PER_STEP = 1024
+
+FAILED_PREFIX = "error: "
+"""``TokenEvent.finish_reason`` prefix of a request a stage dropped (:func:`failure_event`)."""
+
+
+def failure_event(request_id: Any, node: str, message: str) -> TokenEvent:
+    """A token event that tells the coordinator ``request_id`` failed on ``node`` with ``message``.
+
+    The wire format (``worker.wire``, owned elsewhere) has no message kind for a failure yet, so it
+    rides in a :class:`TokenEvent` whose ``finish_reason`` is ``FAILED_PREFIX + message`` and whose
+    token is a placeholder; :func:`failure_message` reads it back. A wire kind of its own would be
+    cleaner."""
+    return TokenEvent(request_id, 0, SampledToken(0, float("nan")), FAILED_PREFIX + message, node)
+
+
+def failure_message(ev: TokenEvent) -> str | None:
+    """The failure carried by ``ev`` (see :func:`failure_event`), or None for a sampled token."""
+    reason = ev.finish_reason
+    if reason is not None and reason.startswith(FAILED_PREFIX):
+        return reason[len(FAILED_PREFIX):]
+    return None
 
 
 @dataclass(frozen=True)
@@ -198,29 +226,75 @@ class WorkerServer:
     def _loop(self) -> None:
         while not self._stop.is_set():
             busy = self.engine is not None and self.engine.has_work()
-            first = self.data.recv(0.0 if busy else _IDLE_POLL_S)
-            msgs = ([first] if first is not None else []) + self.data.recv_ready()
+            msgs = self._receive(0.0 if busy else _IDLE_POLL_S)
             if not msgs and not busy:
                 continue
             try:
                 self._step(msgs)
-            except Exception:   # keep serving the others; health and stats report the error
+            except Exception:   # a bug in this class: keep serving; health and stats report it
                 self._last_error = traceback.format_exc(limit=4)
                 log.exception("worker %s: step failed", self.node)
+
+    def _receive(self, timeout_s: float) -> list:
+        """Every message that arrived (waiting up to ``timeout_s`` for the first). A message that does
+        not decode is logged and dropped, one at a time, so it costs neither the loop nor the good
+        messages queued around it."""
+        msgs: list = []
+        for _ in range(_MAX_MESSAGES_PER_STEP):
+            try:
+                msg = self.data.recv(0.0 if msgs else timeout_s)
+            except Exception as exc:   # WireError, or a NewRequest whose SamplingParams are invalid
+                self._last_error = f"bad data-plane message: {type(exc).__name__}: {exc}"
+                log.warning("worker %s: dropped a bad data-plane message: %s", self.node, exc)
+                continue
+            if msg is None:
+                break
+            msgs.append(msg)
+        return msgs
 
     def _step(self, msgs: list) -> None:
         with self._lock:
             inputs = self._accept(msgs)
+            engine = self.engine
+            failed_before = engine.num_failed_steps
             t0 = time.perf_counter()
-            outputs = self.engine.step(inputs)
-            if outputs or inputs:
+            try:
+                outputs = engine.step(inputs)
+                failures = engine.take_failures()
+            except Exception as exc:   # outside any one request: fail the requests given to it
+                log.exception("worker %s: engine step raised", self.node)
+                ids = list(dict.fromkeys(i.request_id for i in inputs))
+                engine.release(ids)
+                outputs = []
+                failures = [*engine.take_failures(),
+                            *(RequestFailure(rid, f"{type(exc).__name__}: {exc}") for rid in ids)]
+            ran = engine.last_plan is not None and not engine.last_plan.is_empty
+            if engine.num_failed_steps != failed_before:
+                self._last_error = failures[-1].message if failures else "step failed"
+            elif ran:
                 dt = time.perf_counter() - t0
                 self._steps += 1
                 self._step_avg_s = dt if self._steps == 1 else 0.9 * self._step_avg_s + 0.1 * dt
                 self._last_ok = time.time()
-            sends = self._route_outputs(outputs)
+            sends = self._route_outputs(outputs, failures) + self._report(failures)
         for peer, msg in sends:
-            self.data.send(peer, msg)
+            try:
+                self.data.send(peer, msg)
+            except Exception:   # e.g. an unknown peer: the other sends must still go out
+                log.exception("worker %s: sending %s to %s failed", self.node, type(msg).__name__, peer)
+
+    def _report(self, failures: list[RequestFailure]) -> list[tuple[str, object]]:
+        """Tell the coordinator about requests dropped here (it frees them on every stage and
+        answers their clients with the error); their later inputs are dropped on arrival."""
+        if not failures:
+            return []
+        events = []
+        for f in dict((f.request_id, f) for f in failures).values():
+            log.warning("worker %s: request %r failed: %s", self.node, f.request_id, f.message)
+            self._routes.pop(f.request_id, None)
+            self._tombstone(f.request_id)
+            events.append(failure_event(f.request_id, self.node, f.message))
+        return [(COORDINATOR, TokenBatch(tuple(events)))]
 
     def _accept(self, msgs: list) -> list[StageInput]:
         inputs: list[StageInput] = []
@@ -246,13 +320,25 @@ class WorkerServer:
         self.engine.release(list(request_ids))
         for rid in request_ids:
             self._routes.pop(rid, None)
-            self._released[rid] = None
+            self._tombstone(rid)
+
+    def _tombstone(self, request_id) -> None:
+        self._released[request_id] = None
         while len(self._released) > _TOMBSTONES:
             self._released.popitem(last=False)
 
-    def _route_outputs(self, outputs: list[StageOutput]) -> list[tuple[str, object]]:
+    def _route_outputs(self, outputs: list[StageOutput],
+                       failures: list[RequestFailure]) -> list[tuple[str, object]]:
+        """Where this step's outputs go; an output with no route (a bug upstream) fails its request
+        (appended to ``failures``) rather than the whole step's routing."""
         if not outputs:
             return []
+        unrouted = [o.request_id for o in outputs if o.request_id not in self._routes]
+        if unrouted:
+            self.engine.release(unrouted)
+            failures.extend(RequestFailure(rid, f"worker {self.node} has no route for it")
+                            for rid in unrouted)
+            outputs = [o for o in outputs if o.request_id in self._routes]
         if self.engine.weights.is_last:
             return self._route_tokens(outputs)
         by_peer: dict[str, list[WireInput]] = defaultdict(list)

@@ -11,44 +11,52 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from helix.errors import HelixUserError
-from worker.sampling import SamplingParams
+from worker.sampling import MAX_LOGPROBS, SamplingParams
+
+
+_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default for ``max_tokens`` when a request sets none."""
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class _Sampling(BaseModel):
-    """Fields shared by completions and chat."""
+    """Fields shared by completions and chat.
+
+    Numbers and flags are strict (``StrictInt``, ``StrictFloat``, ``StrictBool``): JSON ``true`` is no
+    token count and ``"0.5"`` no temperature, so neither is coerced (pydantic's lax mode would turn
+    ``max_tokens: true`` into 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int | None = Field(default=None, description="Tokens to generate at most.")
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stream: bool = False
+    max_tokens: StrictInt | None = Field(default=None, description="Tokens to generate at most.")
+    temperature: StrictFloat = 1.0
+    top_p: StrictFloat = 1.0
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM extras
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    return_tokens_as_token_ids: bool = False
+    top_k: StrictInt = 0
+    min_p: StrictFloat = 0.0
+    repetition_penalty: StrictFloat = 1.0
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    return_tokens_as_token_ids: StrictBool = False
     """vLLM extra: logprob entries name tokens ``token_id:<id>`` instead of their text."""
 
     def _check_supported(self) -> None:
@@ -67,24 +75,26 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling(self, max_tokens: int | None, logprobs: int | None,
+                 max_tokens_field: str = "max_tokens") -> SamplingParams:
         self._check_supported()
         if max_tokens is not None and max_tokens <= 0:
-            raise HelixUserError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise HelixUserError(f"{max_tokens_field} must be >= 1, got {max_tokens}")
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             seed=self.seed, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            stop_token_ids=tuple(self.stop_token_ids or ()), max_tokens=max_tokens or 16,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            max_tokens=_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs)
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
     def params(self) -> SamplingParams:
         if self.echo:
@@ -93,8 +103,8 @@ class CompletionRequest(_Sampling):
             raise HelixUserError("suffix is not supported")
         if self.best_of not in (None, 1):
             raise HelixUserError("best_of is not supported")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise HelixUserError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise HelixUserError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         return self.sampling(self.max_tokens, self.logprobs)
 
     def single_prompt(self) -> str | list[int]:
@@ -130,17 +140,20 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
 
     def params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise HelixUserError("top_logprobs needs logprobs=true")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
-            raise HelixUserError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise HelixUserError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}")
         n_logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling(self.max_completion_tokens or self.max_tokens, n_logprobs)
+        # An explicit None check: `or` would turn max_completion_tokens=0 into the default.
+        if self.max_completion_tokens is None:
+            return self.sampling(self.max_tokens, n_logprobs)
+        return self.sampling(self.max_completion_tokens, n_logprobs, "max_completion_tokens")
 
     def message_dicts(self) -> list[dict]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -104,8 +105,11 @@ def test_request_longer_than_kv_capacity_fails_at_admission(tiny_ckpt):
     engine = SliceEngine.from_checkpoint(tiny_ckpt[0], 0, 8,
                                          EngineConfig(num_kv_blocks=4, block_size_tokens=8))
     new = NewRequest("long", 30, SamplingParams(max_tokens=5))
-    with pytest.raises(HelixUserError, match="needs KV for 35 tokens .* at most 32 tokens"):
-        engine.step([StageInput("long", 0, token_ids=tuple(range(30)), new_request=new)])
+    assert engine.step([StageInput("long", 0, token_ids=tuple(range(30)), new_request=new)]) == []
+    [failure] = engine.take_failures()   # refused and dropped; the engine keeps serving others
+    assert failure.request_id == "long"
+    assert re.search("needs KV for 35 tokens .* at most 32 tokens", failure.message)
+    assert not engine.has_work()
 
 
 def test_kv_capacity_comes_from_the_memory_budget(tiny_ckpt):
