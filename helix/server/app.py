@@ -193,26 +193,23 @@ class OpenAIServer:
         """Chat: a role chunk first. Then a chunk per text delta (with the logprobs of the tokens
         since the last chunk), a finish chunk (logprobs of tokens whose text was held back or cut by a
         stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error event."""
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model_name}
         extra = {"usage": None} if include_usage else {}   # OpenAI: null on all but the usage chunk
 
-        def chunk(text: str | None, tokens=(), finish=None):
+        def chunk(text: str | None, tokens=(), finish=None, delta: dict | None = None) -> str:
             lp = None
             if logprobs is not None and tokens:
                 lp = logprobs.chat(tokens) if chat else logprobs.completion(tokens)
             if chat:
-                delta = {} if text is None else {"content": text}
+                delta = delta or ({} if text is None else {"content": text})
                 choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            return _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                         "choices": [choice], **extra})
+            return _sse({**head, "choices": [choice], **extra})
         try:
             if chat:
-                yield _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}], **extra})
+                yield chunk(None, delta={"role": "assistant", "content": ""})
             pending = []   # sampled tokens not yet sent (their text is held back)
             async for ev in handle.aevents(self.timeout_s):
                 if isinstance(ev, Delta):
@@ -225,8 +222,7 @@ class OpenAIServer:
                     raise GenerationFailed(ev.error)
                 yield chunk(None, pending, finish=ev.finish_reason)
                 if include_usage:
-                    yield _sse({"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                "choices": [], "usage": _usage(ev)})
+                    yield _sse({**head, "choices": [], "usage": _usage(ev)})
         except Exception as exc:   # not GeneratorExit / CancelledError: a disconnect just ends here
             yield _sse(_stream_error(exc))
         finally:
