@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.pipeline import Pipeline
+from coordinator.pipeline import Pipeline, Topology
 from coordinator.textcodec import Detokenizer
 from helix.errors import HelixUserError
 from worker.sampling import MAX_LOGPROBS, SampledToken, SamplingParams
@@ -154,3 +154,25 @@ class RequestLimits:
                                  f"needs KV cache for {total} tokens, but no pipeline of this "
                                  f"deployment holds more than {self.max_kv_tokens}")
         return ids
+
+
+def max_kv_tokens(topology: Topology, limits: Mapping[str, tuple[float, int]]) -> int:
+    """Most prompt + ``max_tokens`` tokens one request may have so that some pipeline of
+    ``topology`` over the nodes in ``limits`` admits it when empty (0: none).
+
+    ``limits[node]`` is (KV limit in token-layers, layers the node holds). The scheduler reserves
+    ``tokens * layers`` on every stage and admits only while that stays within the limit (the KV
+    high-water mark, :meth:`KVEstimator.fits`), so a larger request would wait forever. The bound is
+    the widest path's narrowest stage."""
+    room: dict[str, int] = {}
+    for node, (limit, layers) in limits.items():
+        tokens = int(limit // layers)
+        while (tokens + 1) * layers <= limit:   # float division may land one off
+            tokens += 1
+        while tokens > 0 and tokens * layers > limit:
+            tokens -= 1
+        room[node] = tokens
+    for tokens in sorted(set(room.values()), reverse=True):
+        if topology.walk(lambda _v, cands: cands[0], lambda n: room.get(n, -1) >= tokens):
+            return tokens
+    return 0

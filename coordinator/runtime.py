@@ -34,7 +34,7 @@ from typing import Protocol
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo, Topology
-from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits
+from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits, max_kv_tokens
 from coordinator.schedulers import HelixScheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
@@ -259,37 +259,20 @@ class Coordinator:
         total = len(req.prompt_token_ids) + req.params.max_tokens
         if total <= room:
             return None
-        return (f"no pipeline can hold this request's KV ({total} tokens) any more: draining "
-                f"node(s) {sorted(draining)}; the others hold at most {room}")
+        why = f" (node(s) {sorted(draining)} are draining)" if draining else ""
+        return (f"no pipeline that takes requests can hold this request's KV cache ({total} "
+                f"tokens){why}; the largest holds {room}")
 
     def _max_kv_tokens(self, exclude: frozenset[str] = frozenset()) -> int:
-        """Most prompt + max_tokens tokens some pipeline avoiding ``exclude`` admits when empty.
-
-        The scheduler admits a request to a node only while its reservation stays under the node's
-        KV high-water mark (:meth:`KVEstimator.fits`: ``tokens * layers <= high_water * capacity``),
-        so a larger request would wait forever; the widest path's narrowest stage sets the bound."""
+        """:func:`~coordinator.requests.max_kv_tokens` of the pipelines avoiding ``exclude``."""
         cached = self._kv_tokens.get(exclude)
-        if cached is not None:
-            return cached
-        kv, topology = self.scheduler.kv, self.scheduler.fallback or self.scheduler.topology
-        room = {}
-        for p in self.plan.placements:
-            if p.node in exclude:
-                continue
-            layers, limit = p.end - p.start, kv.high_water * kv.capacity(p.node)
-            tokens = int(limit // layers)
-            while (tokens + 1) * layers <= limit:   # float division may land one off
-                tokens += 1
-            while tokens > 0 and tokens * layers > limit:
-                tokens -= 1
-            room[p.node] = tokens
-        best = 0
-        for tokens in sorted(set(room.values()), reverse=True):
-            if topology.walk(lambda _v, cands: cands[0], lambda n: room.get(n, -1) >= tokens):
-                best = tokens
-                break
-        self._kv_tokens[exclude] = best
-        return best
+        if cached is None:
+            kv = self.scheduler.kv
+            limits = {p.node: (kv.high_water * kv.capacity(p.node), p.end - p.start)
+                      for p in self.plan.placements if p.node not in exclude}
+            cached = self._kv_tokens[exclude] = max_kv_tokens(
+                self.scheduler.fallback or self.scheduler.topology, limits)
+        return cached
 
     def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
         """Finish ``req`` (under the lock), then admit waiting requests."""

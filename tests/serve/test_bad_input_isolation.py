@@ -288,3 +288,34 @@ def test_waiting_head_that_can_never_fit_does_not_block_the_queue(small_kv):
         _, done = _collect(h, timeout_s=10)
         assert done.finish_reason == "error" and "draining" in done.error
     assert coord.num_waiting == 0 and coord.scheduler.kv.num_reserved() == 0
+
+
+# --- gRPC statuses besides INVALID_ARGUMENT survive the service guard --------------------------------
+def test_grpc_full_queue_and_failed_request_keep_their_status(stack, monkeypatch):
+    coord = stack.coord
+    client = ControlClient(stack.grpc_address, COORDINATOR_SERVICE)
+    real = coord.limits
+    try:
+        coord.limits = dataclasses.replace(real, vocab_size=10**9)   # let a bad stop token through
+        with pytest.raises(ControlError) as exc:
+            list(client.stream("Generate", {"prompt": "Helix", "sampling": {
+                "max_tokens": 4, "min_tokens": 1, "stop_token_ids": [100000]}}, timeout_s=20))
+        assert exc.value.code.name == "INTERNAL" and "outside the vocabulary" in exc.value.details
+        coord.limits = real
+        monkeypatch.setattr(coord, "poll_stats", lambda: None)   # no poll may unmask the nodes
+        with coord._lock:   # every node full, the queue (64 places) full
+            for n in coord.stats:
+                coord.scheduler.kv.observe(n, 10 * coord.stats[n].kv_capacity_token_layers)
+            waiting = [coord.submit([1, 5], SamplingParams(max_tokens=2))
+                       for _ in range(coord.config.max_waiting_requests)]
+        with pytest.raises(ControlError) as exc:
+            list(client.stream("Generate", {"prompt": "Helix"}, timeout_s=20))
+        assert exc.value.code.name == "RESOURCE_EXHAUSTED" and "queue is full" in exc.value.details
+        for h in waiting:
+            h.cancel()
+    finally:
+        coord.limits = real
+        monkeypatch.undo()
+        client.close()
+    coord.poll_stats()
+    _wait_idle(stack)

@@ -1,0 +1,57 @@
+"""The one check of a request against the served model and pipelines (pure: no workers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.pipeline import Topology
+from coordinator.requests import RequestLimits, max_kv_tokens
+from helix.errors import HelixUserError
+from helix.plan import COORDINATOR
+from plan_factories import make_plan
+from worker.sampling import SamplingParams
+
+# cpu-0 [0,4) feeds cpu-1 [2,8) or cpu-2 [4,8).
+PLAN = make_plan(8, {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)},
+                 {(COORDINATOR, "cpu-0"): 3.0, ("cpu-0", "cpu-1"): 2.0, ("cpu-0", "cpu-2"): 1.0,
+                  ("cpu-1", COORDINATOR): 2.0, ("cpu-2", COORDINATOR): 1.0})
+
+
+def _limits(tokens: dict[str, float]) -> dict[str, tuple[float, int]]:
+    """Token-layer limits from per-node token limits."""
+    layers = {p.node: p.end - p.start for p in PLAN.placements}
+    return {n: (t * layers[n], layers[n]) for n, t in tokens.items()}
+
+
+def test_max_kv_tokens_is_the_widest_pipelines_narrowest_stage():
+    topo = Topology.from_plan(PLAN, flows_only=False)
+    assert max_kv_tokens(topo, _limits({"cpu-0": 1000, "cpu-1": 100, "cpu-2": 500})) == 500
+    assert max_kv_tokens(topo, _limits({"cpu-0": 1000, "cpu-1": 100})) == 100   # cpu-2 excluded
+    assert max_kv_tokens(topo, _limits({"cpu-0": 80, "cpu-1": 100, "cpu-2": 500})) == 80
+    assert max_kv_tokens(topo, _limits({"cpu-1": 100, "cpu-2": 500})) == 0      # no first stage
+    # 0.9 x 128 tokens x 4 layers: 115 tokens fit (460.8 >= 460), 116 do not.
+    assert max_kv_tokens(topo, {n: (0.9 * 128 * 4, 4) for n in ("cpu-0", "cpu-2")}) == 115
+
+
+LIMITS = RequestLimits(vocab_size=100, max_context_tokens=64, max_kv_tokens=40)
+
+
+@pytest.mark.parametrize("prompt,params,match", [
+    ([], SamplingParams(), "empty"),
+    ([1, 100], SamplingParams(), r"integers in \[0, 100\).*\[100\]"),
+    ([1, -1], SamplingParams(), r"\[-1\]"),
+    ([1, True], SamplingParams(), r"\[True\]"),
+    ([1, 2.0], SamplingParams(), r"\[2.0\]"),
+    ([1], SamplingParams(stop_token_ids=(5, 100)), r"stop_token_ids \[100\] outside"),
+    ([1], SamplingParams(logprobs=21), r"logprobs must be in \[0, 20\]"),
+    ([1] * 10, SamplingParams(max_tokens=60), "context of 64"),
+    ([1] * 10, SamplingParams(max_tokens=31), "KV cache for 41 tokens.*more than 40"),
+])
+def test_bad_requests_are_refused_with_the_reason(prompt, params, match):
+    with pytest.raises(HelixUserError, match=match):
+        LIMITS.check(prompt, params)
+
+
+def test_a_request_at_every_bound_passes():
+    assert LIMITS.check([0, 99] * 5, SamplingParams(max_tokens=30, stop_token_ids=(99,),
+                                                    logprobs=20)) == (0, 99) * 5
