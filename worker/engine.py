@@ -204,6 +204,10 @@ class SliceEngine:
         else:
             if item.hidden_states is None:
                 raise ValueError(f"request {rid!r}: a later stage needs hidden states")
+            shape, hidden = tuple(item.hidden_states.shape), self.weights.spec.hidden_size
+            if len(shape) != 2 or shape[1] != hidden:   # would fail the whole step's matmul
+                raise ValueError(f"request {rid!r}: hidden states of shape {list(shape)}, expected "
+                                 f"[num_tokens, {hidden}]")
             req.hidden.append(item.hidden_states.to(self.device, self.dtype))
         req.num_inputs += item.num_tokens
         self.policy.feed(rid, item.num_tokens)

@@ -36,7 +36,7 @@ from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from worker.io_types import StageInput, StageOutput
 from worker.sampling import SampledToken
 from worker.transport import DataPlane
-from worker.wire import InputBatch, Release, Route, TokenBatch, TokenEvent, WireInput
+from worker.wire import InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
 
 log = logging.getLogger("helix.worker")
 
@@ -243,10 +243,14 @@ class WorkerServer:
         for _ in range(_MAX_MESSAGES_PER_STEP):
             try:
                 msg = self.data.recv(0.0 if msgs else timeout_s)
-            except Exception as exc:   # WireError, or a NewRequest whose SamplingParams are invalid
+            except (WireError, HelixUserError) as exc:   # HelixUserError: bad SamplingParams inside
                 self._last_error = f"bad data-plane message: {type(exc).__name__}: {exc}"
                 log.warning("worker %s: dropped a bad data-plane message: %s", self.node, exc)
                 continue
+            except Exception:   # not the message's fault (the socket?): retry on the next turn
+                self._last_error = traceback.format_exc(limit=4)
+                log.exception("worker %s: data-plane receive failed", self.node)
+                break
             if msg is None:
                 break
             msgs.append(msg)
@@ -261,15 +265,16 @@ class WorkerServer:
             try:
                 outputs = engine.step(inputs)
                 failures = engine.take_failures()
+                failed = engine.num_failed_steps != failed_before
             except Exception as exc:   # outside any one request: fail the requests given to it
                 log.exception("worker %s: engine step raised", self.node)
                 ids = list(dict.fromkeys(i.request_id for i in inputs))
                 engine.release(ids)
-                outputs = []
+                outputs, failed = [], True
                 failures = [*engine.take_failures(),
                             *(RequestFailure(rid, f"{type(exc).__name__}: {exc}") for rid in ids)]
             ran = engine.last_plan is not None and not engine.last_plan.is_empty
-            if engine.num_failed_steps != failed_before:
+            if failed:
                 self._last_error = failures[-1].message if failures else "step failed"
             elif ran:
                 dt = time.perf_counter() - t0

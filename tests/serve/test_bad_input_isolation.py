@@ -319,3 +319,24 @@ def test_grpc_full_queue_and_failed_request_keep_their_status(stack, monkeypatch
         client.close()
     coord.poll_stats()
     _wait_idle(stack)
+
+
+def test_engine_step_that_raises_fails_the_requests_it_was_given(stack, monkeypatch):
+    """A bug outside any one request (the whole engine step raises): its requests get an error at
+    once instead of hanging until the request timeout."""
+    coord, first = stack.coord, stack.servers[0]   # cpu-0 is every request's first stage
+    real = first.engine.step
+
+    def broken(inputs=()):
+        if inputs:
+            raise RuntimeError("engine bug")
+        return real(inputs)
+    monkeypatch.setattr(first.engine, "step", broken)
+    t0 = time.monotonic()
+    _, done = _collect(coord.submit([1, 5, 6], SamplingParams(max_tokens=2)), timeout_s=15)
+    assert done.finish_reason == "error" and "cpu-0" in done.error and "engine bug" in done.error
+    assert time.monotonic() - t0 < 5
+    monkeypatch.undo()
+    _, done = _collect(coord.submit([1, 5, 6], SamplingParams(max_tokens=2)))
+    assert done.error is None
+    _wait_idle(stack)

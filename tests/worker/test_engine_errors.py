@@ -4,6 +4,7 @@ where ``SamplingParams`` is built; tiny temperatures sample greedily."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -130,3 +131,18 @@ def test_temperature_below_epsilon_is_greedy(temperature):
 
 def test_epsilon_temperature_still_samples():
     assert not SamplingParams(temperature=1e-5).greedy
+
+
+def test_hidden_states_of_the_wrong_width_fail_only_their_request(tiny_ckpt, prompts):
+    """A later stage (layers [4, 8)) given one request's hidden states of the wrong width."""
+    first = SliceEngine.from_checkpoint(tiny_ckpt[0], 0, 4, EngineConfig())
+    last = SliceEngine.from_checkpoint(tiny_ckpt[0], 4, 8, EngineConfig(eos_token_ids=(2,)))
+    outs = first.step([_input(f"r{i}", p, GREEDY) for i, p in enumerate(prompts[:2])])
+    assert len(outs) == 2
+    inputs = [StageInput(o.request_id, o.start_position, hidden_states=o.hidden_states,
+                         new_request=o.new_request) for o in outs]
+    inputs[0] = dataclasses.replace(inputs[0], hidden_states=inputs[0].hidden_states[:, :10])
+    tokens = last.step(inputs)
+    [failure] = last.take_failures()
+    assert failure.request_id == "r0" and "expected [num_tokens, 64]" in failure.message
+    assert [t.request_id for t in tokens] == ["r1"]
