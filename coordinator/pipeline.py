@@ -91,6 +91,10 @@ class Topology:
     A node holding layer 0 is only ever a *first* stage: it embeds token ids, and the worker engine
     cannot enter such a slice in the middle (``worker.engine``). The rule lives here so that the
     simulator's schedulers and the live coordinator build the same pipelines.
+
+    The graph is fixed at construction; what a topology caches (finishing sets by mask, one
+    Pipeline per path) depends on its arguments alone, so several schedulers and threads may share
+    one.
     """
 
     def __init__(self, num_layers: int, ranges: Mapping[str, tuple[int, int]],
@@ -126,9 +130,12 @@ class Topology:
         self._outs = [mask(ws) for ws in out]   # out-arcs, the coordinator's bit standing for the sink
         self._preds = [mask(u for u in self.nodes if v in self.arcs[u]) for v in self.nodes]
         self._sink = 1 << source
-        # finishing_mask's answers by allowed mask (oldest first), and the last one asked for.
+        # finishing_mask's answers by allowed mask (oldest first), and the last one asked for as
+        # one (allowed, finishing) pair: a single attribute, so that a thread reading it while
+        # another writes (the live coordinator's health checks walk the scheduler's topology
+        # outside the scheduling lock) never pairs one call's mask with another's answer.
         self._finishing: dict[int, int] = {0: 0}
-        self._last_allowed = self._last_finishing = 0
+        self._last = (0, 0)
         # walk_mask's pipelines by path code (see there).
         self._paths: dict[int, Pipeline] = {}
 
@@ -188,11 +195,12 @@ class Topology:
         the cache; the others are derived from the previous answer, since a decision changes the KV
         room of a few nodes and fewer still cross a mask boundary: only the nodes whose ``allowed``
         bit flipped and the ancestors whose answer changes with them are looked at."""
-        if allowed == self._last_allowed:
-            return self._last_finishing
+        last_allowed, last_finishing = self._last
+        if allowed == last_allowed:
+            return last_finishing
         ok = self._finishing.get(allowed)
         if ok is None:
-            flips = allowed ^ self._last_allowed
+            flips = allowed ^ last_allowed
             sink = self._sink
             if flips.bit_count() > 8:   # e.g. a new request size: one pass is cheaper
                 ok = sink
@@ -200,14 +208,17 @@ class Topology:
                     if allowed & bit and ok & outs:
                         ok |= bit
             else:
-                ok = self._last_finishing | sink
+                ok = last_finishing | sink
                 ok = self._add(self._remove(ok, flips & ~allowed & ok), allowed, flips & allowed)
             ok ^= sink
             memo = self._finishing
             if len(memo) >= _FINISHING_CACHE_SIZE:
-                del memo[next(iter(memo))]
+                try:
+                    del memo[next(iter(memo))]
+                except (RuntimeError, StopIteration, KeyError):   # another thread got there first
+                    pass
             memo[allowed] = ok
-        self._last_allowed, self._last_finishing = allowed, ok
+        self._last = (allowed, ok)
         return ok
 
     def _remove(self, ok: int, lost: int) -> int:

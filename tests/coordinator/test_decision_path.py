@@ -170,3 +170,52 @@ def test_schedulers_decide_like_the_reference(plan, name, seed):
     5-40 requests per node, so most nodes are masked much of the time; request sizes mostly
     repeated (incremental masks) and sometimes new (full re-test)."""
     replay(plan, name, seed, steps=400)
+
+
+def test_walks_from_another_thread_leave_decisions_unchanged():
+    """The live coordinator's health checks walk the scheduler's topologies outside the scheduling
+    lock; the topologies' caches must not let them change a decision. A smoke test: the race it
+    guards against (a cached mask paired with another call's answer) is excluded by construction
+    (Topology keeps the pair in one attribute) and is too narrow for a test to hit reliably."""
+    import sys
+    import threading
+
+    from coordinator.pipeline import RequestInfo
+    from coordinator.schedulers import make_scheduler
+    from test_decisions_unchanged import random_plan
+
+    plan = random_plan(5)
+
+    def decisions(walker: bool) -> list:
+        caps = {p.node: 6000 * p.num_layers for p in plan.placements}
+        sched = make_scheduler("helix", plan, KVEstimator(caps, high_water=0.9))
+        stop = threading.Event()
+
+        def walk_forever() -> None:
+            rng = random.Random(1)
+            while not stop.is_set():
+                topo = rng.choice([sched.topology, sched.fallback])
+                nodes = {n for n in topo.nodes if rng.random() < 0.7}
+                topo.walk(lambda _v, cands: cands[0], nodes.__contains__)
+        thread = threading.Thread(target=walk_forever, daemon=True)
+        if walker:
+            thread.start()
+        rng, live, out = random.Random(2), [], []
+        for rid in range(1500):
+            if live and rng.random() < 0.45:
+                sched.release(live.pop(rng.randrange(len(live))))
+            p = sched.schedule(RequestInfo(rid, 700, 300))
+            out.append(None if p is None else p.nodes)
+            if p is not None:
+                live.append(rid)
+        stop.set()
+        if walker:
+            thread.join(timeout=10)
+        return out
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible
+    try:
+        assert decisions(walker=True) == decisions(walker=False)
+    finally:
+        sys.setswitchinterval(interval)
