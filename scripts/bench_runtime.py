@@ -346,6 +346,7 @@ def main() -> None:
     ap.add_argument("--compare", metavar="REV",
                     help="data plane: also time the worker/ code of git revision REV (same run)")
     args = ap.parse_args()
+    load_at_start = os.getloadavg()[0]
     parts = tuple(p for p in parse_only(args.only) if not (args.skip_e2e and p == "e2e"))
     out = []
     if "data" in parts:
@@ -373,7 +374,7 @@ def main() -> None:
             (f" --compare {args.compare}" if args.compare else "") + \
             (f" --rounds {args.rounds}" if args.rounds != 6 else "")
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, " \
-                  f"load avg {os.getloadavg()[0]:.1f} at start"
+                  f"load avg {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
         entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
                  f"`{cmd}` on {machine}\n\n" + "\n\n".join(out) + "\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
