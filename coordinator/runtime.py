@@ -405,7 +405,8 @@ class Coordinator:
 
     def _has_pipeline(self, nodes: set[str]) -> bool:
         topology = self.scheduler.fallback or self.scheduler.topology
-        return topology.walk(lambda _v, cands: cands[0], nodes.__contains__) is not None
+        with self._lock:   # the topology's memo is the scheduler's; walk it as the scheduler does
+            return topology.walk(lambda _v, cands: cands[0], nodes.__contains__) is not None
 
     def _probe(self, timeout_s: float) -> bool:
         try:

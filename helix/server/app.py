@@ -2,7 +2,8 @@
 
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``; the stream ends with
 ``data: [DONE]``; ``stream_options.include_usage`` adds a final usage chunk), ``GET /v1/models``,
-``GET /health`` (200 only when a token was produced recently or a one-token probe passes now),
+``GET /health`` (200 only when every stage of some pipeline answers and stepped recently, or a
+one-token probe passes now; 503 at once when no pipeline's workers answer),
 ``GET /metrics`` (Prometheus). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
 "code"}}``: 400 for bad input, 404 for an unknown model or path, 503 with ``Retry-After`` when the
 queue is full, 504 (``timeout_error``) when the workers produce nothing for ``request_timeout_s``,
