@@ -60,7 +60,7 @@ def _guard_unary(fn: Unary) -> Unary:
         except HelixUserError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # a bug here must still reach the caller as text
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            _abort_internal(context, exc)
     return call
 
 
@@ -71,8 +71,16 @@ def _guard_stream(fn: Streaming) -> Streaming:
         except HelixUserError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
-            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            _abort_internal(context, exc)
     return call
+
+
+def _abort_internal(context: grpc.ServicerContext, exc: Exception) -> None:
+    """Answer INTERNAL with the exception's text, unless the handler already chose a status with
+    ``context.abort`` (which raises): then that status stands (e.g. RESOURCE_EXHAUSTED)."""
+    if context.code() not in (None, grpc.StatusCode.OK):
+        raise exc
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def service_handler(service: str, unary: Mapping[str, Unary],
