@@ -2,7 +2,10 @@
 
 - ``Generate`` (server streaming): ``{"prompt": str | "prompt_token_ids": [int], "sampling": {vLLM
   SamplingParams fields}, "stop": str | [str]}`` -> ``{"token_ids", "text"}`` messages, then one
-  ``{"finish_reason", "usage"}``. A client that goes away cancels the request. Bad input answers
+  ``{"finish_reason", "usage"}``. When ``sampling.logprobs`` is set (N >= 0), each token message also
+  has ``"token_logprobs"`` (the sampled tokens' logprobs) and ``"top_logprobs"`` (per token, the top N
+  ``[token_id, logprob]`` pairs, best first), both parallel to ``token_ids``; the values are the raw
+  model's log-softmax, as on the HTTP API. A client that goes away cancels the request. Bad input answers
   ``INVALID_ARGUMENT`` (the same checks as the HTTP API: ``SamplingParams`` and
   ``Coordinator.submit``), a full queue ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a
   request that failed on a worker ``INTERNAL``.
@@ -96,6 +99,14 @@ def _stop(req: dict) -> tuple:
     return tuple(stop)
 
 
+def _delta(ev: Delta, with_logprobs: bool) -> dict:
+    msg = {"token_ids": list(ev.token_ids), "text": ev.text}
+    if with_logprobs:   # without them the sampler's logprobs are NaN placeholders: send nothing
+        msg["token_logprobs"] = [t.logprob for t in ev.tokens]
+        msg["top_logprobs"] = [[[i, lp] for i, lp in t.top_logprobs] for t in ev.tokens]
+    return msg
+
+
 def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
     context.set_code(code)
     context.set_details(details)
@@ -117,8 +128,10 @@ class CoordinatorService:
             _fail(context, grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")
             return
         ids = _prompt_ids(req, coord)
+        params = _sampling(req.get("sampling"))
+        with_logprobs = params.logprobs is not None
         try:
-            handle = coord.submit(ids, _sampling(req.get("sampling")), _stop(req))
+            handle = coord.submit(ids, params, _stop(req))
         except QueueFull as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
             _fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -127,7 +140,7 @@ class CoordinatorService:
         try:
             for ev in handle.events(timeout_s=coord.config.request_timeout_s):
                 if isinstance(ev, Delta):
-                    yield {"token_ids": list(ev.token_ids), "text": ev.text}
+                    yield _delta(ev, with_logprobs)
                 elif ev.error is not None:
                     _fail(context, grpc.StatusCode.INTERNAL, ev.error)
                     return

@@ -3,6 +3,7 @@
     from helix.client import Client
     c = Client("127.0.0.1:50051")
     out = c.generate("Hello", temperature=0, max_tokens=16)       # -> Completion
+    out = c.generate("Hello", max_tokens=16, logprobs=5)          # out.logprobs: [{token_id: logprob}]
     for chunk in c.stream("Hello", max_tokens=16): print(chunk.text, end="")
     out = await c.agenerate("Hello", max_tokens=16)               # async twins
     async for chunk in c.astream("Hello"): ...
@@ -33,20 +34,38 @@ _SERVICE = "helix.Coordinator"
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """New tokens of a streamed request; the last chunk has ``finish_reason`` and ``usage``."""
+    """New tokens of a streamed request; the last chunk has ``finish_reason`` and ``usage``.
+
+    ``logprobs`` / ``token_logprobs``: of this chunk's tokens (see :class:`Completion`)."""
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
     usage: dict | None = None
+    logprobs: tuple[dict[int, float], ...] | None = None
+    token_logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Completion:
+    """A finished request: its text, token ids, ``finish_reason``, ``usage`` and, when the request set
+    ``logprobs=N``, its logprobs (``None`` otherwise), one entry per token of ``token_ids``:
+
+    - ``logprobs[i]``: ``{token_id: logprob}``, as vLLM's ``CompletionOutput.logprobs`` but with plain
+      floats instead of ``Logprob`` objects: the N most likely tokens, best first, plus the sampled
+      token when it is not among them. So it has N entries (N + 1 when sampling picked a token outside
+      the top N; only the sampled token for ``logprobs=0``), and ``logprobs[i][token_ids[i]]`` exists.
+    - ``token_logprobs[i]``: the sampled token's logprob (``logprobs[i][token_ids[i]]``).
+
+    Values are the model's raw log-softmax (before temperature, penalties, top-k/p), as vLLM's default
+    ``raw_logprobs`` and Helix's HTTP API return them."""
+
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str
     usage: dict
+    logprobs: tuple[dict[int, float], ...] | None = None
+    token_logprobs: tuple[float, ...] | None = None
 
 
 class ClientError(RuntimeError):
@@ -103,15 +122,33 @@ def _request(prompt: str | Sequence[int], stop, sampling_params, kwargs) -> dict
     return req
 
 
+def _logprobs(msg: dict, token_ids: tuple[int, ...]):
+    """(``logprobs``, ``token_logprobs``) of one message's tokens; (None, None) when not sent."""
+    if "token_logprobs" not in msg:
+        return None, None
+    chosen = tuple(float(lp) for lp in msg["token_logprobs"])
+    per_token = []
+    for tok, lp, top in zip(token_ids, chosen, msg["top_logprobs"]):
+        d = {int(i): float(v) for i, v in top}
+        d.setdefault(tok, lp)   # vLLM's dicts hold the sampled token too
+        per_token.append(d)
+    return tuple(per_token), chosen
+
+
 def _chunk(msg: dict) -> StreamChunk:
-    return StreamChunk(msg.get("text", ""), tuple(msg.get("token_ids", ())), msg.get("finish_reason"),
-                       msg.get("usage"))
+    ids = tuple(msg.get("token_ids", ()))
+    return StreamChunk(msg.get("text", ""), ids, msg.get("finish_reason"), msg.get("usage"),
+                       *_logprobs(msg, ids))
 
 
 def _join(chunks: list[StreamChunk]) -> Completion:
     last = chunks[-1] if chunks else StreamChunk()
+    logprobs = token_logprobs = None
+    if any(c.logprobs is not None for c in chunks):   # the finish chunk has no tokens, so none
+        logprobs = tuple(d for c in chunks for d in c.logprobs or ())
+        token_logprobs = tuple(lp for c in chunks for lp in c.token_logprobs or ())
     return Completion("".join(c.text for c in chunks), tuple(t for c in chunks for t in c.token_ids),
-                      last.finish_reason or "abort", last.usage or {})
+                      last.finish_reason or "abort", last.usage or {}, logprobs, token_logprobs)
 
 
 class Client:
