@@ -14,7 +14,7 @@ already did, frees the request's KV on every stage of its pipeline.
 
 ``submit`` checks every request once (:class:`~coordinator.requests.RequestLimits`: vocabulary,
 context, the KV the roomiest pipeline can hold, logprobs), for the HTTP and the gRPC API alike. A
-request a stage drops anyway (``worker.server.failure_event``) ends with an error, freed everywhere;
+request a stage drops anyway (a ``worker.wire.Failures`` message) ends with an error, freed everywhere;
 the others go on. The waiting queue is strict FIFO; it moves when a request ends and after every
 stats poll.
 """
@@ -42,9 +42,9 @@ from helix.plan import COORDINATOR, Plan
 from worker.control import WORKER_SERVICE, ControlClient, ControlError
 from worker.io_types import NewRequest, StageInput
 from worker.sampling import SamplingParams
-from worker.server import WorkerStats, failure_message
+from worker.server import WorkerStats
 from worker.transport import DataPlane
-from worker.wire import Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
+from worker.wire import Failures, Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
 
 log = logging.getLogger("helix.coordinator")
 
@@ -317,6 +317,13 @@ class Coordinator:
             with self._lock:
                 for ev in msg.tokens:
                     self._on_token(ev)
+        elif isinstance(msg, Failures):
+            with self._lock:
+                for f in msg.failures:
+                    req = self._live.get(f.request_id)
+                    if req is not None and not req.done:   # a stage dropped it: free it everywhere
+                        self._end(req, "error", release_stages=True,
+                                  error=f"request failed on worker {f.node}: {f.message}")
         elif msg is not None:
             log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
 
@@ -324,11 +331,6 @@ class Coordinator:
         req = self._live.get(ev.request_id)
         if req is None or req.done:
             return   # cancelled while the token was in flight
-        failure = failure_message(ev)
-        if failure is not None:   # a stage dropped it: fail it and free it everywhere
-            self._end(req, "error", release_stages=True,
-                      error=f"request failed on worker {ev.node}: {failure}")
-            return
         now = time.perf_counter()
         if self.observer is not None:
             if req.first_token_s is None:

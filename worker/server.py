@@ -15,7 +15,7 @@ tombstone list drops inputs of a released request that were still in flight.
 
 A request the engine drops (an input it refuses, or a step that raised; see
 :meth:`~worker.engine.SliceEngine.take_failures`) is reported to the coordinator at once
-(:func:`failure_event`), which answers its client with the error and releases it on every stage; the
+(a :class:`~worker.wire.Failures` message), which answers its client with the error and releases it on every stage; the
 other requests keep running. A data-plane message that does not decode is logged and dropped.
 """
 
@@ -34,37 +34,15 @@ from helix.plan import COORDINATOR
 from worker.control import ControlServer, WORKER_SERVICE, service_handler, start_server
 from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from worker.io_types import StageInput, StageOutput
-from worker.sampling import SampledToken
 from worker.transport import DataPlane
-from worker.wire import InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
+from worker.wire import (Failure, Failures, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError,
+                         WireInput)
 
 log = logging.getLogger("helix.worker")
 
 _TOMBSTONES = 4096
 _IDLE_POLL_S = 0.005
 _MAX_MESSAGES_PER_STEP = 1024
-
-FAILED_PREFIX = "error: "
-"""``TokenEvent.finish_reason`` prefix of a request a stage dropped (:func:`failure_event`)."""
-
-
-def failure_event(request_id: Any, node: str, message: str) -> TokenEvent:
-    """A token event that tells the coordinator ``request_id`` failed on ``node`` with ``message``.
-
-    The wire format (``worker.wire``, owned elsewhere) has no message kind for a failure yet, so it
-    rides in a :class:`TokenEvent` whose ``finish_reason`` is ``FAILED_PREFIX + message`` and whose
-    token is a placeholder; :func:`failure_message` reads it back. A wire kind of its own would be
-    cleaner."""
-    return TokenEvent(request_id, 0, SampledToken(0, float("nan")), FAILED_PREFIX + message, node)
-
-
-def failure_message(ev: TokenEvent) -> str | None:
-    """The failure carried by ``ev`` (see :func:`failure_event`), or None for a sampled token."""
-    reason = ev.finish_reason
-    if reason is not None and reason.startswith(FAILED_PREFIX):
-        return reason[len(FAILED_PREFIX):]
-    return None
-
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -293,13 +271,13 @@ class WorkerServer:
         answers their clients with the error); their later inputs are dropped on arrival."""
         if not failures:
             return []
-        events = []
+        out = []
         for f in dict((f.request_id, f) for f in failures).values():
             log.warning("worker %s: request %r failed: %s", self.node, f.request_id, f.message)
             self._routes.pop(f.request_id, None)
             self._tombstone(f.request_id)
-            events.append(failure_event(f.request_id, self.node, f.message))
-        return [(COORDINATOR, TokenBatch(tuple(events)))]
+            out.append(Failure(f.request_id, self.node, f.message))
+        return [(COORDINATOR, Failures(tuple(out)))]
 
     def _accept(self, msgs: list) -> list[StageInput]:
         inputs: list[StageInput] = []

@@ -143,7 +143,23 @@ class Release:
     request_ids: tuple[int, ...]
 
 
-Message = InputBatch | TokenBatch | Release
+@dataclass(frozen=True)
+class Failure:
+    """Stage ``node`` dropped ``request_id`` (an input it refused, a step that raised) for ``message``."""
+
+    request_id: int
+    node: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Sent to the coordinator, which fails these requests and frees them on every stage."""
+
+    failures: tuple[Failure, ...]
+
+
+Message = InputBatch | TokenBatch | Release | Failures
 
 
 # --- encoding ---------------------------------------------------------------------------------------
@@ -245,6 +261,9 @@ def _header_map(msg: Message, out: _Payload) -> dict:
             for t in msg.tokens]}
     if isinstance(msg, Release):
         return {"kind": "rel", "ids": list(msg.request_ids)}
+    if isinstance(msg, Failures):
+        return {"kind": "fail", "items": [{"id": f.request_id, "node": f.node, "msg": f.message}
+                                          for f in msg.failures]}
     raise TypeError(f"not a wire message: {type(msg).__name__}")
 
 
@@ -333,6 +352,8 @@ def _decode_map(frames: Sequence, start: int, end: int, inline_start: int) -> Me
                        d["fin"], d["node"]) for d in head["items"]))
     if kind == "rel":
         return Release(tuple(head["ids"]))
+    if kind == "fail":
+        return Failures(tuple(Failure(d["id"], str(d["node"]), str(d["msg"])) for d in head["items"]))
     raise WireError(f"unknown message kind {kind!r}")
 
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from worker import wire
 from worker.io_types import NewRequest, StageInput
-from worker.wire import (INLINE_MAX_BYTES, Hop, InputBatch, Release, Route, WireError, WireInput, decode,
-                         encode)
+from worker.wire import (INLINE_MAX_BYTES, Failure, Failures, Hop, InputBatch, Release, Route, WireError,
+                         WireInput, decode, encode)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -168,3 +168,8 @@ def test_malformed_heads_are_wire_errors(frames):
 def test_release_and_empty_batch_round_trip():
     assert _round_trip(Release((1, 2))) == Release((1, 2))
     assert _round_trip(InputBatch(())) == InputBatch(())
+
+
+def test_failures_round_trip():
+    msg = Failures((Failure(7, "cpu-1", "input of width 32, expected 64"), Failure(-3, "cpu-2", "")))
+    assert _round_trip(msg) == msg
