@@ -285,10 +285,13 @@ class Coordinator:
         self._live.pop(req.request_id, None)
         if req.pipeline is not None:
             self.scheduler.release(req.request_id)
-            if release_stages:
-                for node in dict.fromkeys(req.pipeline.nodes):
-                    self.data.send(node, Release((req.request_id,)))
         req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error))
+        if req.pipeline is not None and release_stages:
+            for node in dict.fromkeys(req.pipeline.nodes):
+                try:   # one stage we cannot reach must not keep the others' KV
+                    self.data.send(node, Release((req.request_id,)))
+                except Exception:
+                    log.exception("coordinator: releasing request %r on %s failed", req.request_id, node)
         if self.observer is not None and req.first_token_s is not None:
             self.observer.finished(time.perf_counter() - req.arrival_s, len(req.prompt_token_ids),
                                    req.num_output_tokens)
@@ -316,7 +319,14 @@ class Coordinator:
         if isinstance(msg, TokenBatch):
             with self._lock:
                 for ev in msg.tokens:
-                    self._on_token(ev)
+                    try:   # one bad event must not drop the rest of the batch
+                        self._on_token(ev)
+                    except Exception as exc:
+                        log.exception("coordinator: token for request %r failed", ev.request_id)
+                        req = self._live.get(ev.request_id)
+                        if req is not None and not req.done:
+                            self._end(req, "error", release_stages=True,
+                                      error=f"internal error handling a token: {exc!r}")
         elif isinstance(msg, Failures):
             with self._lock:
                 for f in msg.failures:
@@ -350,14 +360,19 @@ class Coordinator:
     # --- worker stats, health -----------------------------------------------------------------------
     def _stats_loop(self) -> None:
         while not self._stop.wait(self.config.stats_interval_s):
-            self.poll_stats()
+            try:   # the queue and /health depend on this thread: it must outlive any one poll
+                self.poll_stats()
+            except Exception:
+                log.exception("coordinator: stats poll failed")
 
     def poll_stats(self) -> None:
         """Read every worker's real KV use and feed it to the estimator (drained nodes read full)."""
         for node, client in self.clients.items():
             try:
                 s = WorkerStats.from_dict(client.call("Stats", timeout_s=2.0))
-            except ControlError as exc:
+            except Exception as exc:   # ControlError, or a reply that does not parse
+                if not isinstance(exc, ControlError):
+                    log.exception("coordinator: stats of %s unreadable", node)
                 if node not in self._unreachable:
                     log.warning("coordinator: stats of %s failed: %s", node, exc)
                 self._unreachable.add(node)

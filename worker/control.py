@@ -53,8 +53,18 @@ class ControlError(RuntimeError):
         self.details = details
 
 
+def _parse(raw: bytes, context: grpc.ServicerContext) -> dict:
+    """The request object; a body that is not a JSON object answers INVALID_ARGUMENT (parsed here,
+    not by gRPC's deserializer, which would answer INTERNAL)."""
+    try:
+        return from_json(raw)
+    except ValueError as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a JSON object: {exc}")
+
+
 def _guard_unary(fn: Unary) -> Unary:
-    def call(request: dict, context: grpc.ServicerContext) -> dict:
+    def call(raw: bytes, context: grpc.ServicerContext) -> dict:
+        request = _parse(raw, context)
         try:
             return fn(request, context)
         except HelixUserError as exc:
@@ -65,7 +75,8 @@ def _guard_unary(fn: Unary) -> Unary:
 
 
 def _guard_stream(fn: Streaming) -> Streaming:
-    def call(request: dict, context: grpc.ServicerContext) -> Iterator[dict]:
+    def call(raw: bytes, context: grpc.ServicerContext) -> Iterator[dict]:
+        request = _parse(raw, context)
         try:
             yield from fn(request, context)
         except HelixUserError as exc:
@@ -86,10 +97,10 @@ def _abort_internal(context: grpc.ServicerContext, exc: Exception) -> None:
 def service_handler(service: str, unary: Mapping[str, Unary],
                     streaming: Mapping[str, Streaming] = {}) -> grpc.GenericRpcHandler:
     handlers = {name: grpc.unary_unary_rpc_method_handler(
-        _guard_unary(fn), request_deserializer=from_json, response_serializer=to_json)
+        _guard_unary(fn), request_deserializer=None, response_serializer=to_json)
         for name, fn in unary.items()}
     handlers.update({name: grpc.unary_stream_rpc_method_handler(
-        _guard_stream(fn), request_deserializer=from_json, response_serializer=to_json)
+        _guard_stream(fn), request_deserializer=None, response_serializer=to_json)
         for name, fn in streaming.items()})
     return grpc.method_handlers_generic_handler(service, handlers)
 

@@ -12,13 +12,16 @@ sending takes a lock, so several threads may send.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Mapping
 
 import zmq
 
-from worker.wire import INLINE_MAX_BYTES, Message, decode, encode, frames_after
+from worker.wire import INLINE_MAX_BYTES, Message, WireError, decode, encode, frames_after
+
+log = logging.getLogger("helix.transport")
 
 #: Peer name -> ``tcp://host:port``.
 PeerBook = Mapping[str, str]
@@ -123,14 +126,18 @@ class DataPlane:
         return decode(self._recv_frames(0))
 
     def recv_ready(self, max_messages: int = 1024) -> list[Message]:
-        """Every message already queued (up to ``max_messages``), without waiting."""
+        """Every message already queued (up to ``max_messages``), without waiting; a message that
+        does not decode is logged and skipped (the others are still returned)."""
         out: list[Message] = []
         for _ in range(max_messages):
             try:
                 frames = self._recv_frames(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            out.append(decode(frames))
+            try:
+                out.append(decode(frames))
+            except WireError as exc:
+                log.warning("data plane: dropped a bad message: %s", exc)
         return out
 
     def close(self, linger_s: float = 0.0) -> None:

@@ -347,9 +347,12 @@ def _decode_map(frames: Sequence, start: int, end: int, inline_start: int) -> Me
     if kind == "in":
         return InputBatch(tuple(_input_from_map(d, frames, inline_start) for d in head["items"]))
     if kind == "tok":
-        return TokenBatch(tuple(
+        events = tuple(
             TokenEvent(d["id"], d["pos"], SampledToken(d["t"], d["lp"], tuple(map(tuple, d["top"]))),
-                       d["fin"], d["node"]) for d in head["items"]))
+                       d["fin"], d["node"]) for d in head["items"])
+        if any(e.finish_reason is not None and type(e.finish_reason) is not str for e in events):
+            raise WireError("finish reason is neither a string nor null")
+        return TokenBatch(events)
     if kind == "rel":
         return Release(tuple(head["ids"]))
     if kind == "fail":
@@ -379,5 +382,6 @@ def decode(frames: Sequence) -> Message:
         raise WireError(f"unknown header layout {layout}")
     except WireError:
         raise
-    except (KeyError, TypeError, IndexError, ValueError, struct.error, msgpack.UnpackException) as exc:
+    except (KeyError, TypeError, IndexError, ValueError, OverflowError, struct.error,
+            msgpack.UnpackException) as exc:
         raise WireError(f"malformed message: {exc!r}") from None

@@ -55,3 +55,14 @@ def test_stream_abort_keeps_its_status(client):
             got.append(msg)
     assert got == [{"n": 1}]
     assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and "too slow" in err.value.details
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b"\xff\xfe", b'"text"'])
+def test_a_body_that_is_not_a_json_object_is_invalid_argument(client, body):
+    for method, kind in (("user", "unary_unary"), ("stream", "unary_stream")):
+        rpc = getattr(client.channel, kind)(f"/t.S/{method}")   # raw bytes in, raw bytes out
+        with pytest.raises(grpc.RpcError) as err:
+            result = rpc(body, timeout=10.0)
+            list(result) if kind == "unary_stream" else None
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.details())
+        assert "JSON object" in err.value.details()

@@ -173,3 +173,17 @@ def test_release_and_empty_batch_round_trip():
 def test_failures_round_trip():
     msg = Failures((Failure(7, "cpu-1", "input of width 32, expected 64"), Failure(-3, "cpu-2", "")))
     assert _round_trip(msg) == msg
+
+
+@pytest.mark.parametrize("fin", [5, 1.5, ["stop"]])
+def test_token_event_finish_reason_must_be_text_or_null(fin):
+    item = {"id": 1, "pos": 3, "t": 7, "lp": -0.5, "top": [], "fin": fin, "node": "cpu-2"}
+    with pytest.raises(WireError, match="finish reason"):
+        decode([_head(wire._MAP, 0, msgpack.packb({"kind": "tok", "items": [item]}))])
+
+
+@pytest.mark.parametrize("offset", [2**64 - 1, 2**63])
+def test_offsets_beyond_int64_are_wire_errors(offset):
+    item = {"id": 1, "pos": 0, "dt": "float32", "sh": [1, 4], "f": 0, "o": offset}
+    with pytest.raises(WireError):
+        decode([_head(wire._MAP, 0, msgpack.packb({"kind": "in", "items": [item]}))])
