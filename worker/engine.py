@@ -159,7 +159,7 @@ class SliceEngine:
         x = self._inputs(spans)
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
                                  {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
-                                 self.weights.end - self.weights.start, self.device)
+                                 self.weights.end - self.weights.start, self.device, self.dtype)
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
             chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
@@ -167,7 +167,7 @@ class SliceEngine:
                                 device=self.device)
             outputs, finished, fed_back = self._sample(chosen, self.model.forward(x, batch, keep))
         else:
-            outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch))
+            outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch)), [], []
         self.policy.complete(plan, finished)
         for rid in finished:
             del self._reqs[rid]
@@ -255,9 +255,8 @@ class SliceEngine:
         return torch.cat(parts)
 
     # --- outputs ----------------------------------------------------------------------------------
-    def _outputs(self, spans: Sequence[RowSpan], x: torch.Tensor):
-        """Hidden states for never-emitted positions (stages before the last); returns (outputs, [],
-        [])."""
+    def _outputs(self, spans: Sequence[RowSpan], x: torch.Tensor) -> list[StageOutput]:
+        """Hidden states for never-emitted positions (stages before the last)."""
         outs = []
         for s in spans:
             req = self._reqs[s.request_id]
@@ -267,7 +266,7 @@ class SliceEngine:
                 outs.append(StageOutput(s.request_id, first, hidden_states=rows.clone(),
                                         new_request=req.new if first == 0 else None))
                 req.next_emit = s.end
-        return outs, [], []
+        return outs
 
     def _sample(self, chosen: Sequence[RowSpan], x: torch.Tensor):
         """Sample the last row of each ``chosen`` span; ``x`` holds exactly those rows, in order."""

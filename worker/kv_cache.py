@@ -10,7 +10,6 @@ so a request that enters the slice at a later layer simply never touches the ear
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import torch
 
@@ -69,19 +68,3 @@ class PagedKVCache:
         torch.index_select(self.keys[layer].view(by_block), 1, flat, out=out[0])
         torch.index_select(self.values[layer].view(by_block), 1, flat, out=out[1])
         return out[0].view(shape), out[1].view(shape)
-
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at ``slots`` (any shape ``S``) -> ``[kv_heads, *S, head_dim]`` each."""
-        flat = slots.reshape(-1)
-        shape = (self.keys.shape[1], *slots.shape, self.keys.shape[3])
-        return (self.keys[layer].index_select(1, flat).view(shape),
-                self.values[layer].index_select(1, flat).view(shape))
-
-
-def slots_for_positions(block_table: Sequence[int], start: int, end: int, block_size_tokens: int,
-                        device: torch.device) -> torch.Tensor:
-    """Slots of positions ``[start, end)`` of a request with ``block_table``: ``[end - start]`` long."""
-    positions = torch.arange(start, end)
-    table = torch.tensor(block_table, dtype=torch.long)
-    slots = table[positions // block_size_tokens] * block_size_tokens + positions % block_size_tokens
-    return slots.to(device)

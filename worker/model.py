@@ -81,8 +81,8 @@ class DecodeGroup:
     rows: torch.Tensor | None    # [g] long: their rows in the step; None = rows 0 .. g-1 in order
     blocks: torch.Tensor         # [g, max_blocks] long (padding points at block 0)
     mask: torch.Tensor | None
-    """[1, g, 1, max_blocks * block_size]: which keys are real (bool, as built; the model turns it
-    into an additive float mask once per step), None when every context fills its blocks."""
+    """[1, g, 1, max_blocks * block_size] additive mask (0 for real keys, -inf for the padding),
+    None when every context fills its blocks."""
 
     @property
     def size(self) -> int:
@@ -253,7 +253,7 @@ class SliceModel:
             k, v = self.kv.read_blocks(i, g.blocks, out=self._gather_buffers(batch, g))
             qg = q[:g.size] if g.rows is None else q.index_select(0, g.rows)
             qd = qg.view(g.size, kv_heads, group, d).transpose(0, 1)          # [KVH, g, group, d]
-            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=self._decode_mask(g, q.dtype),
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=g.mask,
                                                scale=self.scale)
             o = o.transpose(0, 1).reshape(g.size, heads, d)
             if g.rows is None:
@@ -274,15 +274,6 @@ class SliceModel:
                 is_causal=p.causal_mask is None, enable_gqa=group > 1)
             out[rows] = o[0].transpose(0, 1)
         return out.reshape(n, heads * d)
-
-    @staticmethod
-    def _decode_mask(g: DecodeGroup, dtype: torch.dtype) -> torch.Tensor | None:
-        """A group's key mask as an additive float mask, converted once per step (SDPA on CPU is
-        measured 8-25 % faster with it than with a boolean mask; same result)."""
-        if g.mask is not None and g.mask.dtype == torch.bool:
-            g.mask = torch.zeros(g.mask.shape, dtype=dtype, device=g.mask.device).masked_fill_(
-                ~g.mask, float("-inf"))
-        return g.mask
 
     def _gather_buffers(self, batch: StepBatch, g: DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous key and value buffers for group ``g``'s padded contexts: views of flat buffers
