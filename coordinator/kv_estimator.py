@@ -20,7 +20,7 @@ shrunk ones that did not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 _LOG_LIMIT = 4096
 """Change-log entries kept; a reader further behind than this re-tests every node."""
@@ -75,16 +75,6 @@ class KVEstimator:
     def fits(self, node: str, token_layers: float) -> bool:
         """Whether reserving ``token_layers`` more keeps ``node`` at or below its high-water mark."""
         return self.used(node) + token_layers <= self._limit[node]
-
-    def fits_request(self, tokens: float, layers: Mapping[str, int]) -> Callable[[str], bool]:
-        """``node -> fits(node, tokens * layers[node])`` for one scheduling decision, as one
-        function call per node (:class:`FitMask` is the decision path's form)."""
-        reserved, observed, limit = self._reserved, self._observed, self._limit
-
-        def fits(node: str) -> bool:
-            r, o = reserved[node], observed[node]
-            return (o if o > r else r) + tokens * layers[node] <= limit[node]   # = fits()
-        return fits
 
     def reserve(self, request_id: Hashable, amounts: Iterable[tuple[str, float]]) -> None:
         """Record ``request_id``'s reservation: (node, token-layers) pairs. Replaces an earlier one."""

@@ -250,11 +250,6 @@ class Topology:
                 todo |= preds[i] & allowed & ~ok
         return ok
 
-    def finishing_nodes(self, allowed: Callable[[str], bool]) -> set[str]:
-        """Nodes from which some path of ``allowed`` nodes reaches the sink (``allowed`` included)."""
-        ok = self.finishing_mask(self.mask_of(n for n in self.nodes if allowed(n)))
-        return {n for i, n in enumerate(self.nodes) if ok >> i & 1}
-
     def next_mask(self, vertex: int) -> int:
         """Bitmask of the nodes ``vertex`` (a number) has arcs to."""
         return self._next_mask[vertex]
@@ -274,7 +269,7 @@ class Topology:
     def walk(self, choose: Callable[[str, list[str]], str], allowed: Callable[[str], bool]
              ) -> Pipeline | None:
         """Build a pipeline by asking ``choose(vertex, candidates)`` at every vertex, candidates being
-        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_nodes`), in arc
+        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_mask`), in arc
         order. None when no pipeline exists."""
         return self.walk_mask(self.picks(choose), self.mask_of(n for n in self.nodes if allowed(n)))
 

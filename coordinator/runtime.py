@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.kv_estimator import KVEstimator
-from coordinator.pipeline import RequestInfo, Topology
+from coordinator.pipeline import RequestInfo
 from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits, max_kv_tokens
-from coordinator.schedulers import HelixScheduler
+from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
@@ -98,13 +98,11 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
     """The simulator's Helix scheduler (IWRR over the plan's flows, KV masking, fallback hops); a
     plan with no pipeline the engine can run (a layer-0 node is a first stage only, see
     :class:`~coordinator.pipeline.Topology`) is a user error."""
-    flows = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows}
-    main = Topology.from_plan(plan, flows_only=True)
-    fallback = Topology.from_plan(plan, flows_only=False)
-    if fallback.walk(lambda _v, cands: cands[0], lambda _n: True) is None:
+    sched = make_scheduler("helix", plan, kv)
+    if sched.fallback.walk(lambda _v, cands: cands[0], lambda _n: True) is None:
         raise HelixUserError("the plan has no pipeline the workers can run (a node holding layer 0 "
                              "can only be a first stage)")
-    return HelixScheduler(main, kv, flows, fallback=fallback)
+    return sched
 
 
 class Coordinator:
@@ -373,7 +371,7 @@ class Coordinator:
             except Exception as exc:   # ControlError, or a reply that does not parse
                 if not isinstance(exc, ControlError):
                     log.exception("coordinator: stats of %s unreadable", node)
-                if node not in self._unreachable:
+                elif node not in self._unreachable:
                     log.warning("coordinator: stats of %s failed: %s", node, exc)
                 self._unreachable.add(node)
                 continue

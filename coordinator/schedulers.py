@@ -179,11 +179,6 @@ class HelixScheduler(Scheduler):
             return index[otherwise(name, topology.candidates(v, mask))]
         return pick_or_else
 
-    def choose(self, vertex: str, candidates: list[str]) -> str:
-        pick = self._iwrr[vertex].pick(candidates)
-        assert pick is not None, (vertex, candidates)  # candidates come from positive-flow arcs
-        return pick
-
     def schedule(self, request: RequestInfo) -> Pipeline | None:
         pipeline = self._schedule_on(self.topology, request, self._picks)
         if pipeline is None and self.fallback is not None:
