@@ -98,11 +98,11 @@ _INT_FIELDS = ("top_k", "seed", "max_tokens", "min_tokens", "logprobs")
 _OPTIONAL_FIELDS = ("seed", "logprobs")
 _REAL_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                 "repetition_penalty")
-_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 def _is_int64(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and _INT64_MIN <= value <= _INT64_MAX
+    return isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX
 
 
 def _is_finite_real(value) -> bool:

@@ -221,7 +221,7 @@ class WorkerServer:
         for _ in range(_MAX_MESSAGES_PER_STEP):
             try:
                 msg = self.data.recv(0.0 if msgs else timeout_s)
-            except (WireError, HelixUserError) as exc:   # HelixUserError: bad SamplingParams inside
+            except WireError as exc:
                 self._last_error = f"bad data-plane message: {type(exc).__name__}: {exc}"
                 log.warning("worker %s: dropped a bad data-plane message: %s", self.node, exc)
                 continue

@@ -12,16 +12,14 @@ sending takes a lock, so several threads may send.
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 from collections.abc import Mapping
 
 import zmq
 
-from worker.wire import INLINE_MAX_BYTES, Message, WireError, decode, encode, frames_after
+from worker.wire import INLINE_MAX_BYTES, Message, decode, encode, frames_after
 
-log = logging.getLogger("helix.transport")
 
 #: Peer name -> ``tcp://host:port``.
 PeerBook = Mapping[str, str]
@@ -52,8 +50,6 @@ class DataPlane:
         else:
             self._pull.bind(f"tcp://{host}:{port}")
         self.address = f"tcp://{advertised_host(host)}:{port}"
-        self._poller = zmq.Poller()
-        self._poller.register(self._pull, zmq.POLLIN)
         self._peers: dict[str, str] = {}
         self._push: dict[str, zmq.Socket] = {}
         self._send_lock = threading.Lock()
@@ -100,10 +96,6 @@ class DataPlane:
             self.messages_sent += 1
             self.bytes_sent += nbytes
 
-    def poll(self, timeout_s: float) -> bool:
-        """Whether a message is ready within ``timeout_s``."""
-        return bool(self._poller.poll(max(0, int(timeout_s * 1000))))
-
     def _recv_frames(self, flags: int) -> list:
         """One whole message's parts: the head as bytes, the large-tensor frames zero-copy. Parts after
         a head that announces none are not asked for (saves a ``RCVMORE`` query per small message);
@@ -124,21 +116,6 @@ class DataPlane:
         if timeout_s <= 0 or not self._pull.poll(int(timeout_s * 1000)):
             return None
         return decode(self._recv_frames(0))
-
-    def recv_ready(self, max_messages: int = 1024) -> list[Message]:
-        """Every message already queued (up to ``max_messages``), without waiting; a message that
-        does not decode is logged and skipped (the others are still returned)."""
-        out: list[Message] = []
-        for _ in range(max_messages):
-            try:
-                frames = self._recv_frames(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                out.append(decode(frames))
-            except WireError as exc:
-                log.warning("data plane: dropped a bad message: %s", exc)
-        return out
 
     def close(self, linger_s: float = 0.0) -> None:
         """Close every socket; queued outgoing messages get ``linger_s`` to leave."""

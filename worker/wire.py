@@ -49,8 +49,9 @@ import msgpack
 import numpy as np
 import torch
 
+from helix.errors import HelixUserError
 from worker.io_types import NewRequest, StageInput
-from worker.sampling import SampledToken, SamplingParams
+from worker.sampling import INT64_MAX, INT64_MIN, SampledToken, SamplingParams
 
 WIRE_VERSION = 2
 
@@ -72,7 +73,6 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16
 _CODE_NAMES = ("float32", "float16", "bfloat16", "tokens")
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _TOKENS = 3
-_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 # Received frames are read-only buffers; the engine only reads them (it copies on ``.to``/``cat``).
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -213,7 +213,7 @@ def _records(inputs: Sequence[WireInput], out: _Payload) -> bytes | None:
         it = w.item
         rid, pos = it.request_id, it.start_position
         if w.route is not None or it.new_request is not None or type(rid) is not int \
-                or type(pos) is not int or not (_INT64_MIN <= rid <= _INT64_MAX and 0 <= pos <= _INT64_MAX):
+                or type(pos) is not int or not (INT64_MIN <= rid <= INT64_MAX and 0 <= pos <= INT64_MAX):
             return None
         if it.token_ids is not None:
             f, o = out.add(np.array(it.token_ids, dtype=np.int64))
@@ -383,5 +383,5 @@ def decode(frames: Sequence) -> Message:
     except WireError:
         raise
     except (KeyError, TypeError, IndexError, ValueError, OverflowError, struct.error,
-            msgpack.UnpackException) as exc:
+            msgpack.UnpackException, HelixUserError) as exc:   # HelixUserError: bad SamplingParams
         raise WireError(f"malformed message: {exc!r}") from None

@@ -89,7 +89,7 @@ def _check_output_path(path: Optional[Path], option: str, suffix: Optional[str] 
         raise HelixUserError(f"{option} {path}: the file name must end in {suffix}")
     if path.is_dir():
         raise HelixUserError(f"{option} {path}: is a folder; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
         raise HelixUserError(f"{option} {path}: folder {parent} does not exist")
 

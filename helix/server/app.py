@@ -124,14 +124,8 @@ class OpenAIServer:
                                               f"{self.model_name!r}")
 
     def _prompt_ids(self, prompt) -> list[int]:
-        codec = self.coordinator.codec
-        if isinstance(prompt, str):
-            return codec.encode(prompt)
-        bad = [t for t in prompt if not 0 <= t < codec.vocab_size]
-        if bad:
-            raise HelixUserError(f"prompt token id(s) {bad[:5]} outside the vocabulary "
-                                 f"[0, {codec.vocab_size})")
-        return list(prompt)
+        # Token ids are checked (vocabulary, emptiness) by Coordinator.submit's RequestLimits.
+        return self.coordinator.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def _logprobs(self, params, as_token_ids: bool) -> LogprobsBuilder | None:
         if params.logprobs is None:
