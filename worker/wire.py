@@ -205,27 +205,32 @@ class _Payload:
         return [b"".join(parts), *self.extra]
 
 
-def _records(inputs: Sequence[WireInput], out: _Payload) -> bytes | None:
-    """The records header of a batch of plain inputs (int ids, token ids or a 2-D hidden state, nothing
-    else), or None when an input is not plain (``out`` is then to be discarded)."""
+def _is_plain(w: WireInput) -> bool:
+    """Whether ``w`` fits a record: int id and position, token ids or a 2-D hidden state of a known
+    dtype, no route and no new request."""
+    it = w.item
+    rid, pos = it.request_id, it.start_position
+    if w.route is not None or it.new_request is not None or type(rid) is not int \
+            or type(pos) is not int or not (INT64_MIN <= rid <= INT64_MAX and 0 <= pos <= INT64_MAX):
+        return False
+    hs = it.hidden_states
+    return it.token_ids is not None or (hs.dtype in _CODES and hs.dim() == 2)
+
+
+def _records(inputs: Sequence[WireInput], out: _Payload) -> bytes:
+    """The records header of a batch of plain inputs (:func:`_is_plain`), payloads added to ``out``."""
     records = []
     for w in inputs:
         it = w.item
         rid, pos = it.request_id, it.start_position
-        if w.route is not None or it.new_request is not None or type(rid) is not int \
-                or type(pos) is not int or not (INT64_MIN <= rid <= INT64_MAX and 0 <= pos <= INT64_MAX):
-            return None
         if it.token_ids is not None:
             f, o = out.add(np.array(it.token_ids, dtype=np.int64))
             records.append(_RECORD.pack(rid, pos, _TOKENS, f, o, len(it.token_ids), 0))
             continue
         hs = it.hidden_states
-        code = _CODES.get(hs.dtype)
-        if code is None or hs.dim() != 2:
-            return None
         f, o = out.add(tensor_frame(hs))
         rows, cols = hs.shape
-        records.append(_RECORD.pack(rid, pos, code, f, o, rows, cols))
+        records.append(_RECORD.pack(rid, pos, _CODES[hs.dtype], f, o, rows, cols))
     return b"".join(records)
 
 
@@ -269,12 +274,11 @@ def _header_map(msg: Message, out: _Payload) -> dict:
 
 def encode(msg: Message) -> list:
     """Frames of ``msg``: ``[head bytes, large tensor buffers...]`` (see the module docstring)."""
-    if type(msg) is InputBatch:
-        out = _Payload()
-        header = _records(msg.inputs, out)
-        if header is not None:
-            return out.frames(_RECORDS, header)
     out = _Payload()
+    if type(msg) is InputBatch and all(_is_plain(w) for w in msg.inputs):
+        # Checked before any payload is placed: a mixed batch (a new request's first chunk beside
+        # decodes) goes straight to the map without copying tensors twice.
+        return out.frames(_RECORDS, _records(msg.inputs, out))
     return out.frames(_MAP, _packer.pack(_header_map(msg, out)))
 
 
