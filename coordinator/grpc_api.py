@@ -25,8 +25,8 @@ import grpc
 from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, QueueFull, WorkerHandle
 from helix.errors import HelixUserError
-from worker.control import COORDINATOR_SERVICE, service_handler
-from worker.sampling import SamplingParams
+from helix.net.control import COORDINATOR_SERVICE, service_handler
+from helix.net.sampling import SamplingParams
 
 
 class Registry:
@@ -122,7 +122,7 @@ class CoordinatorService:
 
     def generate(self, req: dict, context: grpc.ServicerContext) -> Iterator[dict]:
         # Statuses other than INVALID_ARGUMENT are set and the stream ended, not context.abort():
-        # abort raises, and the service guard (worker.control) would rewrite the status to INTERNAL.
+        # abort raises, and the service guard (helix.net.control) would rewrite the status to INTERNAL.
         coord = self.coordinator
         if coord is None:
             _fail(context, grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from coordinator.pipeline import Pipeline, Topology
 from coordinator.textcodec import Detokenizer
 from helix.errors import HelixUserError
-from worker.sampling import MAX_LOGPROBS, SampledToken, SamplingParams
+from helix.net.sampling import MAX_LOGPROBS, SampledToken, SamplingParams
 
 
 @dataclass(frozen=True)

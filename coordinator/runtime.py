@@ -14,7 +14,7 @@ already did, frees the request's KV on every stage of its pipeline.
 
 ``submit`` checks every request once (:class:`~coordinator.requests.RequestLimits`: vocabulary,
 context, the KV the roomiest pipeline can hold, logprobs), for the HTTP and the gRPC API alike. A
-request a stage drops anyway (a ``worker.wire.Failures`` message) ends with an error, freed everywhere;
+request a stage drops anyway (a ``helix.net.wire.Failures`` message) ends with an error, freed everywhere;
 the others go on. The waiting queue is strict FIFO; it moves when a request ends and after every
 stats poll.
 """
@@ -39,12 +39,12 @@ from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
-from worker.control import WORKER_SERVICE, ControlClient, ControlError
-from worker.io_types import NewRequest, StageInput
-from worker.sampling import SamplingParams
-from worker.server import WorkerStats
-from worker.transport import DataPlane
-from worker.wire import Failures, Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
+from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
+from helix.net.io_types import NewRequest, StageInput
+from helix.net.sampling import SamplingParams
+from helix.net.stats import WorkerStats
+from helix.net.data_plane import DataPlane
+from helix.net.wire import Failures, Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
 
 log = logging.getLogger("helix.coordinator")
 

@@ -1,4 +1,9 @@
-"""helix."""
+"""Helix: serve one LLM across mixed GPUs in several regions.
+
+The package root is the vocabulary (spec, units, hardware and model catalogs, cost model, plan
+types, errors); ``helix.net`` is the protocol, ``helix.sim`` the simulator, and ``helix.server``,
+``helix.commands``, ``helix.cli`` and ``helix.client`` the front doors.
+"""
 
 
 def __getattr__(name: str):

@@ -1,13 +1,13 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
 For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
-(``planner.heuristics``, ``planner.construct``) as a warm start, the best kept; stop at once if it is
+(``planner.search.baselines``, ``planner.search.construct``) as a warm start, the best kept; stop at once if it is
 already within ``gap`` of the bound -> multi-region clusters: each region's exact class MILP, unioned
 -> local search on the exact max flow (to 30 % of the time) -> the class MILP
-(``planner.milp_classes``) with node capacities capped at the bound, warm-started, stopped as soon
+(``planner.milp.class_model``) with node capacities capped at the bound, warm-started, stopped as soon
 as the proven gap is within ``gap`` (until 75 % of the time) -> local search again -> exact max flow
 -> independent verification (``planner.verify``) -> Plan. ``milp-paper`` runs the paper's
-node-level formulation (``planner.milp_paper``) as the baseline. Heuristic methods return their
+node-level formulation (``planner.milp.paper_model``) as the baseline. Heuristic methods return their
 placement with the fixed-point bound.
 """
 
@@ -22,14 +22,15 @@ from typing import Callable
 
 from helix.errors import HelixUserError, InfeasibleError
 from helix.plan import ArcFlow, NodePlacement, Plan
-from planner import construct, local_search, milp_classes, milp_paper
-from planner.bound import fixed_point_bound, layer_counts
+from planner.milp import class_model, paper_model
+from planner.search import construct, local_search
+from planner.search.bounds import fixed_point_bound, layer_counts
 from planner.flowgraph import FlowResult, Placement, max_flow
-from planner.heuristics import HEURISTICS, WARM_STARTS
+from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.latency import path_stats
-from planner.linear import LinearModel
+from planner.milp.linear import LinearModel
 from planner.problem import PlacementProblem
-from planner.solvers import HighsAdapter, SolveOptions, make_solver
+from planner.milp.solvers import HighsAdapter, SolveOptions, make_solver
 from planner.verify import PlannerBug, verify
 
 log = logging.getLogger("helix.planner")
@@ -116,7 +117,7 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     best = _best_warm_start(problem, seed, partial, min_k) if warm_starts else \
         Candidate({}, FlowResult(0.0, {}, {}), "none")
     if method == "milp-paper":
-        placement, paper_bound, status, used = milp_paper.run(problem, adapter, _options(
+        placement, paper_bound, status, used = paper_model.run(problem, adapter, _options(
             time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
         extras.update(status=status, bound_paper_milp=paper_bound, solver_used=used)
         cand = _evaluate(problem, placement, method, partial) if placement else None
@@ -224,9 +225,9 @@ def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, 
     """The class MILP, warm-started from ``best``, ending ``time_limit_s`` after ``t0``.
 
     Returns (best candidate, the MILP's proven bound or None, solver status)."""
-    model = milp_classes.build_class_model(problem, partial, min_k, flow_bound=bound)
+    model = class_model.build_class_model(problem, partial, min_k, flow_bound=bound)
     exact = class_model_is_exact(problem, bound)
-    warm = _complete(model.lp, milp_classes.hold_values(model, best.placement),
+    warm = _complete(model.lp, class_model.hold_values(model, best.placement),
                      _options(time_limit_s, threads, seed, gap, None, t0)) \
         if best.placement else None
 
@@ -243,7 +244,7 @@ def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, 
         bad = model.lp.violations(res.values, tol=1e-5)
         if bad:
             raise AssertionError(f"solver returned a solution violating {bad[:3]}")
-        mine = _evaluate(problem, milp_classes.extract(model, res.values), "milp", partial)
+        mine = _evaluate(problem, class_model.extract(model, res.values), "milp", partial)
         if exact and mine.value < res.objective * (1 - 1e-6) - 1e-6:
             raise AssertionError(f"class model is exact but max flow {mine.value} < "
                                  f"objective {res.objective}")

@@ -14,7 +14,7 @@ import networkx as nx
 from networkx.algorithms.flow import edmonds_karp
 
 from planner.flowgraph import SINK, SOURCE, FlowResult, Placement, arc_valid, build_graph
-from planner.heuristics import fits
+from planner.search.baselines import fits
 from planner.problem import COORDINATOR, PlacementProblem
 
 REL_TOL = 1e-6

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from worker.engine import EngineConfig, SliceEngine  # noqa: E402
 from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
-from worker.sampling import SamplingParams  # noqa: E402
+from helix.net.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 8192
 

@@ -1,7 +1,7 @@
 """Runtime benchmarks for ``helix serve`` (issue 6); prints tables and appends them to BENCHMARKS.md.
 
-1. Data plane: activation frames/s and GB/s between two processes through ``worker.transport``
-   (``worker.wire`` messages built from and decoded back to ``InputBatch``/``StageInput``/tensors) vs raw
+1. Data plane: activation frames/s and GB/s between two processes through ``helix.net.data_plane``
+   (``helix.net.wire`` messages built from and decoded back to ``InputBatch``/``StageInput``/tensors) vs raw
    pyzmq PUSH/PULL moving the same bytes, in the same run. Target: >= 70 % of raw (two frames,
    zero-copy); the fastest raw pattern for the size (one copied frame for small payloads) is shown too.
 2. Coordinator: pipeline decisions/s of the shared Helix scheduler (IWRR + KV masking, with worker-stat
@@ -56,9 +56,9 @@ def _sender(kind: str, address: str, shape: tuple[int, int], count: int, code_di
     _use_code(code_dir)
     hs = _payload(shape)
     if kind.startswith("helix"):
-        from worker.io_types import StageInput
-        from worker.transport import DataPlane
-        from worker.wire import InputBatch, WireInput
+        from helix.net.io_types import StageInput
+        from helix.net.data_plane import DataPlane
+        from helix.net.wire import InputBatch, WireInput
         plane = DataPlane()
         plane.set_peers({"dst": address})
         c0 = time.process_time()
@@ -94,7 +94,7 @@ def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None
     _use_code(code_dir)
     ctx = mp.get_context("spawn")
     if kind.startswith("helix"):
-        from worker.transport import DataPlane
+        from helix.net.data_plane import DataPlane
         plane = DataPlane()
         address = plane.address
     else:
@@ -255,7 +255,7 @@ def bench_end_to_end(quick: bool) -> list[tuple]:
     import asyncio
     import statistics
     from helix import demo
-    from helix.demo_checkpoint import ensure_tiny_checkpoint
+    from helix.commands.demo_checkpoint import ensure_tiny_checkpoint
     from helix.server.http import HttpThread
     from helix.server.stack import ServeOptions, ServeStack
     n_req, max_tokens = (16, 16) if quick else (32, 32)
@@ -289,7 +289,7 @@ def _single_process(ckpt: Path, n_req: int, max_tokens: int) -> tuple:
     from helix import demo
     from worker.engine import EngineConfig, SliceEngine
     from worker.local_pipeline import LocalPipeline, Prompt
-    from worker.sampling import SamplingParams
+    from helix.net.sampling import SamplingParams
     torch.set_num_threads(1)
     codec = TextCodec(ckpt)
     prompts = [codec.encode_chat(demo._messages(i)) if i % 2 else codec.encode(demo._PROMPTS[i % 6])

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from helix.errors import HelixUserError
-from worker.io_types import NewRequest, StageInput, StageOutput
+from helix.net.io_types import NewRequest, StageInput, StageOutput
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, num_blocks_for_budget
 from worker.model import SliceModel, SliceWeights
@@ -85,7 +85,7 @@ class _Request:
 
 
 class SliceEngine:
-    """Runs model layers ``[start, end)`` for many requests (implements ``worker.io_types.Engine``)."""
+    """Runs model layers ``[start, end)`` for many requests (implements ``helix.net.io_types.Engine``)."""
 
     def __init__(self, weights: SliceWeights, config: EngineConfig = EngineConfig()) -> None:
         self.config = config

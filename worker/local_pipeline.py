@@ -2,7 +2,7 @@
 
 Stage ``k``'s outputs become stage ``k + 1``'s inputs; the last stage's tokens go back to the first
 stage as the next decode input; finished requests are released on every stage. The real runtime moves
-the same :mod:`worker.io_types` objects over ZeroMQ instead.
+the same :mod:`helix.net.io_types` objects over ZeroMQ instead.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
-from worker.io_types import Engine, NewRequest, StageInput, StageOutput
-from worker.sampling import SamplingParams
+from helix.net.io_types import Engine, NewRequest, StageInput, StageOutput
+from helix.net.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Plain class (a test builds it directly; :mod:`worker.actor` wraps it for Ray). The control service
 configures the slice and the peer address book, and answers health, stats, drain and shutdown. Once
 configured, a loop thread repeats: take every data-plane message that arrived, run one engine step,
-forward what it produced along each request's :class:`~worker.wire.Route`:
+forward what it produced along each request's :class:`~helix.net.wire.Route`:
 
 - a middle stage sends hidden states to the next hop (one message per destination per step);
 - the last stage sends the sampled tokens to the coordinator *and* each unfinished request's token
@@ -15,7 +15,7 @@ tombstone list drops inputs of a released request that were still in flight.
 
 A request the engine drops (an input it refuses, or a step that raised; see
 :meth:`~worker.engine.SliceEngine.take_failures`) is reported to the coordinator at once
-(a :class:`~worker.wire.Failures` message), which answers its client with the error and releases it on every stage; the
+(a :class:`~helix.net.wire.Failures` message), which answers its client with the error and releases it on every stage; the
 other requests keep running. A data-plane message that does not decode is logged and dropped.
 """
 
@@ -26,16 +26,17 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, defaultdict
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR
-from worker.control import ControlServer, WORKER_SERVICE, service_handler, start_server
+from helix.net.control import ControlServer, WORKER_SERVICE, service_handler, start_server
+from helix.net.stats import WorkerStats
 from worker.engine import EngineConfig, RequestFailure, SliceEngine
-from worker.io_types import StageInput, StageOutput
-from worker.transport import DataPlane
-from worker.wire import (Failure, Failures, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError,
+from helix.net.io_types import StageInput, StageOutput
+from helix.net.data_plane import DataPlane
+from helix.net.wire import (Failure, Failures, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError,
                          WireInput)
 
 log = logging.getLogger("helix.worker")
@@ -43,50 +44,6 @@ log = logging.getLogger("helix.worker")
 _TOMBSTONES = 4096
 _IDLE_POLL_S = 0.005
 _MAX_MESSAGES_PER_STEP = 1024
-
-@dataclass(frozen=True)
-class WorkerStats:
-    """One snapshot of a worker, as the control service reports it."""
-
-    node: str
-    configured: bool
-    start: int
-    end: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    block_size_tokens: int
-    num_waiting: int
-    """Requests with inputs not yet computed (policy queue)."""
-    num_running: int
-    num_requests: int
-    """Requests holding state on this worker."""
-    steps_total: int
-    step_time_s_avg: float
-    """Exponential average of non-empty step times."""
-    last_step_unix_s: float | None
-    """Wall time the last non-empty step finished without error (None: never)."""
-    last_error: str | None
-    draining: bool
-
-    @property
-    def kv_blocks_free(self) -> int:
-        return self.kv_blocks_total - self.kv_blocks_used
-
-    @property
-    def kv_used_token_layers(self) -> int:
-        return self.kv_blocks_used * self.block_size_tokens * (self.end - self.start)
-
-    @property
-    def kv_capacity_token_layers(self) -> int:
-        return self.kv_blocks_total * self.block_size_tokens * (self.end - self.start)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "kv_blocks_free": self.kv_blocks_free}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "WorkerStats":
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
-
 
 def engine_config_from(overrides: dict[str, Any]) -> EngineConfig:
     known = {f.name for f in fields(EngineConfig)}

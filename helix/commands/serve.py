@@ -24,7 +24,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
           worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
-    from coordinator.launcher import LaunchConfig
+    from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
     from helix.plan import Plan
     from helix.server.http import run_blocking
@@ -51,7 +51,7 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
            control_port: int = typer.Option(0, help="gRPC control port (0 = any)"),
            register_timeout_s: float = typer.Option(60.0, help="how long to retry registering")) -> None:
     """Run one worker outside Ray: register with the coordinator over gRPC and serve until told to stop."""
-    from worker.control import COORDINATOR_SERVICE, ControlClient, ControlError
+    from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError
     from worker.server import WorkerServer
     server = WorkerServer(node, str(model), host, data_port, control_port)
     client = ControlClient(coordinator, COORDINATOR_SERVICE)
@@ -81,7 +81,7 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
          spec: Optional[Path] = typer.Option(None, help="cluster to plan instead of cluster_specs/local3.yaml "
                                                         "(its nodes all run on this machine)")) -> None:
     """Plan cluster_specs/local3.yaml, serve a tiny random LLaMA on 3 local Ray workers, send a burst."""
-    from helix.demo import LOCAL3, format_report, run_demo
+    from helix.commands.demo import LOCAL3, format_report, run_demo
     if spec is not None and not spec.is_file():
         raise HelixUserError(f"--spec: no such file {str(spec)!r}")
     report = run_demo(cache, requests, max_tokens, spec_path=spec or LOCAL3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coordinator.textcodec import TextCodec
-from worker.sampling import SampledToken
+from helix.net.sampling import SampledToken
 
 
 class LogprobsBuilder:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from helix.errors import HelixUserError
-from worker.sampling import MAX_LOGPROBS, SamplingParams
+from helix.net.sampling import MAX_LOGPROBS, SamplingParams
 
 
 _DEFAULT_MAX_TOKENS = 16

@@ -1,7 +1,7 @@
 """Everything ``helix serve`` runs, assembled in order and torn down in reverse.
 
 1. the coordinator's gRPC service (worker registration, native client API);
-2. one worker per plan node: Ray actors (:mod:`coordinator.launcher`), and/or external workers that
+2. one worker per plan node: Ray actors (:mod:`helix.server.launcher`), and/or external workers that
    register over gRPC (``helix worker``);
 3. the live coordinator: configure slices and peers (a worker that cannot load its slice stops
    everything with the node's name and the reason), build the scheduler;
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.grpc_api import CoordinatorService, Registry
-from coordinator.launcher import LaunchConfig, RayLauncher
+from helix.server.launcher import LaunchConfig, RayLauncher
 from coordinator.runtime import Coordinator, RuntimeConfig
 from coordinator.textcodec import TextCodec
 from helix.errors import HelixUserError
@@ -23,7 +23,7 @@ from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.server.app import create_app
 from helix.server.metrics import ServingMetrics
-from worker.control import ControlServer, start_server
+from helix.net.control import ControlServer, start_server
 
 log = logging.getLogger("helix.serve")
 

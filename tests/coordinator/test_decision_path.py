@@ -15,8 +15,8 @@ from coordinator.kv_estimator import FitMask, KVEstimator
 from coordinator.pipeline import Topology
 from coordinator.schedulers import SCHEDULERS
 from helix.plan import COORDINATOR
-from plan_factories import make_plan
-from test_decisions_unchanged import replay
+from tests.builders.plans import make_plan
+from tests.coordinator.replay import replay
 
 NUM_LAYERS = 24
 
@@ -182,7 +182,7 @@ def test_walks_from_another_thread_leave_decisions_unchanged():
 
     from coordinator.pipeline import RequestInfo
     from coordinator.schedulers import make_scheduler
-    from test_decisions_unchanged import random_plan
+    from tests.coordinator.replay import random_plan
 
     plan = random_plan(5)
 

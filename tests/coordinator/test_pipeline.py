@@ -4,7 +4,7 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import Pipeline, RequestInfo, Stage, Topology
 from coordinator.schedulers import make_scheduler
 from helix.plan import COORDINATOR
-from plan_factories import diamond_plan
+from tests.builders.plans import diamond_plan
 
 
 def _kv(plan, cap=1e12, high_water=0.9):
@@ -103,7 +103,7 @@ def test_release_returns_kv_to_zero():
 
 
 def test_helix_falls_back_to_zero_flow_hops_when_flow_paths_are_masked():
-    from plan_factories import make_plan
+    from tests.builders.plans import make_plan
     plan = make_plan(8, {"x": (0, 4), "y": (4, 8), "u": (0, 4), "v": (4, 8)},
                      {(COORDINATOR, "x"): 10.0, ("x", "y"): 10.0, ("y", COORDINATOR): 10.0,
                       (COORDINATOR, "u"): 10.0, ("u", "v"): 10.0, ("v", COORDINATOR): 10.0})
@@ -124,7 +124,7 @@ def test_helix_falls_back_to_zero_flow_hops_when_flow_paths_are_masked():
 def test_no_scheduler_enters_a_layer0_node_mid_pipeline():
     """A node holding layer 0 embeds token ids: the worker engine can only run it as a first stage,
     so no topology (hence neither the simulator nor the live coordinator) hops into it later."""
-    from plan_factories import make_plan
+    from tests.builders.plans import make_plan
     ranges = {"whole": (0, 8), "tail": (4, 8), "head": (0, 4)}
     flows = {(COORDINATOR, "head"): 1.0, ("head", "tail"): 1.0, ("tail", COORDINATOR): 1.0,
              ("head", "whole"): 1.0, (COORDINATOR, "whole"): 1.0, ("whole", COORDINATOR): 2.0}

@@ -7,7 +7,7 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.schedulers import SCHEDULERS, make_scheduler
 from helix.plan import COORDINATOR
-from plan_factories import make_plan
+from tests.builders.plans import make_plan
 
 NUM_LAYERS = 12
 

@@ -8,8 +8,8 @@ from coordinator.pipeline import Topology
 from coordinator.requests import RequestLimits, max_kv_tokens
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR
-from plan_factories import make_plan
-from worker.sampling import SamplingParams
+from tests.builders.plans import make_plan
+from helix.net.sampling import SamplingParams
 
 # cpu-0 [0,4) feeds cpu-1 [2,8) or cpu-2 [4,8).
 PLAN = make_plan(8, {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)},

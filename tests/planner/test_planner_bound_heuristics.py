@@ -6,13 +6,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.bound import fixed_point_bound
-from planner.construct import regional, stages, sweep
+from planner.search.bounds import fixed_point_bound
+from planner.search.construct import regional, stages, sweep
 from planner.flowgraph import max_flow
-from planner.heuristics import HEURISTICS, WARM_STARTS
+from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.reference import reference_single24_70b
 from planner.verify import check_placement
-from planner_factories import brute_force, random_problem
+from tests.builders.problems import brute_force, random_problem
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,8 +106,8 @@ def test_heuristics_on_the_reference_case(name):
 def test_local_search_never_worsens_and_keeps_placements_valid():
     import time
 
-    from planner.heuristics import petals
-    from planner.local_search import improve
+    from planner.search.baselines import petals
+    from planner.search.local_search import improve
     p = reference_single24_70b()
     start = petals(p, 0)
     flows = max_flow(p, start)

@@ -4,7 +4,7 @@ import pytest
 
 from planner import solve
 from planner.draw import draw_plan, layout
-from planner_factories import make_node, make_problem
+from tests.builders.problems import make_node, make_problem
 
 
 @pytest.fixture(scope="module")

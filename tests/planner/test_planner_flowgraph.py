@@ -8,7 +8,7 @@ import pytest
 from planner.flowgraph import SINK, SOURCE, arc_valid, build_graph, max_flow
 from planner.problem import COORDINATOR
 from planner.verify import check_flow
-from planner_factories import make_node, make_problem, random_problem
+from tests.builders.problems import make_node, make_problem, random_problem
 
 
 def lp_max_flow(g) -> float:

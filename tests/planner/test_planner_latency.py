@@ -9,7 +9,7 @@ from planner.flowgraph import max_flow
 from planner.latency import decompose, path_stats
 from planner.problem import COORDINATOR
 from planner.reference import reference_single24_70b
-from planner_factories import make_node, make_problem
+from tests.builders.problems import make_node, make_problem
 
 REPO = Path(__file__).resolve().parents[2]
 

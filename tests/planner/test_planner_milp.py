@@ -4,11 +4,12 @@ import random
 
 import pytest
 
-from planner import milp_classes, milp_paper, solve
-from planner.bound import fixed_point_bound
+from planner import solve
+from planner.milp import class_model, paper_model
+from planner.search.bounds import fixed_point_bound
 from planner.flowgraph import max_flow
-from planner.solvers import HighsAdapter, SolveOptions
-from planner_factories import brute_force, make_node, make_problem, random_problem
+from planner.milp.solvers import HighsAdapter, SolveOptions
+from tests.builders.problems import brute_force, make_node, make_problem, random_problem
 
 EXACT = SolveOptions(time_limit_s=60, threads=1, rel_gap=0.0)
 
@@ -17,18 +18,18 @@ CASES = [(seed, n, L, kmax) for seed, (n, L, kmax) in enumerate(
 
 
 def _class_optimum(problem, partial):
-    model = milp_classes.build_class_model(problem, partial, flow_bound=fixed_point_bound(problem))
+    model = class_model.build_class_model(problem, partial, flow_bound=fixed_point_bound(problem))
     res = HighsAdapter().solve(model.lp, EXACT)
     assert res.status == "optimal"
-    placement = milp_classes.extract(model, res.values)
+    placement = class_model.extract(model, res.values)
     return res.objective, max_flow(problem, placement, partial).value_tokens_per_s
 
 
 def _paper_optimum(problem, partial):
-    lp, v = milp_paper.build_paper_model(problem, partial)
+    lp, v = paper_model.build_paper_model(problem, partial)
     res = HighsAdapter().solve(lp, EXACT)
     assert res.status == "optimal"
-    placement = milp_paper.extract(problem, v, res.values)
+    placement = paper_model.extract(problem, v, res.values)
     return res.objective, max_flow(problem, placement, partial).value_tokens_per_s
 
 

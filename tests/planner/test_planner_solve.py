@@ -13,7 +13,7 @@ from helix.spec import load_cluster
 from planner import METHODS, solve
 from planner.build import build_problem
 from planner.reference import REFERENCE_MAX_FLOW, reference_single24_70b
-from planner_factories import brute_force, make_node, make_problem, random_problem
+from tests.builders.problems import brute_force, make_node, make_problem, random_problem
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SPEC = REPO / "cluster_specs" / "reference" / "helix-single24-70b.yaml"

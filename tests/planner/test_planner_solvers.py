@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from planner import solve
-from planner.bound import fixed_point_bound
-from planner.milp_classes import build_class_model
+from planner.search.bounds import fixed_point_bound
+from planner.milp.class_model import build_class_model
 from planner.reference import reference_single24_70b
-from planner.solvers import FallbackAdapter, HighsAdapter, SolveOptions, make_solver
-from planner_factories import random_problem
+from planner.milp.solvers import FallbackAdapter, HighsAdapter, SolveOptions, make_solver
+from tests.builders.problems import random_problem
 
 OPTS = SolveOptions(time_limit_s=30, threads=1, rel_gap=0.0)
 
@@ -24,7 +24,7 @@ def _small_model(seed):
 @pytest.mark.parametrize("seed", [0, 3, 5])
 def test_gurobi_and_highs_agree_on_small_models(seed):
     pytest.importorskip("gurobipy")
-    from planner.solvers import GurobiAdapter
+    from planner.milp.solvers import GurobiAdapter
     lp = _small_model(seed)
     a, b = HighsAdapter().solve(lp, OPTS), GurobiAdapter().solve(lp, OPTS)
     assert a.status == b.status == "optimal"

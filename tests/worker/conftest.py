@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.worker_test_threads import one_torch_thread
+from tests.builders.threads import one_torch_thread
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

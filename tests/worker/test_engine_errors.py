@@ -12,8 +12,9 @@ import torch
 
 from helix.errors import HelixUserError
 from worker.engine import EngineConfig, SliceEngine
-from worker.io_types import NewRequest, StageInput
-from worker.sampling import Sampler, SamplingParams
+from helix.net.io_types import NewRequest, StageInput
+from helix.net.sampling import SamplingParams
+from worker.sampling import Sampler
 
 
 def _input(rid, ids, params: SamplingParams) -> StageInput:

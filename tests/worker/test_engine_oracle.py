@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.worker.worker_test_threads import one_torch_thread
+from tests.builders.threads import one_torch_thread
 from worker.engine import EngineConfig, SliceEngine
 from worker.local_pipeline import LocalPipeline, Prompt
-from worker.sampling import SamplingParams
+from helix.net.sampling import SamplingParams
 
 #: Logits of our float32 engine vs HF float32: same math, different op order (fused projections,
 #: paged attention), so differences are rounding only.
@@ -120,7 +120,7 @@ def test_per_request_pipelines_with_mixed_entry_layers(tiny_ckpt, prompts, hf_gr
     stage mixes rows that skip layer 2 with rows that run it."""
     from dataclasses import replace
 
-    from worker.io_types import NewRequest, StageInput
+    from helix.net.io_types import NewRequest, StageInput
     ckpt, _ = tiny_ckpt
     cfg = EngineConfig(eos_token_ids=(2,), max_num_batched_tokens=40)
     a3, a2, mid, last = (SliceEngine.from_checkpoint(ckpt, s, e, cfg)

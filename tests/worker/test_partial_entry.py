@@ -6,7 +6,7 @@ import torch
 
 from worker.engine import EngineConfig, SliceEngine
 from worker.local_pipeline import LocalPipeline, Prompt
-from worker.sampling import SamplingParams
+from helix.net.sampling import SamplingParams
 
 
 def _recording(engine: SliceEngine, log: list) -> SliceEngine:

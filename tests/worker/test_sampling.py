@@ -9,7 +9,8 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TopPLogitsWarper)
 
 from helix.errors import HelixUserError
-from worker.sampling import Sampler, SamplingParams, processed_probs
+from helix.net.sampling import SamplingParams
+from worker.sampling import Sampler, processed_probs
 
 VOCAB = 50
 

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from helix.errors import HelixUserError, SpecError
 from worker.engine import EngineConfig, SliceEngine
-from worker.io_types import NewRequest, StageInput
-from worker.sampling import SamplingParams
+from helix.net.io_types import NewRequest, StageInput
+from helix.net.sampling import SamplingParams
 from worker.weights import expected_shapes, load_slice
 from helix.models import ModelSpec
 

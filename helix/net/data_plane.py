@@ -1,0 +1,126 @@
+"""The ZeroMQ data plane: each endpoint binds one PULL socket; senders keep one PUSH socket per peer.
+
+PUSH/PULL keeps the order of messages from one sender to one receiver, which is all a pipeline needs
+(a request's inputs at a stage all come from one upstream stage, or from the coordinator and the last
+stage in causal order). Messages are :mod:`helix.net.wire` frames: a head frame, copied into ZeroMQ when it
+is small (it then holds every small tensor too), and zero-copy frames for large tensors, which go from
+the engine's output to the socket without a Python-side copy.
+
+Sockets are not thread-safe: receiving belongs to the thread that calls :meth:`DataPlane.recv`;
+sending takes a lock, so several threads may send.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Mapping
+
+import zmq
+
+from helix.net.wire import INLINE_MAX_BYTES, Message, decode, encode, frames_after
+
+
+#: Peer name -> ``tcp://host:port``.
+PeerBook = Mapping[str, str]
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address others should dial: ``bind_host`` itself, or this machine's address when binding
+    every interface (``0.0.0.0``)."""
+    if bind_host not in ("0.0.0.0", "", "*"):
+        return bind_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class DataPlane:
+    """One endpoint of the data plane: a bound PULL socket and PUSH sockets to named peers."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None,
+                 context: zmq.Context | None = None) -> None:
+        self._ctx = context or zmq.Context.instance()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        if port is None or port == 0:
+            port = self._pull.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._pull.bind(f"tcp://{host}:{port}")
+        self.address = f"tcp://{advertised_host(host)}:{port}"
+        self._peers: dict[str, str] = {}
+        self._push: dict[str, zmq.Socket] = {}
+        self._send_lock = threading.Lock()
+        self.bytes_sent = 0
+        self.messages_sent = 0
+
+    def set_peers(self, peers: PeerBook) -> None:
+        """Add or change peer addresses (a changed address gets a new socket)."""
+        with self._send_lock:
+            for name, addr in peers.items():
+                if self._peers.get(name) != addr and name in self._push:
+                    self._push.pop(name).close(linger=0)
+                self._peers[name] = addr
+
+    @property
+    def peers(self) -> dict[str, str]:
+        return dict(self._peers)
+
+    def _socket(self, peer: str) -> zmq.Socket:
+        sock = self._push.get(peer)
+        if sock is None:
+            if peer not in self._peers:
+                raise KeyError(f"unknown data-plane peer {peer!r}; known: {sorted(self._peers)}")
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self._peers[peer])
+            self._push[peer] = sock
+        return sock
+
+    def send(self, peer: str, msg: Message) -> None:
+        self.send_frames(peer, encode(msg))
+
+    def send_frames(self, peer: str, frames: list) -> None:
+        head = frames[0]
+        nbytes = len(head)
+        with self._send_lock:
+            sock = self._push.get(peer) or self._socket(peer)
+            if len(frames) == 1:   # the common decode-step message: one copied frame
+                sock.send(head, copy=nbytes < INLINE_MAX_BYTES)
+            else:
+                nbytes += sum(f.nbytes for f in frames[1:])
+                sock.send_multipart(frames, copy=False)
+            self.messages_sent += 1
+            self.bytes_sent += nbytes
+
+    def _recv_frames(self, flags: int) -> list:
+        """One whole message's parts: the head as bytes, the large-tensor frames zero-copy. Parts after
+        a head that announces none are not asked for (saves a ``RCVMORE`` query per small message);
+        after a head that is not ours every part is drained, so a bad message leaves nothing behind."""
+        sock = self._pull
+        frames = [sock.recv(flags)]
+        if frames_after(frames[0]) != 0:
+            while sock.getsockopt(zmq.RCVMORE):
+                frames.append(sock.recv(copy=False))
+        return frames
+
+    def recv(self, timeout_s: float) -> Message | None:
+        """The next message, or None when none arrives within ``timeout_s``."""
+        try:   # a backlog is the common case under load: skip the poll
+            return decode(self._recv_frames(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        if timeout_s <= 0 or not self._pull.poll(int(timeout_s * 1000)):
+            return None
+        return decode(self._recv_frames(0))
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close every socket; queued outgoing messages get ``linger_s`` to leave."""
+        with self._send_lock:
+            for sock in self._push.values():
+                sock.close(linger=int(linger_s * 1000))
+            self._push.clear()
+        self._pull.close(linger=0)

@@ -1,0 +1,49 @@
+"""A worker's stats snapshot: what the control service reports and the coordinator reads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One snapshot of a worker, as the control service reports it."""
+
+    node: str
+    configured: bool
+    start: int
+    end: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    block_size_tokens: int
+    num_waiting: int
+    """Requests with inputs not yet computed (policy queue)."""
+    num_running: int
+    num_requests: int
+    """Requests holding state on this worker."""
+    steps_total: int
+    step_time_s_avg: float
+    """Exponential average of non-empty step times."""
+    last_step_unix_s: float | None
+    """Wall time the last non-empty step finished without error (None: never)."""
+    last_error: str | None
+    draining: bool
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.kv_blocks_total - self.kv_blocks_used
+
+    @property
+    def kv_used_token_layers(self) -> int:
+        return self.kv_blocks_used * self.block_size_tokens * (self.end - self.start)
+
+    @property
+    def kv_capacity_token_layers(self) -> int:
+        return self.kv_blocks_total * self.block_size_tokens * (self.end - self.start)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kv_blocks_free": self.kv_blocks_free}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkerStats":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})

@@ -1,0 +1,32 @@
+"""Serving builders: the branching three-worker plan, the prompts the serving tests send, and
+``transformers``' greedy continuation as the oracle."""
+
+from __future__ import annotations
+
+from helix.plan import ArcFlow, NodePlacement, Plan
+
+
+def branching_plan() -> Plan:
+    """cpu-0 [0,4) feeds cpu-1 [2,8) (overlap: cpu-1 enters at layer 4) twice as often as cpu-2 [4,8)."""
+    return Plan(model="tiny-llama", num_layers=8,
+                placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 2, 8),
+                            NodePlacement("cpu-2", 4, 8)),
+                arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 200.0),
+                           ArcFlow("cpu-0", "cpu-2", 100.0), ArcFlow("cpu-1", "coordinator", 200.0),
+                           ArcFlow("cpu-2", "coordinator", 100.0)),
+                max_flow_tokens_per_s=300.0, method="test")
+
+
+
+def hf_greedy(model, prompt_ids, max_new_tokens: int) -> list[int]:
+    """Greedy continuation by ``transformers`` (stops at EOS id 2)."""
+    import torch
+    out = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=2, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+PROMPTS = ["Helix serves one large language model", "Each worker holds a slice",
+           "The placement maximizes the max flow from source to sink; every request",
+           "Chunked prefill", "pipeline", "Iteration-level scheduling lets finished requests leave",
+           "regions of mixed GPUs", "decodes ride along"]

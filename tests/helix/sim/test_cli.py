@@ -1,0 +1,185 @@
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from helix.cli import main
+from helix.spec import load_cluster
+from tests.builders.sims import single24_plan
+
+REPO = Path(__file__).resolve().parents[3]
+SINGLE24 = REPO / "cluster_specs" / "single24.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.yaml"
+    single24_plan(load_cluster(SINGLE24)).save(path)
+    return path
+
+
+def test_simulate_writes_json_and_plots(plan_file, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "20",
+               "--json", str(out), "--plot", str(tmp_path / "png")])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["mode"] == "offline" and d["scheduler"] == "helix" and d["duration_s"] == 20
+    assert d["decode_throughput_tokens_per_s"] > 0 and d["tokens_generated"] > 0
+    assert set(d["node_utilization"]) == {f"a100-{i}" for i in range(4)} | {f"l4-{i}" for i in range(8)}
+    assert any(0 < u <= 1 for u in d["node_utilization"].values())
+    for name in ("throughput.png", "latency_cdf.png", "node_utilization.png"):
+        assert (tmp_path / "png" / name).stat().st_size > 1000
+    assert "decode tok/s" in capsys.readouterr().out
+
+
+def test_online_with_poisson_and_swarm(plan_file, tmp_path):
+    out = tmp_path / "r.json"
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--mode", "online",
+               "--rate", "0.5", "--poisson", "--num-requests", "8", "--scheduler", "swarm",
+               "--duration", "0", "--chunk-tokens", "256", "--json", str(out),
+               "--event-log", str(tmp_path / "events.csv")])
+    assert rc == 0
+    lines = (tmp_path / "events.csv").read_text().splitlines()
+    assert lines[0] == "time_s,event,subject" and lines[1].endswith(",RequestArrival,request 0")
+    d = json.loads(out.read_text())
+    assert d["requests_arrived"] == 8 and d["requests_completed"] == 8
+    assert d["tokens_generated"] == d["tokens_requested_completed"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "sideways"], "--mode"),
+    (["--scheduler", "fastest"], "--scheduler"),
+    (["--trace", "/no/such.csv"], "no such file"),
+    (["--high-water", "1.5"], "--high-water"),
+])
+def test_bad_options_are_one_line_errors(plan_file, capsys, args, message):
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+    (["--num-requests", "-3"], "--num-requests must be >= 1, got -3"),
+    (["--duration", "-1"], "--duration must be"),
+    (["--duration", "nan"], "--duration must be"),
+    (["--mode", "online", "--load", "0"], "--load must be > 0"),
+    (["--mode", "online", "--load", "-0.5"], "--load must be > 0"),
+    (["--load", "inf"], "--load must be > 0"),
+    (["--mode", "online", "--rate", "0"], "--rate must be > 0"),
+    (["--mode", "online", "--rate", "-2"], "--rate must be > 0"),
+    (["--chunk-tokens", "-1"], "--chunk-tokens must be >= 0 (0 = off), got -1"),
+    (["--high-water", "0"], "--high-water must be in (0, 1], got 0"),
+    (["--high-water", "nan"], "--high-water must be in (0, 1]"),
+    (["--max-prompt", "0"], "--max-prompt must be >= 1"),
+    (["--max-output", "-5"], "--max-output must be >= 1"),
+    (["--time-limit", "-1"], "--time-limit must be > 0"),
+])
+def test_out_of_range_numbers_are_one_line_errors(plan_file, capsys, args, message):
+    # Each of these used to run (0 requests meant "all", rate 0 meant "use --load") or failed
+    # with a message that did not name the option and its value.
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_make_workload_rejects_zero_requests_and_zero_rate():
+    from helix.errors import HelixUserError
+    from helix.sim.run import WorkloadOptions, make_workload
+    plan = single24_plan(load_cluster(SINGLE24))
+    with pytest.raises(HelixUserError, match="num-requests must be >= 1, got 0"):
+        make_workload(WorkloadOptions(num_requests=0), "offline", plan)
+    with pytest.raises(HelixUserError, match="--rate must be > 0 requests/s and finite, got 0$"):
+        make_workload(WorkloadOptions(num_requests=5, rate_per_s=0.0), "online", plan)
+    assert len(make_workload(WorkloadOptions(num_requests=5), "offline", plan)) == 5
+
+
+def _saved(plan, path):
+    plan.save(path)
+    return path
+
+
+@pytest.mark.parametrize("compare", [False, True])
+def test_plan_for_another_version_of_the_spec_warns(tmp_path, capsys, compare):
+    spec = load_cluster(SINGLE24)
+    plan = dataclasses.replace(single24_plan(spec), spec_hash="0123456789abcdef")
+    extra = ["--compare", "--time-limit", "1"] if compare else []
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "0.5", "--num-requests", "4", *extra])
+    assert rc == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in err if "spec hash" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:")
+    assert "0123456789abcdef" in warnings[0] and spec.content_hash() in warnings[0]
+
+
+def test_plan_for_this_spec_does_not_warn(tmp_path, capsys):
+    spec = load_cluster(SINGLE24)
+    plan = dataclasses.replace(single24_plan(spec), spec_hash=spec.content_hash())
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "0.5"])
+    assert rc == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_plan_with_another_layer_count_is_refused(tmp_path, capsys):
+    plan = dataclasses.replace(single24_plan(load_cluster(SINGLE24)), num_layers=40)
+    rc = main(["simulate", str(SINGLE24), "--plan", str(_saved(plan, tmp_path / "p.yaml")),
+               "--duration", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "40 layers" in err and len(err.splitlines()) == 1
+
+
+def test_plan_for_another_cluster_is_refused(plan_file, capsys):
+    rc = main(["simulate", str(REPO / "cluster_specs" / "geo24.yaml"), "--plan", str(plan_file),
+               "--duration", "1"])
+    assert rc == 2
+    assert "lacks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_runs_every_method_and_scheduler(tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    rc = main(["simulate", str(REPO / "cluster_specs" / "geo24.yaml"), "--compare",
+               "--time-limit", "2", "--duration", "5", "--json", str(out), "--plot", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    from helix.sim.run import COMPARE_METHODS, COMPARE_SCHEDULERS
+    assert {(r["method"], r["scheduler"]) for r in rows} == \
+        {(m, s) for m in COMPARE_METHODS for s in COMPARE_SCHEDULERS}
+    assert all(r["max_flow_tokens_per_s"] > 0 for r in rows)
+    assert (tmp_path / "compare.png").stat().st_size > 1000
+    assert "milp+helix" in capsys.readouterr().out
+
+
+def test_plan_over_a_missing_link_is_refused(plan_file, tmp_path, capsys):
+    # Same nodes as single24, but the A100s sit in a region with no link to the rest.
+    spec_path = tmp_path / "split.yaml"
+    spec_path.write_text("""
+model: llama-2-70b
+regions:
+  us-central: {bandwidth: 10Gbps, latency: 1ms}
+  island: {bandwidth: 10Gbps, latency: 1ms}
+coordinator: {region: us-central}
+nodes:
+  - {name: "a100-{i}", gpu: A100-40G, count: 4, region: island}
+  - {name: "l4-{i}", gpu: L4, count: 8, region: us-central}
+  - {name: "t4-{i}", gpu: T4, count: 12, region: us-central}
+""")
+    rc = main(["simulate", str(spec_path), "--plan", str(plan_file), "--duration", "1"])
+    assert rc == 2
+    assert "no link" in capsys.readouterr().err
+
+
+def test_load_help_says_what_the_rate_is_based_on(capsys):
+    # --load 0.75 overloads every run; the help must say why, not just "fraction of max flow".
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "LOAD x the plan's max flow (prompt + output tokens/s" in text
+    assert "/ the trace's mean prompt + output tokens per request" in text
+    assert "1/S" in text and "overloads" in text

@@ -1,0 +1,104 @@
+import math
+
+import pytest
+
+from helix.costmodel import CostModel, analytic_layer_time_s
+from helix.hardware import GPU_CATALOG
+from helix.models import MODEL_CATALOG
+from helix.spec import parse_cluster
+
+from tests.builders.specs import tiny_spec
+
+
+@pytest.fixture
+def cluster():
+    data = tiny_spec()
+    data["nodes"] += [{"name": "t4-0", "gpu": "T4", "region": "west"},
+                      {"name": "t4x4-0", "gpu": "T4", "gpus": 4, "region": "west"}]
+    return parse_cluster(data)
+
+
+@pytest.fixture
+def cost(cluster):
+    return CostModel.for_cluster(cluster)
+
+
+def test_time_grows_with_batch_tokens(cluster, cost):
+    node = cluster.node("a100-0")
+    prompt = [cost.layer_time_s(node, p, 0, 0) for p in (1, 64, 512, 2048, 8192)]
+    decode = [cost.layer_time_s(node, 0, d, 1024) for d in (1, 8, 64, 256)]
+    assert prompt == sorted(prompt) and prompt[-1] > 4 * prompt[1]
+    assert decode == sorted(decode) and decode[-1] > decode[0]
+    # longer context costs more for the same decode batch
+    assert cost.layer_time_s(node, 0, 64, 4096) > cost.layer_time_s(node, 0, 64, 256)
+
+
+def test_kv_capacity_shrinks_with_layers_and_with_embedding(cluster, cost):
+    node = cluster.node("l4-0")
+    caps = [cost.kv_capacity_tokens(node, k) for k in range(1, 30)]
+    assert all(a > b for a, b in zip(caps, caps[1:]) if b > 0)
+    assert cost.kv_capacity_tokens(node, 4, first=True) < cost.kv_capacity_tokens(node, 4)
+    assert cost.kv_capacity_tokens(node, 4, last=True) < cost.kv_capacity_tokens(node, 4)
+    assert cost.kv_capacity_tokens(node, 500) == 0
+
+
+def test_throughput_positive_finite_and_falling(cluster, cost):
+    for node in cluster.nodes:
+        table = cost.throughput_table(node)
+        assert table, node.name
+        assert all(t > 0 and math.isfinite(t) for t in table)
+        assert all(a >= b for a, b in zip(table, table[1:]))
+        assert cost.throughput_tokens_per_s(node, len(table) + 50) == 0.0
+
+
+def test_multi_gpu_node_is_faster_than_one_gpu(cluster, cost):
+    one, four = cluster.node("t4-0"), cluster.node("t4x4-0")
+    for p, d in ((2048, 0), (0, 128), (512, 64)):
+        assert cost.layer_time_s(four, p, d, 1024) < cost.layer_time_s(one, p, d, 1024)
+    assert cost.throughput_tokens_per_s(four, 4) > cost.throughput_tokens_per_s(one, 4)
+    assert cost.max_layers(four) > cost.max_layers(one)
+
+
+def test_memory_limits_count_embedding_and_head(cluster, cost):
+    node = cluster.node("t4-0")
+    assert cost.max_layers(node, first=True) <= cost.max_layers(node)
+    assert cost.max_layers(node, first=True, last=True) <= cost.max_layers(node, last=True)
+    k = cost.max_layers(node)
+    assert cost.kv_capacity_tokens(node, k) >= cost.min_kv_tokens
+    assert cost.kv_capacity_tokens(node, k + 1) < cost.min_kv_tokens
+
+
+def test_table_overrides_throughput_and_caps_layers():
+    data = tiny_spec(performance={"throughput_tables": {"A100-40G": [900, 500, 300]}})
+    spec = parse_cluster(data)
+    cost = CostModel.for_cluster(spec)
+    node = spec.node("a100-0")
+    assert cost.throughput_table(node) == (900, 500, 300)
+    assert cost.max_layers(node) == 3
+    # another model: the table was made for the spec's model and no longer applies
+    other = CostModel.for_cluster(spec, MODEL_CATALOG["llama-3-8b"])
+    assert other.max_layers(node) > 3
+
+
+def test_profile_overrides_layer_time(tmp_path):
+    prof = tmp_path / "a100"
+    prof.mkdir()
+    (prof / "prompt_bs2time.csv").write_text("0,0\n100,2\n200,4\n")
+    (prof / "decode_bs2time.csv").write_text("0,0\n10,1\n20,1.5\n")
+    spec = parse_cluster(tiny_spec(performance={"profiles": {"A100-40G": str(prof)}}))
+    cost = CostModel.for_cluster(spec)
+    node = spec.node("a100-0")
+    assert cost.layer_time_s(node, 150, 15, 999) == pytest.approx(3e-3 + 1.25e-3)
+    assert cost.layer_time_s(node, 300, 0, 0) == pytest.approx(6e-3)  # extrapolated
+
+
+def test_analytic_roofline_regimes():
+    m, a100 = MODEL_CATALOG["llama-1-30b"], GPU_CATALOG["A100-40G"]
+    # decode of one sequence is memory bound: about weights / (bandwidth * efficiency)
+    t = analytic_layer_time_s(m, a100, 1, 2, 0, 1, 1, 0)
+    floor = m.layer_bytes(2) / (a100.memory_bandwidth_bytes_per_s * a100.memory_efficiency)
+    assert floor <= t <= 1.3 * floor
+    # a big prefill is compute bound: about 2 x params x tokens / (flops * efficiency)
+    t = analytic_layer_time_s(m, a100, 1, 2, 8192, 0, 0, 64)
+    compute = 8192 * m.linear_flops_per_token_per_layer / (a100.fp16_flops * a100.compute_efficiency)
+    assert compute <= t <= 1.2 * compute

@@ -1,0 +1,169 @@
+import copy
+
+import pytest
+import yaml
+
+from helix.errors import SpecError
+from helix.plan import COORDINATOR
+from helix.spec import load_cluster, parse_cluster
+
+from tests.builders.specs import tiny_spec
+
+
+def test_valid_spec_expands_groups_and_resolves_model():
+    spec = parse_cluster(tiny_spec())
+    assert [n.name for n in spec.nodes] == ["a100-0", "a100-1", "a100-2", "a100-3", "l4-0"]
+    assert spec.model.num_layers == 80
+    assert spec.node("l4-0").label == "L4x2"
+    assert spec.node("l4-0").vram_bytes == 2 * 24 * 2**30
+
+
+def test_link_precedence():
+    data = tiny_spec(region_links=[{"regions": ["east", "west"], "bandwidth": "1Gbps",
+                                    "latency": "20ms"}],
+                     links=[{"between": ["a100-0", "a100-1"], "bandwidth": "100Gbps"}])
+    data["nodes"][1]["nic_bandwidth"] = "500Mbps"
+    spec = parse_cluster(data)
+    assert spec.link("a100-0", "a100-1").bandwidth_bytes_per_s == pytest.approx(12.5e9)
+    assert spec.link("a100-2", "a100-3").latency_s == pytest.approx(1e-3)
+    # region pair override beats the inter-region default
+    assert spec.link("a100-2", "a100-3").bandwidth_bytes_per_s == pytest.approx(1.25e9)
+    # NIC caps: the region-pair link is 1 Gb/s but l4-0's NIC is 500 Mb/s
+    assert spec.link("l4-0", "a100-0").bandwidth_bytes_per_s == pytest.approx(62.5e6)
+    assert spec.link("l4-0", "a100-0").latency_s == pytest.approx(0.02)
+    assert spec.link(COORDINATOR, "a100-0").latency_s == pytest.approx(1e-3)
+
+
+def test_regions_unconnected_without_inter_region():
+    data = tiny_spec()
+    del data["inter_region"]
+    spec = parse_cluster(data)
+    assert spec.link("l4-0", "a100-0") is None
+    assert spec.link("a100-0", "a100-1") is not None
+
+
+def test_yaml_round_trip_and_hash_is_content_based(tmp_path):
+    spec = parse_cluster(tiny_spec())
+    again = parse_cluster(yaml.safe_load(spec.to_yaml()))
+    assert again == spec and again.content_hash() == spec.content_hash()
+    other = parse_cluster(tiny_spec(dtype="bfloat16"))
+    assert other.content_hash() != spec.content_hash()
+
+
+def test_model_from_checkpoint_folder_relative_to_spec(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,'
+        ' "num_hidden_layers": 5, "num_attention_heads": 4, "vocab_size": 99}')
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_spec(model="ckpt")))
+    spec = load_cluster(tmp_path / "c.yaml")
+    assert spec.model.num_layers == 5 and spec.model.vocab_size == 99
+
+
+def _mutate(path, value):
+    data = tiny_spec()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return data
+
+
+_DELETE = object()
+
+# (mutation, expected fragment of the one-line error)
+MALFORMED = [
+    ((("nodes", 0, "gpu"), "A10O"), "nodes[0] (a100-0).gpu: unknown GPU 'A10O'; known: A100-40G"),
+    ((("regions", "east", "bandwidth"), "10 parsecs"), "regions.east.bandwidth: unknown bandwidth unit"),
+    ((("regions", "east", "bandwidth"), "10"), "has no unit"),
+    ((("regions", "east", "bandwidth"), "0Gbps"), "regions.east.bandwidth"),
+    ((("regions", "east", "bandwidth"), "-5Gbps"), "regions.east.bandwidth"),
+    ((("regions", "east", "latency"), "-1ms"), "regions.east.latency"),
+    ((("nodes", 1, "name"), "a100-0"), "nodes[1].name: duplicate node name 'a100-0'"),
+    ((("nodes", 1, "region"), "mars"), "unknown region 'mars'; known: east, west"),
+    ((("coordinator", "region"), "mars"), "coordinator.region: unknown region 'mars'"),
+    ((("model",), _DELETE), "model: required field is missing"),
+    ((("model",), "llama-9-900b"), "unknown model 'llama-9-900b'"),
+    ((("nodes", 1, "gpus"), 0), "nodes[1].gpus"),
+    ((("nodes", 0, "count"), -2), "count must be a positive integer"),
+    ((("nodes", 0, "name"), "a100"), "needs '{i}' in its name"),
+    ((("nodes", 1, "colour"), "red"), "nodes[1].colour: unknown field"),
+    ((("dtype",), "float8"), "unknown dtype 'float8'"),
+    ((("links",), [{"between": ["a100-0", "ghost"], "bandwidth": "1Gbps"}]),
+     "links[0].between: unknown node 'ghost'"),
+    ((("region_links",), [{"regions": ["east", "moon"], "bandwidth": "1Gbps"}]),
+     "region_links[0].regions: unknown region 'moon'"),
+    ((("nodes",), []), "nodes"),
+    ((("performance",), {"throughput_tables": {"H100-80G": [1, 2]}}), "matches no node"),
+    ((("performance",), {"throughput_tables": {"L4x2": []}}), "is empty"),
+    ((("performance",), {"profiles": {"L4x2": "/no/such/dir"}}), "no such folder"),
+    ((("workload", ), {"mean_prompt_tokens": -3}), "workload.mean_prompt_tokens"),
+]
+
+
+@pytest.mark.parametrize("mutation,fragment", MALFORMED, ids=[m[1][:40] for m in MALFORMED])
+def test_malformed_specs_give_one_clear_line(mutation, fragment):
+    path, value = mutation
+    with pytest.raises(SpecError) as err:
+        parse_cluster(_mutate(path, value), source="c.yaml")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("c.yaml")
+    assert fragment in message
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama-2-70b\nnodes: [\n  {name: a, gpu: L4\n")
+    with pytest.raises(SpecError, match=r"invalid YAML at line \d+, column \d+"):
+        load_cluster(bad)
+
+
+def test_top_level_not_a_mapping(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        load_cluster(bad)
+
+
+def test_missing_file():
+    with pytest.raises(SpecError, match="no such file"):
+        load_cluster("/no/such/cluster.yaml")
+
+
+def test_profile_bad_row(tmp_path):
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "prompt_bs2time.csv").write_text("0,0\n250,1\nabc,2\n")
+    (prof / "decode_bs2time.csv").write_text("2,0.9\n")
+    data = tiny_spec(performance={"profiles": {"A100-40G": str(prof)}})
+    with pytest.raises(SpecError, match=r"prompt_bs2time.csv:3: bad profile row 'abc,2'"):
+        parse_cluster(data)
+
+
+def test_spec_is_frozen():
+    spec = parse_cluster(tiny_spec())
+    with pytest.raises(Exception):
+        spec.dtype = "float32"
+    assert copy.deepcopy(spec) == spec
+
+
+def test_unquoted_numeric_gpu_alias():
+    data = tiny_spec()
+    data["nodes"][1]["gpu"] = 4090  # what YAML makes of `gpu: 4090`
+    assert parse_cluster(data).node("l4-0").gpu == "RTX4090"
+
+
+def test_plan_file_errors_are_one_line(tmp_path):
+    from helix.plan import Plan
+    bad = tmp_path / "p.yaml"
+    bad.write_text("schema_version: 1\nplacements: [\n")
+    with pytest.raises(SpecError, match=r"invalid YAML at line \d+") as err:
+        Plan.load(bad)
+    assert "\n" not in str(err.value)
+    bad.write_text("schema_version: 1\nmodel: m\n")
+    with pytest.raises(SpecError, match="missing field 'placements'"):
+        Plan.load(bad)
