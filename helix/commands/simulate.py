@@ -101,6 +101,9 @@ def simulate(
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
+    # Missing or unreadable data is a one-line error before any planning starts, not after it.
+    from helix.sim.workload import load_azure_trace, resolve_trace
+    load_azure_trace(resolve_trace(trace), max_prompt, max_output)
     if compare_all:
         _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out)
     else:

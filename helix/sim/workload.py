@@ -3,15 +3,20 @@
 A workload is a tuple of :class:`TraceRequest` in arrival order. The Azure trace (Patel et al.,
 "Splitwise", ISCA'24) is a CSV with ``TIMESTAMP,ContextTokens,GeneratedTokens``; we keep requests
 within the length filters (the Helix paper uses prompt <= 2048, output <= 1024), keep their order and
-relative arrival times, and can rescale those times to a target rate. Shared data are read from
-``../shared/data`` next to the repository (or ``$HELIX_DATA_DIR``); nothing is copied into the repo.
+relative arrival times, and can rescale those times to a target rate.
+
+Both Azure 2023 traces (conversation ``conv`` and code ``code``; public, CC-BY 4.0, cite Patel et al.,
+"Splitwise", ISCA 2024) ship inside the package in a compact form (``helix/data/traces/*.csv.gz``:
+arrival gaps in 100 ns ticks, gzip; made by ``scripts/pack_traces.py``), so a clone needs no data
+folder. Any Azure-format CSV (optionally gzip-compressed) can be given as a path instead.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import math
-import os
 import random
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -19,8 +24,11 @@ from pathlib import Path
 
 from helix.errors import HelixUserError
 
-#: Short names of the traces in the shared data folder.
-TRACE_FILES = {"conv": "traces/azure_llm_2023_conv.csv", "code": "traces/azure_llm_2023_code.csv"}
+TRACE_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
+#: Short names of the traces shipped with the package.
+TRACE_FILES = {"conv": "azure_llm_2023_conv.csv.gz", "code": "azure_llm_2023_code.csv.gz"}
+_AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+_PACKED_COLUMNS = {"ARRIVAL_GAP_100NS", "ContextTokens", "GeneratedTokens"}
 
 
 @dataclass(frozen=True)
@@ -33,24 +41,13 @@ class TraceRequest:
     output_tokens: int
 
 
-def shared_data_dir() -> Path:
-    """The shared data folder: ``$HELIX_DATA_DIR``, else ``../shared/data`` from the repo root or CWD."""
-    env = os.environ.get("HELIX_DATA_DIR")
-    candidates = [Path(env)] if env else []
-    repo_root = Path(__file__).resolve().parents[2]
-    candidates += [repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data",
-                   Path.cwd() / "shared" / "data"]
-    for cand in candidates:
-        if cand.is_dir():
-            return cand
-    raise HelixUserError("shared data folder not found: set HELIX_DATA_DIR or place it at "
-                         f"{repo_root.parent / 'shared' / 'data'}")
-
-
 def resolve_trace(ref: str) -> Path:
     """A trace short name (``conv``, ``code``) or a CSV path."""
     if ref in TRACE_FILES:
-        return shared_data_dir() / TRACE_FILES[ref]
+        path = TRACE_DIR / TRACE_FILES[ref]
+        if not path.is_file():   # a broken install, not a user error: say where it should be
+            raise HelixUserError(f"trace {ref!r}: the packaged file {path} is missing; reinstall helix-serve")
+        return path
     path = Path(ref)
     if not path.is_file():
         raise HelixUserError(f"trace: no such file {ref!r} (or use one of: {', '.join(TRACE_FILES)})")
@@ -59,25 +56,39 @@ def resolve_trace(ref: str) -> Path:
 
 def load_azure_trace(path: str | Path, max_prompt_tokens: int = 2048,
                      max_output_tokens: int = 1024) -> tuple[TraceRequest, ...]:
-    """Requests of an Azure-format CSV within the length filters, in arrival order, times from 0."""
+    """Requests of an Azure-format CSV (or the packed form; either may be gzip-compressed) within
+    the length filters, in arrival order, times from 0."""
     path = Path(path)
-    rows: list[tuple[float, int, int]] = []
     try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
-            if missing:
-                raise HelixUserError(f"trace {str(path)!r}: missing columns {sorted(missing)}")
-            for line, row in enumerate(reader, start=2):
-                try:
-                    t = datetime.fromisoformat(row["TIMESTAMP"].strip()).timestamp()
-                    p, o = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-                except (ValueError, AttributeError) as exc:
-                    raise HelixUserError(f"trace {str(path)!r} line {line}: {exc}") from None
-                if 1 <= p <= max_prompt_tokens and 1 <= o <= max_output_tokens:
-                    rows.append((t, p, o))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise HelixUserError(f"trace: no such file {str(path)!r}") from None
+    except OSError as exc:
+        raise HelixUserError(f"trace {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise HelixUserError(f"trace {str(path)!r}: not a CSV or gzip-compressed CSV ({exc})") from None
+    lines = (line for line in io.StringIO(text, newline="") if not line.startswith("#"))
+    reader = csv.DictReader(lines)
+    columns = set(reader.fieldnames or ())
+    packed = _PACKED_COLUMNS <= columns
+    if not packed and not _AZURE_COLUMNS <= columns:
+        raise HelixUserError(f"trace {str(path)!r}: missing columns {sorted(_AZURE_COLUMNS - columns)}")
+    rows: list[tuple[float, int, int]] = []
+    ticks = 0
+    for line, row in enumerate(reader, start=2):
+        try:
+            if packed:
+                ticks += int(row["ARRIVAL_GAP_100NS"])
+                t = ticks / 1e7
+            else:
+                t = datetime.fromisoformat(row["TIMESTAMP"].strip()).timestamp()
+            p, o = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise HelixUserError(f"trace {str(path)!r} line {line}: {exc}") from None
+        if 1 <= p <= max_prompt_tokens and 1 <= o <= max_output_tokens:
+            rows.append((t, p, o))
     if not rows:
         raise HelixUserError(f"trace {str(path)!r}: no request within prompt <= {max_prompt_tokens} "
                              f"and output <= {max_output_tokens}")

@@ -12,6 +12,38 @@ def conv():
     return load_azure_trace(resolve_trace("conv"))
 
 
+def test_packed_traces_equal_the_public_csvs(shared_data):
+    """The traces shipped in the package hold the same requests as the public CSVs, arrivals equal to
+    the traces' 100 ns resolution (float parsing of the CSV's epoch times rounds to ~2e-7 s)."""
+    for name, csv_name in (("conv", "azure_llm_2023_conv.csv"), ("code", "azure_llm_2023_code.csv")):
+        packed = load_azure_trace(resolve_trace(name), 10**9, 10**9)
+        public = load_azure_trace(shared_data / "traces" / csv_name, 10**9, 10**9)
+        assert [(r.prompt_tokens, r.output_tokens) for r in packed] == \
+               [(r.prompt_tokens, r.output_tokens) for r in public]
+        assert max(abs(a.arrival_s - b.arrival_s) for a, b in zip(packed, public)) < 1e-6
+
+
+def test_packaged_traces_need_no_data_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HELIX_DATA_DIR", raising=False)
+    path = resolve_trace("code")
+    assert path.name.endswith(".csv.gz") and "helix" in path.parts
+    assert len(load_azure_trace(path)) > 5000
+
+
+def test_gzip_azure_csv_and_comment_lines(tmp_path):
+    import gzip
+    text = ("# a comment\nTIMESTAMP,ContextTokens,GeneratedTokens\n"
+            "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(text.encode()))
+    w = load_azure_trace(tmp_path / "t.csv.gz")
+    assert [(r.prompt_tokens, r.output_tokens) for r in w] == [(374, 44), (396, 109)]
+    assert w[1].arrival_s == pytest.approx(4.3145790, abs=1e-6)
+    (tmp_path / "junk.csv").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(HelixUserError, match="not a CSV"):
+        load_azure_trace(tmp_path / "junk.csv")
+
+
 def test_conv_trace_filtered_like_the_paper(conv):
     # shared/data/README.md: 19,366 requests; <= 2048 prompt and <= 1024 output leaves about 16,657
     # with mean prompt 763 and mean output 232.
