@@ -99,7 +99,7 @@ def paper_comparison(all_plans, duration_s: float) -> list[str]:
                 mean_output = simrun.mean_lengths(simrun.make_workload(opts, "offline", plans["milp"]))[1]
                 opts = dataclasses.replace(opts, rate_per_s=0.75 * helix_offline / mean_output)
             sim_mode = "offline" if mode == "offline" else "online"
-            workload = simrun.make_workload(opts, sim_mode, plans["milp"])
+            workload = simrun.make_workload(opts, sim_mode, plans["milp"], window_s=duration_s)
             got = {}
             for method, sched in TRIO:
                 cfg = SimConfig(mode=sim_mode, duration_s=duration_s, label=f"{method}+{sched}")

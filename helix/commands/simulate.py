@@ -149,7 +149,7 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
     from helix.sim import run as simrun
     the_plan = _load_plan(spec, plan) if plan is not None else \
         simrun.make_plan(spec, method, time_limit, config.seed)
-    workload = simrun.make_workload(opts, config.mode, the_plan, config.seed)
+    workload = simrun.make_workload(opts, config.mode, the_plan, config.seed, config.duration_s)
     config = dataclasses.replace(config, label=f"{the_plan.method}+{scheduler}")
     sim = simrun.build_simulator(spec, the_plan, workload, config, scheduler)
     result = sim.run()

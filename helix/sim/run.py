@@ -16,8 +16,8 @@ from helix.plan import Plan
 from helix.sim.build import build_simulator  # noqa: F401  (re-exported for the CLI)
 from helix.sim.engine import SimConfig
 from helix.sim.metrics import SimResult
-from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, poisson_workload,
-                                rescale_to_rate, resolve_trace)
+from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, resolve_trace,
+                                timed_workload)
 from helix.spec import ClusterSpec
 
 #: Placement methods and schedulers of ``--compare`` (the paper's comparison grid).
@@ -54,9 +54,10 @@ def online_rate_per_s(plan: Plan, requests: tuple[TraceRequest, ...], load: floa
     return load * plan.max_flow_tokens_per_s / (mean_prompt + mean_output)
 
 
-def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0
-                  ) -> tuple[TraceRequest, ...]:
-    """The requests of one run (offline: in trace order; online: timed at the target rate)."""
+def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0,
+                  window_s: float | None = None) -> tuple[TraceRequest, ...]:
+    """The requests of one run (offline: in trace order; online: timed at the target rate, which
+    holds over the first ``window_s`` simulated seconds: pass the run's duration)."""
     base = load_azure_trace(resolve_trace(opts.trace), opts.max_prompt_tokens, opts.max_output_tokens)
     # `is None`, not `or`: 0 requests (or a rate of 0) is an error, not "use the default".
     n = len(base) if opts.num_requests is None else opts.num_requests
@@ -72,9 +73,7 @@ def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0
         if not 0 < opts.rate_per_s < math.inf:
             raise HelixUserError(f"--rate must be > 0 requests/s and finite, got {opts.rate_per_s:g}")
         rate = opts.rate_per_s
-    if opts.poisson:
-        return poisson_workload(rate, n, seed=seed, lengths=base)
-    return rescale_to_rate(base[:n], rate)
+    return timed_workload(base, n, rate, "poisson" if opts.poisson else "trace", seed, window_s)
 
 
 def make_plan(spec: ClusterSpec, method: str, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
@@ -109,7 +108,7 @@ def compare(spec: ClusterSpec, config: SimConfig, opts: WorkloadOptions,
             if progress:
                 progress(f"planning {m}")
             plans[m] = make_plan(spec, m, time_limit_s, config.seed)
-    workload = make_workload(opts, config.mode, plans[methods[0]], config.seed)
+    workload = make_workload(opts, config.mode, plans[methods[0]], config.seed, config.duration_s)
     rows = []
     for m in methods:
         for s in schedulers:

@@ -103,10 +103,26 @@ def mean_rate_per_s(requests: tuple[TraceRequest, ...]) -> float:
     return (len(requests) - 1) / span if span > 0 else math.inf
 
 
-def rescale_to_rate(requests: tuple[TraceRequest, ...], rate_per_s: float) -> tuple[TraceRequest, ...]:
-    """Same order and relative gaps, time stretched so the mean rate is ``rate_per_s``."""
-    if rate_per_s <= 0:
+def rescale_to_rate(requests: tuple[TraceRequest, ...], rate_per_s: float,
+                    window_s: float | None = None) -> tuple[TraceRequest, ...]:
+    """Same order and relative gaps, time stretched so that ``rate_per_s`` holds over the first
+    ``window_s`` seconds (the simulated or benchmarked window), else over the whole workload.
+
+    A trace's rate drifts (the Azure conversation trace's first minutes run at about 70 % of its
+    hourly mean), so stretching by the whole trace's mean rate gives a short window the wrong
+    rate. With a window, the stretch puts the boundary between request n-1 and request n, where
+    n = round(rate x window): exactly n requests arrive inside the window, a relative error of at
+    most 0.5 / n. A workload too short to fill the window at that rate keeps the whole-span rate."""
+    if not rate_per_s > 0:
         raise HelixUserError(f"arrival rate must be > 0, got {rate_per_s}")
+    if math.isinf(rate_per_s):
+        return tuple(replace(r, arrival_s=0.0) for r in requests)
+    n = len(requests) if window_s is None else round(rate_per_s * window_s)
+    if window_s is not None and 1 <= n < len(requests):
+        boundary_s = (requests[n - 1].arrival_s + requests[n].arrival_s) / 2
+        if boundary_s > 0:
+            factor = window_s / boundary_s
+            return tuple(replace(r, arrival_s=r.arrival_s * factor) for r in requests)
     current = mean_rate_per_s(requests)
     if math.isinf(current):
         return requests
@@ -134,6 +150,30 @@ def poisson_workload(rate_per_s: float, num_requests: int, seed: int = 0,
         else:
             out.append(TraceRequest(t, prompt_tokens, output_tokens))
     return tuple(out)
+
+
+#: How requests are timed: the trace's own gaps (rescaled), Poisson, or evenly spaced.
+ARRIVALS = ("trace", "poisson", "constant")
+
+
+def timed_workload(requests: tuple[TraceRequest, ...], num_requests: int, rate_per_s: float,
+                   arrivals: str = "trace", seed: int = 0,
+                   window_s: float | None = None) -> tuple[TraceRequest, ...]:
+    """``num_requests`` requests arriving at ``rate_per_s`` (infinite: all at time 0).
+
+    ``trace``: the first ``num_requests`` of ``requests`` with their gaps rescaled so the rate holds
+    over ``window_s`` (:func:`rescale_to_rate`); ``poisson``: exponential gaps, lengths drawn from
+    ``requests`` (:func:`poisson_workload`); ``constant``: the first ``num_requests`` evenly spaced."""
+    if arrivals not in ARRIVALS:
+        raise HelixUserError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
+    if not rate_per_s > 0:
+        raise HelixUserError(f"arrival rate must be > 0 requests/s, got {rate_per_s:g}")
+    if arrivals == "trace":
+        return rescale_to_rate(requests[:num_requests], rate_per_s, window_s)
+    if arrivals == "poisson" and not math.isinf(rate_per_s):
+        return poisson_workload(rate_per_s, num_requests, seed=seed, lengths=requests)
+    gap_s = 0.0 if math.isinf(rate_per_s) else 1.0 / rate_per_s
+    return tuple(replace(r, arrival_s=i * gap_s) for i, r in enumerate(requests[:num_requests]))
 
 
 def mean_lengths(requests: tuple[TraceRequest, ...]) -> tuple[float, float]:

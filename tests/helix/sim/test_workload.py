@@ -1,10 +1,11 @@
+import math
 import statistics
 
 import pytest
 
 from helix.errors import HelixUserError
 from helix.sim.workload import (load_azure_trace, mean_lengths, mean_rate_per_s, poisson_workload,
-                                rescale_to_rate, resolve_trace)
+                                rescale_to_rate, resolve_trace, timed_workload)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,45 @@ def test_rescale_keeps_order_and_hits_rate(conv):
     assert mean_rate_per_s(fast) == pytest.approx(7.5)
     assert [r.prompt_tokens for r in fast] == [r.prompt_tokens for r in conv[:2000]]
     assert [r.arrival_s for r in fast] == sorted(r.arrival_s for r in fast)
+
+
+def _arrived(workload, window_s):
+    return sum(r.arrival_s <= window_s for r in workload)
+
+
+@pytest.mark.parametrize("rate_per_s, window_s", [(0.93, 600.0), (2.0, 1800.0), (0.93, 120.0),
+                                                  (7.5, 60.0)])
+def test_trace_rate_holds_over_the_window(conv, rate_per_s, window_s):
+    # The trace's first minutes run well below its hourly mean: rescaled by the whole trace's mean
+    # rate, 600 s at 0.93 req/s got 416 arrivals (issue #12). The windowed rescale puts exactly
+    # round(rate x window) requests inside the window (relative error <= 0.5 / n).
+    expected = rate_per_s * window_s
+    whole = rescale_to_rate(conv, rate_per_s)
+    assert _arrived(whole, window_s) < 0.95 * expected  # the old behaviour, kept without a window
+    w = rescale_to_rate(conv, rate_per_s, window_s)
+    assert _arrived(w, window_s) == round(expected)
+    assert [r.prompt_tokens for r in w] == [r.prompt_tokens for r in conv]
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(w, w[1:])]
+    assert min(gaps) >= 0  # order kept
+    assert timed_workload(conv, len(conv), rate_per_s, "trace", window_s=window_s) == w
+
+
+def test_window_longer_than_the_trace_keeps_the_whole_span_rate(conv):
+    w = rescale_to_rate(conv[:100], 1.0, 600.0)   # 100 requests cannot fill 600 s at 1 req/s
+    assert mean_rate_per_s(w) == pytest.approx(1.0)
+
+
+def test_poisson_and_constant_arrivals_hold_the_rate(conv):
+    # Poisson: the count in the window is Poisson(rate x window); 4 standard deviations.
+    rate_per_s, window_s = 0.93, 600.0
+    lam = rate_per_s * window_s
+    for seed in range(3):
+        w = timed_workload(conv, 2000, rate_per_s, "poisson", seed=seed)
+        assert abs(_arrived(w, window_s) - lam) <= 4 * lam ** 0.5
+    c = timed_workload(conv, 2000, rate_per_s, "constant")
+    assert _arrived(c, window_s) == math.floor(lam) + 1   # t = 0, 1/rate, ..., <= window
+    burst = timed_workload(conv, 10, math.inf, "trace")
+    assert [r.arrival_s for r in burst] == [0.0] * 10
 
 
 def test_poisson_rate_and_empirical_lengths(conv):
