@@ -53,13 +53,13 @@ def relative_errors(model: ModelSpec, gpu: GpuKind, num_gpus: int, folder: Path,
                     decode_context: float = 1024, dtype_bytes: int = 2) -> list[float]:
     profile = load_profile(folder, folder.name)
     errors = []
-    for tokens, measured in zip(profile.prompt.x, profile.prompt.seconds):
+    for tokens, length, measured in profile.prompt.rows():
         predicted = analytic_layer_time_s(model, gpu, num_gpus, dtype_bytes, tokens, 0, 0,
-                                          min(tokens, 763) / 2)
+                                          (min(tokens, 763) if length is None else length) / 2)
         errors.append(abs(predicted - measured) / measured)
-    for seqs, measured in zip(profile.decode.x, profile.decode.seconds):
+    for seqs, context, measured in profile.decode.rows():
         predicted = analytic_layer_time_s(model, gpu, num_gpus, dtype_bytes, 0, seqs,
-                                          decode_context, 0)
+                                          decode_context if context is None else context, 0)
         errors.append(abs(predicted - measured) / measured)
     return errors
 

@@ -126,12 +126,12 @@ class CostModel:
                      decode_context: float, prompt_context: float | None = None) -> float:
         """Seconds for ONE layer of a step with ``prompt_tokens`` prefill tokens and
         ``decode_seqs`` decodes at mean context ``decode_context``. A measured profile for the
-        node's label wins (it has no context dimension); otherwise the roofline."""
-        profile = self.profiles.get(node.label)
-        if profile is not None:
-            return profile.layer_time_s(prompt_tokens, decode_seqs)
+        node's label wins (its contexts, when it has them, are looked up); otherwise the roofline."""
         if prompt_context is None:
             prompt_context = min(prompt_tokens, self.workload.mean_prompt_tokens) / 2
+        profile = self.profiles.get(node.label)
+        if profile is not None:
+            return profile.layer_time_s(prompt_tokens, decode_seqs, decode_context, prompt_context)
         return analytic_layer_time_s(self.model, node.kind, node.num_gpus, self.dtype_bytes,
                                      prompt_tokens, decode_seqs, decode_context, prompt_context)
 

@@ -1,22 +1,46 @@
-"""Measured layer profiles: milliseconds for ONE transformer layer, as measured on a real GPU.
+"""Measured layer profiles: milliseconds for ONE transformer layer, as measured on a real device.
 
-Format (the Helix artifact's, see ``shared/data/profiles``): a folder with two headerless CSV files,
-``prompt_bs2time.csv`` (total prompt tokens in the batch -> ms) and ``decode_bs2time.csv`` (decode
-sequences in the batch, one token each -> ms). Context length is not a dimension. A mixed batch
-costs prompt(P) + decode(D), each interpolated piecewise-linearly and extrapolated past the last
-point along the last segment's slope.
+A profile is a folder (``performance.profiles`` in the spec names one per node label) with:
+
+- ``prompt_bs2time.csv``: prompt tokens computed in one step -> ms for one layer;
+- ``decode_bs2time.csv``: decoding sequences in one step (one token each) -> ms for one layer;
+- optionally ``profile.yaml``: how it was measured (model, device, dtype, threads, ...) and the
+  step's fixed cost apart from its layers (written by ``helix profile``; see :func:`write_profile`).
+
+Rows are ``batch,ms`` (the Helix artifact's format, see ``shared/data/profiles``: no context
+dimension) or ``batch,context,ms``, where context is the prompt length of each request (prompt
+table) or the tokens of KV each decoding request attends over (decode table). Lines starting with
+``#`` are comments. One file uses one form.
+
+Lookup: along the batch axis piecewise-linear, extrapolated past the last point along the last
+segment's slope; with contexts, the same at the two measured contexts around the asked one, then
+linear between them; past the longest context along the last pair's slope, below the shortest
+as the shortest (short contexts cost what the weights cost). A mixed batch costs prompt(P) +
+decode(D).
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from helix.errors import SpecError
+from helix.yamlio import read_yaml
 
 PROMPT_FILE = "prompt_bs2time.csv"
 DECODE_FILE = "decode_bs2time.csv"
+META_FILE = "profile.yaml"
+
+
+class ProfileRow(NamedTuple):
+    """One measured point: ``batch`` (prompt tokens, or decoding sequences), ``context`` (None in
+    the two-column form) and seconds."""
+
+    batch: float
+    context: float | None
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -41,48 +65,135 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class Surface:
+    """Seconds by batch size and context: one :class:`Curve` per measured context (sorted), or a
+    single curve without a context dimension (``contexts == ()``)."""
+
+    contexts: tuple[float, ...]
+    curves: tuple[Curve, ...]
+
+    def __call__(self, batch: float, context: float | None = None) -> float:
+        if len(self.curves) == 1:
+            return self.curves[0](batch)
+        cs = self.contexts
+        if context is None:   # a table with contexts asked without one: its middle context
+            return self.curves[len(cs) // 2](batch)
+        if context <= cs[0]:  # short contexts cost what the shortest measured one does
+            return self.curves[0](batch)
+        i = min(bisect.bisect_left(cs, context), len(cs) - 1)
+        c0, c1 = cs[i - 1], cs[i]
+        y0, y1 = self.curves[i - 1](batch), self.curves[i](batch)
+        return max(0.0, y0 + (y1 - y0) * (context - c0) / (c1 - c0))
+
+    def rows(self) -> list[ProfileRow]:
+        """Every measured point, in order."""
+        if not self.contexts:
+            return [ProfileRow(x, None, s) for x, s in zip(self.curves[0].x, self.curves[0].seconds)]
+        return [ProfileRow(x, c, s) for c, curve in zip(self.contexts, self.curves)
+                for x, s in zip(curve.x, curve.seconds)]
+
+    @classmethod
+    def from_rows(cls, rows: list[ProfileRow]) -> "Surface":
+        by_context: dict[float | None, dict[float, float]] = {}
+        for r in rows:
+            if r.batch > 0:
+                by_context.setdefault(r.context, {})[r.batch] = r.seconds
+        if not by_context:
+            raise ValueError("no rows with a positive batch size")
+        curves = {c: Curve(tuple(sorted(p)), tuple(p[x] for x in sorted(p)))
+                  for c, p in by_context.items()}
+        if None in curves:
+            return cls((), (curves[None],))
+        contexts = tuple(sorted(curves))
+        return cls(contexts, tuple(curves[c] for c in contexts))
+
+
+@dataclass(frozen=True)
 class MeasuredProfile:
-    """Measured one-layer times of a GPU kind (or a multi-GPU node) for one model."""
+    """Measured one-layer times of a device kind (or a multi-GPU node) for one model."""
 
     label: str
-    prompt: Curve
-    decode: Curve
+    prompt: Surface
+    decode: Surface
     source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """What ``profile.yaml`` says about the measurement (empty for a bare two-file profile)."""
 
-    def layer_time_s(self, prompt_tokens: float, decode_seqs: float) -> float:
-        return self.prompt(prompt_tokens) + self.decode(decode_seqs)
+    def layer_time_s(self, prompt_tokens: float, decode_seqs: float,
+                     decode_context: float | None = None,
+                     prompt_context: float | None = None) -> float:
+        """One layer of a step with ``prompt_tokens`` prefill tokens whose mean attention context
+        is ``prompt_context`` (half the prompt length for whole prompts) and ``decode_seqs``
+        decodes at mean context ``decode_context``; contexts matter only to tables that have them."""
+        length = None if prompt_context is None else 2 * prompt_context
+        return self.prompt(prompt_tokens, length) + self.decode(decode_seqs, decode_context)
 
 
-def read_curve(path: Path) -> Curve:
-    """Parse ``x,ms`` rows; a bad row raises SpecError naming the file and line."""
+def read_rows(path: Path) -> list[ProfileRow]:
+    """Parse ``batch,ms`` or ``batch,context,ms`` rows; a bad row raises SpecError naming the
+    file and line."""
     if not path.is_file():
         raise SpecError(f"profile: missing file {str(path)!r}")
-    points: dict[float, float] = {}
+    rows: list[ProfileRow] = []
+    width = None
     for lineno, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         parts = [p.strip() for p in line.split(",")]
+        where = f"{path}:{lineno}: bad profile row {line.strip()!r}"
         try:
-            if len(parts) != 2:
+            if len(parts) not in (2, 3):
                 raise ValueError
-            x, ms = float(parts[0]), float(parts[1])
+            values = [float(p) for p in parts]
         except ValueError:
-            raise SpecError(f"{path}:{lineno}: bad profile row {line.strip()!r} "
-                            f"(expected 'batch,milliseconds')") from None
-        if x < 0 or ms < 0 or x != x or ms != ms:
-            raise SpecError(f"{path}:{lineno}: bad profile row {line.strip()!r} "
-                            f"(values must be non-negative numbers)")
-        points[x] = ms / 1e3
-    points.pop(0.0, None)
-    if not points:
-        raise SpecError(f"{path}: profile has no rows with a positive batch size")
-    xs = tuple(sorted(points))
-    return Curve(xs, tuple(points[x] for x in xs))
+            raise SpecError(f"{where} (expected 'batch,milliseconds' or "
+                            f"'batch,context,milliseconds')") from None
+        if width is not None and len(parts) != width:
+            raise SpecError(f"{where} ({len(parts)} columns where the rows above have {width})")
+        width = len(parts)
+        if any(v < 0 or v != v for v in values):
+            raise SpecError(f"{where} (values must be non-negative numbers)")
+        rows.append(ProfileRow(values[0], values[1] if width == 3 else None, values[-1] / 1e3))
+    return rows
+
+
+def read_surface(path: Path) -> Surface:
+    try:
+        return Surface.from_rows(read_rows(path))
+    except ValueError:
+        raise SpecError(f"{path}: profile has no rows with a positive batch size") from None
 
 
 def load_profile(folder: str | Path, label: str) -> MeasuredProfile:
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecError(f"performance.profiles.{label}: no such folder {str(folder)!r}")
-    return MeasuredProfile(label=label, prompt=read_curve(folder / PROMPT_FILE),
-                           decode=read_curve(folder / DECODE_FILE), source=str(folder))
+    meta_path = folder / META_FILE
+    meta = read_yaml(meta_path, "profile metadata") if meta_path.is_file() else {}
+    if not isinstance(meta, dict):
+        raise SpecError(f"{meta_path}: expected a mapping")
+    return MeasuredProfile(label=label, prompt=read_surface(folder / PROMPT_FILE),
+                           decode=read_surface(folder / DECODE_FILE), source=str(folder), meta=meta)
+
+
+def write_rows(path: Path, header: str, rows: list[ProfileRow]) -> None:
+    """``batch,context,ms`` rows (``batch,ms`` when rows have no context) under a comment header."""
+    lines = [f"# {header}"]
+    for r in rows:
+        ms = f"{r.seconds * 1e3:.6g}"
+        lines.append(f"{r.batch:g},{ms}" if r.context is None else f"{r.batch:g},{r.context:g},{ms}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_profile(folder: str | Path, prompt: list[ProfileRow], decode: list[ProfileRow],
+                  meta: dict[str, Any]) -> Path:
+    """Write a profile folder that :func:`load_profile` reads back; returns the folder."""
+    import yaml
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_rows(folder / PROMPT_FILE, "prompt tokens in the step, prompt length per request, "
+               "ms for one layer", prompt)
+    write_rows(folder / DECODE_FILE, "decoding sequences in the step, context tokens per "
+               "sequence, ms for one layer", decode)
+    (folder / META_FILE).write_text(yaml.safe_dump(meta, sort_keys=False))
+    return folder

@@ -39,6 +39,14 @@ from worker.weights import load_slice
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dtype name (``float32``, ``float16``, ``bfloat16``)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise HelixUserError(f"unknown dtype {name!r}; known: {', '.join(_DTYPES)}") from None
+
 log = logging.getLogger("helix.engine")
 
 
@@ -90,7 +98,7 @@ class SliceEngine:
     def __init__(self, weights: SliceWeights, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = _DTYPES[config.dtype]
+        self.dtype = torch_dtype(config.dtype)
         self.weights = weights
         spec = weights.spec
         n_layers = weights.end - weights.start
@@ -115,7 +123,7 @@ class SliceEngine:
                         config: EngineConfig = EngineConfig()) -> "SliceEngine":
         """Load layers ``[start, end)`` of a HF checkpoint folder (only those tensors)."""
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        weights, _ = load_slice(ckpt_dir, start, end, _DTYPES[config.dtype], device)
+        weights, _ = load_slice(ckpt_dir, start, end, torch_dtype(config.dtype), device)
         return cls(weights, config)
 
     # --- Engine interface ------------------------------------------------------------------------

@@ -11,4 +11,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.plan",
     "helix.commands.simulate",
     "helix.commands.serve",
+    "helix.commands.profile",
 )

@@ -1,0 +1,69 @@
+"""``helix profile``: measures the serving engine, writes a profile ``helix plan`` reads back."""
+
+import json
+
+import pytest
+import yaml
+
+from helix.cli import main
+from helix.costmodel import CostModel
+from helix.profiles import load_profile
+from helix.spec import load_cluster
+
+pytest.importorskip("torch")
+
+ONE_NODE = """\
+model: tiny-llama
+dtype: float32
+workload: {mean_prompt_tokens: 48, mean_output_tokens: 16}
+serving: {max_batch_seqs: 4}
+regions:
+  local: {bandwidth: 1GB/s, latency: 100us}
+nodes:
+  - {name: cpu-0, gpu: CPU, memory: 64MiB}
+performance:
+  profiles: {CPU: measured}
+"""
+
+
+def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
+    folder = tmp_path / "measured"
+    assert main(["profile", "tiny-llama", "--quick", "--threads", "1", "-o", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {folder}" in out and "performance: {profiles: {CPU:" in out
+    meta = yaml.safe_load((folder / "profile.yaml").read_text())
+    assert (meta["device"], meta["dtype"], meta["torch_threads"]) == ("cpu", "float32", 1)
+    assert meta["model"]["name"] == "tiny-llama" and meta["step_overhead_ms"]["decode"]
+    profile = load_profile(folder, "CPU")
+    # The quick grid: prompt lengths 16 and 64 batched up to 128 tokens; 1 and 4 decodes at 16, 64.
+    assert [(r.batch, r.context) for r in profile.prompt.rows()] == \
+        [(16, 16), (32, 16), (64, 16), (128, 16), (64, 64), (128, 64)]
+    assert [(r.batch, r.context) for r in profile.decode.rows()] == [(1, 16), (4, 16), (1, 64), (4, 64)]
+    assert all(r.seconds > 0 for r in profile.prompt.rows() + profile.decode.rows())
+
+    spec_path = tmp_path / "one.yaml"
+    spec_path.write_text(ONE_NODE)
+    spec = load_cluster(spec_path)
+    node = spec.nodes[0]
+    cost = CostModel.for_cluster(spec)
+    # The plan's node capacity comes from the measured figures, not the roofline.
+    point = cost.operating_point(node, 8)
+    measured = profile.layer_time_s(point.prompt_tokens, point.decode_seqs, 48 + 16 / 2, 48 / 2)
+    assert point.step_s == pytest.approx(8 * measured)
+    assert main(["plan", str(spec_path), "--json", "--threads", "1", "--time-limit", "5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["placements"] == [{"node": "cpu-0", "start": 0, "end": 8}]
+    assert plan["max_flow_tokens_per_s"] == pytest.approx(cost.throughput_tokens_per_s(node, 8))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seqs", "1,x"], "--seqs '1,x': expected positive integers"),
+    (["--dtype", "int8"], "--dtype 'int8': known: auto, float16"),
+    (["--device", "tpu"], "--device 'tpu': expected auto, cpu, cuda or cuda:N"),
+    (["--prompt-lengths", "4096", "--contexts", "4096"], "nothing to measure"),
+])
+def test_bad_options_are_one_line(tmp_path, capsys, args, message):
+    assert main(["profile", "tiny-llama", "--quick", "-o", str(tmp_path / "p"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "p").exists()

@@ -1,0 +1,61 @@
+"""Measured profiles: the reference's two-column files, the context dimension, writing and reading."""
+
+import pytest
+
+from helix.errors import SpecError
+from helix.profiles import (DECODE_FILE, PROMPT_FILE, ProfileRow, load_profile, read_rows,
+                            write_profile)
+
+
+def _folder(tmp_path, prompt: str, decode: str):
+    (tmp_path / PROMPT_FILE).write_text(prompt)
+    (tmp_path / DECODE_FILE).write_text(decode)
+    return tmp_path
+
+
+def test_two_column_reference_files_load_as_before(tmp_path):
+    # The Helix artifact's form: no header, a 0,0 row, batch -> ms; context is ignored.
+    p = load_profile(_folder(tmp_path, "0,0\n250,1\n500,2\n", "0,0\n2,0.9\n4,0.9\n8,1.7\n"), "A100")
+    assert p.prompt.contexts == () and p.decode.contexts == ()
+    assert p.prompt(375) == pytest.approx(1.5e-3)
+    assert p.decode(6) == pytest.approx(1.3e-3)
+    assert p.prompt(1000) == pytest.approx(4e-3)          # extrapolated along the last segment
+    assert p.layer_time_s(250, 4, decode_context=999, prompt_context=50) == pytest.approx(1.9e-3)
+    assert p.meta == {}
+
+
+def test_context_dimension_interpolates_between_and_beyond(tmp_path):
+    decode = "# seqs,context,ms\n1,100,1\n4,100,2\n1,300,3\n4,300,6\n"
+    p = load_profile(_folder(tmp_path, "64,64,1\n128,64,2\n", decode), "CPU")
+    assert p.decode.contexts == (100, 300)
+    assert p.decode(4, 300) == pytest.approx(6e-3)                 # a measured point
+    assert p.decode(4, 200) == pytest.approx(4e-3)                 # between contexts
+    assert p.decode(2.5, 200) == pytest.approx((1.5 + 4.5) / 2 * 1e-3)
+    assert p.decode(4, 500) == pytest.approx(10e-3)                # past the longest: same slope
+    assert p.decode(4, 10) == pytest.approx(2e-3)                  # below the shortest: the shortest
+    # The prompt table's context is the prompt length; the cost model passes the mean attention
+    # context of a whole prompt, half its length.
+    assert p.layer_time_s(128, 4, decode_context=300, prompt_context=32) == pytest.approx(8e-3)
+
+
+def test_bad_rows_are_one_line_errors(tmp_path):
+    f = tmp_path / "x.csv"
+    f.write_text("1,2,3\n4,5\n")
+    with pytest.raises(SpecError, match=r"x.csv:2: .*2 columns where the rows above have 3"):
+        read_rows(f)
+    f.write_text("1,2,3,4\n")
+    with pytest.raises(SpecError, match=r"batch,context,milliseconds"):
+        read_rows(f)
+    f.write_text("1,-2\n")
+    with pytest.raises(SpecError, match="non-negative"):
+        read_rows(f)
+
+
+def test_write_then_load_round_trips(tmp_path):
+    prompt = [ProfileRow(64, 64, 1e-3), ProfileRow(128, 64, 1.5e-3), ProfileRow(256, 256, 4e-3)]
+    decode = [ProfileRow(1, 128, 2e-4), ProfileRow(8, 128, 5e-4)]
+    write_profile(tmp_path / "p", prompt, decode, {"device": "cpu", "dtype": "float32",
+                                                   "torch_threads": 2})
+    p = load_profile(tmp_path / "p", "CPU")
+    assert p.prompt.rows() == prompt and p.decode.rows() == decode
+    assert p.meta == {"device": "cpu", "dtype": "float32", "torch_threads": 2}

@@ -1,0 +1,262 @@
+"""Measure the worker engine's one-layer step times on this machine: what ``helix profile`` runs.
+
+The planner's cost model and the simulator charge a step ``k x layer_time(P, D, context)`` on a node
+holding ``k`` layers. This module measures that function for the engine ``helix serve`` runs
+(:class:`~worker.engine.SliceEngine`: the same step policy, paged KV cache, batching and kernels), on
+the local device, so a cluster can be planned with its own figures instead of the roofline.
+
+How a figure is taken:
+
+- two engines of random weights with the model's shapes (times depend on shapes and dtype, not on
+  the values): one holding 1 layer, one holding ``layers`` layers, both middle slices (hidden states
+  in, hidden states out: no embedding, LM head or sampling, which are not per-layer costs);
+- a *prompt* point ``(tokens, length)``: ``tokens / length`` fresh requests of ``length`` prompt tokens
+  each, computed in one step; a *decode* point ``(seqs, context)``: ``seqs`` requests whose KV holds
+  ``context`` tokens each decode one token (the least advanced of a prefilled set, so contexts stay
+  within a few tokens of the nominal one);
+- each step is timed on both engines, alternately, ``reps`` times after one warm-up step (CUDA:
+  synchronised); with the fastest ``t1`` and ``tL`` (other processes only ever slow a step down),
+  one layer costs ``(tL - t1) / (layers - 1)`` and the rest of ``t1`` is the step's fixed cost
+  (building the batch, the policy), reported apart.
+
+The figures are written by :func:`helix.profiles.write_profile` in the format
+``performance.profiles`` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from helix.models import ModelSpec
+from helix.net.io_types import NewRequest, StageInput
+from helix.net.sampling import SamplingParams
+from helix.profiles import ProfileRow
+from worker.engine import EngineConfig, SliceEngine, torch_dtype
+from worker.kv_blocks import blocks_for_tokens
+from worker.model import LayerWeights, SliceWeights
+
+_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    """Where the step times are measured."""
+
+    prompt_lengths: tuple[int, ...]
+    """Prompt tokens per request (the prompt table's context column)."""
+    max_prompt_tokens: int
+    """Prompt tokens of one step: requests of one length are batched 1, 2, 4, ... up to this."""
+    decode_contexts: tuple[int, ...]
+    """Tokens of KV each decoding request holds (the decode table's context column)."""
+    decode_seqs: tuple[int, ...]
+    """Decoding requests in one step."""
+    reps: int = 5
+    """Timed steps per point and engine (after one warm-up); the fastest counts."""
+    layers: int = 4
+    """Layers of the deep engine (the shallow one holds 1); the slope between them is one layer."""
+
+    @classmethod
+    def quick(cls) -> "ProfileGrid":
+        """Seconds, for tests: two lengths, two batch sizes, two reps."""
+        return cls((16, 64), 128, (16, 64), (1, 4), reps=2, layers=2)
+
+    @classmethod
+    def default(cls, device: str) -> "ProfileGrid":
+        """A useful grid: a few minutes on a CPU for a small model, on a GPU for a large one."""
+        if device == "cpu":
+            return cls((64, 256, 1024), 2048, (128, 512, 1024), (1, 2, 4, 8, 16, 32, 64))
+        return cls((128, 512, 2048), 8192, (256, 1024, 4096),
+                   (1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+    def fit_to(self, max_positions: int) -> "ProfileGrid":
+        """Drop lengths and contexts the model's position table cannot hold."""
+        room = max_positions - self.reps - 2   # decodes advance a little past the context
+        prompt = tuple(n for n in self.prompt_lengths if n <= max_positions)
+        contexts = tuple(c for c in self.decode_contexts if c <= room)
+        return dataclasses.replace(self, prompt_lengths=prompt, decode_contexts=contexts)
+
+    def prompt_points(self) -> list[tuple[int, int]]:
+        """(requests, length) of every prompt point."""
+        points = []
+        for length in self.prompt_lengths:
+            n = 1
+            while n * length <= max(self.max_prompt_tokens, length):
+                points.append((n, length))
+                n *= 2
+        return points
+
+    def decode_points(self) -> list[tuple[int, int]]:
+        """(seqs, context) of every decode point."""
+        return [(d, c) for c in self.decode_contexts for d in self.decode_seqs]
+
+    @property
+    def num_points(self) -> int:
+        return len(self.prompt_points()) + len(self.decode_points())
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Measured one-layer times and fixed step costs (seconds)."""
+
+    prompt: tuple[ProfileRow, ...]
+    decode: tuple[ProfileRow, ...]
+    prompt_overhead: tuple[ProfileRow, ...]
+    decode_overhead: tuple[ProfileRow, ...]
+
+
+def random_slice(spec: ModelSpec, num_layers: int, dtype: torch.dtype, device: torch.device,
+                 seed: int = 0) -> SliceWeights:
+    """``num_layers`` middle layers of ``spec``'s shapes with random weights (scaled like a
+    trained model's, so activations stay in range)."""
+    h, d, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def mat(rows: int, cols: int) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=gen) * cols ** -0.5).to(device, dtype)
+
+    def layer() -> LayerWeights:
+        return LayerWeights(qkv=mat((spec.num_heads + 2 * spec.num_kv_heads) * d, h),
+                            o=mat(h, spec.num_heads * d), gate_up=mat(2 * inter, h), down=mat(h, inter),
+                            input_norm=torch.ones(h, dtype=dtype, device=device),
+                            post_norm=torch.ones(h, dtype=dtype, device=device))
+    # Two spare layers around the slice keep it a middle one, whatever the model's depth.
+    deep = dataclasses.replace(spec, num_layers=max(spec.num_layers, num_layers + 2))
+    return SliceWeights(deep, 1, 1 + num_layers, [layer() for _ in range(num_layers)])
+
+
+class _Timer:
+    """One engine and the requests it holds, driven with hidden-state inputs."""
+
+    def __init__(self, weights: SliceWeights, grid: ProfileGrid, device: torch.device,
+                 dtype: str) -> None:
+        max_seqs = max([*grid.decode_seqs, *(n for n, _ in grid.prompt_points())], default=1)
+        tokens = max(grid.max_prompt_tokens, *grid.prompt_lengths, 1)
+        decode_tokens = max(grid.decode_seqs, default=0) * \
+            (max(grid.decode_contexts, default=0) + grid.reps + 2)
+        blocks = max(blocks_for_tokens(tokens, _BLOCK_TOKENS) + max_seqs,
+                     blocks_for_tokens(decode_tokens, _BLOCK_TOKENS) + max(grid.decode_seqs, default=0))
+        config = EngineConfig(block_size_tokens=_BLOCK_TOKENS, num_kv_blocks=blocks,
+                              max_num_seqs=max_seqs, max_num_batched_tokens=tokens,
+                              chunked_prefill=True, dtype=dtype, device=str(device),
+                              pack_cpu_weights=True)
+        self.engine = SliceEngine(weights, config)
+        self.device = device
+        self.hidden = weights.spec.hidden_size
+        self._ids = itertools.count()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _states(self, n: int) -> torch.Tensor:
+        return torch.randn(n, self.hidden, device=self.device, dtype=self.engine.dtype)
+
+    def _new(self, length: int, max_tokens: int) -> StageInput:
+        rid = next(self._ids)
+        return StageInput(rid, 0, hidden_states=self._states(length),
+                          new_request=NewRequest(rid, length, SamplingParams(max_tokens=max_tokens)))
+
+    def prompt_step(self, n: int, length: int) -> float:
+        """Seconds of one step that computes ``n`` fresh prompts of ``length`` tokens."""
+        inputs = [self._new(length, 1) for _ in range(n)]
+        self._sync()
+        t0 = time.perf_counter()
+        self.engine.step(inputs)
+        self._sync()
+        dt = time.perf_counter() - t0
+        self._check(prefill_tokens=n * length)
+        self.engine.release([i.request_id for i in inputs])
+        return dt
+
+    def prefill(self, seqs: int, context: int, max_tokens: int) -> list[list[int]]:
+        """``seqs`` requests with ``context`` tokens of KV each; ``[position, request id]`` pairs."""
+        self.release_all()
+        inputs = [self._new(context, max_tokens) for _ in range(seqs)]
+        self.engine.step(inputs)
+        while self.engine.has_work():
+            self.engine.step()
+        self._held = [[context, i.request_id] for i in inputs]
+        return self._held
+
+    def decode_step(self, seqs: int) -> float:
+        """Seconds of one step in which the ``seqs`` least advanced held requests decode."""
+        self._held.sort()
+        chosen = self._held[:seqs]
+        inputs = [StageInput(rid, pos, hidden_states=self._states(1)) for pos, rid in chosen]
+        self._sync()
+        t0 = time.perf_counter()
+        self.engine.step(inputs)
+        self._sync()
+        dt = time.perf_counter() - t0
+        self._check(decodes=seqs)
+        for pair in chosen:
+            pair[0] += 1
+        return dt
+
+    def release_all(self) -> None:
+        held = getattr(self, "_held", [])
+        self.engine.release([rid for _, rid in held])
+        self._held = []
+
+    def _check(self, prefill_tokens: int = 0, decodes: int = 0) -> None:
+        plan = self.engine.last_plan
+        got = (sum(c.num_tokens for c in plan.prefill_chunks), len(plan.decode_ids))
+        if got != (prefill_tokens, decodes) or self.engine.take_failures():
+            raise RuntimeError(f"profile step ran {got} (prefill tokens, decodes), expected "
+                               f"{(prefill_tokens, decodes)}: a bug in the profiler's setup")
+
+
+def _split(t1: list[float], tl: list[float], layers: int) -> tuple[float, float]:
+    """(one layer, fixed step cost) from the 1-layer and ``layers``-layer step times."""
+    s1, sl = min(t1), min(tl)
+    per_layer = (sl - s1) / (layers - 1)
+    if per_layer <= 0:          # noise swamped the difference: charge the whole step to layers
+        return sl / layers, 0.0
+    return per_layer, max(0.0, s1 - per_layer)
+
+
+def measure(spec: ModelSpec, grid: ProfileGrid, device: str, dtype: str,
+            advance: Callable[[str], None] = lambda _what: None) -> ProfileResult:
+    """Measure every point of ``grid`` (``advance`` is called once per point, for a progress bar)."""
+    dev = torch.device(device)
+    tdtype = torch_dtype(dtype)
+    timers = [_Timer(random_slice(spec, n, tdtype, dev, seed=n), grid, dev, dtype)
+              for n in (1, grid.layers)]
+    prompt, prompt_fixed, decode, decode_fixed = [], [], [], []
+    for n, length in grid.prompt_points():
+        times = _alternate(timers, grid.reps, lambda t: t.prompt_step(n, length))
+        layer_s, fixed_s = _split(*times, grid.layers)
+        prompt.append(ProfileRow(n * length, length, layer_s))
+        prompt_fixed.append(ProfileRow(n * length, length, fixed_s))
+        advance(f"prompt {n} x {length} tokens")
+    max_seqs = max(grid.decode_seqs, default=0)
+    for context in grid.decode_contexts:
+        for t in timers:
+            t.prefill(max_seqs, context, max_tokens=grid.reps * len(grid.decode_seqs) + 2)
+        for seqs in grid.decode_seqs:
+            times = _alternate(timers, grid.reps, lambda t: t.decode_step(seqs))
+            layer_s, fixed_s = _split(*times, grid.layers)
+            decode.append(ProfileRow(seqs, context, layer_s))
+            decode_fixed.append(ProfileRow(seqs, context, fixed_s))
+            advance(f"decode {seqs} seqs at context {context}")
+        for t in timers:
+            t.release_all()
+    return ProfileResult(tuple(prompt), tuple(decode), tuple(prompt_fixed), tuple(decode_fixed))
+
+
+def _alternate(timers: list[_Timer], reps: int, run: Callable[[_Timer], float]
+               ) -> tuple[list[float], ...]:
+    """One warm-up, then ``reps`` timed runs on each timer in turn (shared noise hits both)."""
+    for t in timers:
+        run(t)
+    out: tuple[list[float], ...] = tuple([] for _ in timers)
+    for _ in range(reps):
+        for t, acc in zip(timers, out):
+            acc.append(run(t))
+    return out
