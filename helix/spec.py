@@ -35,6 +35,7 @@ from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
 from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
 from helix.plan import COORDINATOR
 from helix.profiles import MeasuredProfile, load_profile
+from helix.serving import ServingSpec
 from helix.spec_errors import expand_node_groups, first_error, point_at_entries
 from helix.yamlio import read_yaml
 from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
@@ -157,17 +158,6 @@ class WorkloadSpec(_Frozen):
 
     mean_prompt_tokens: float = Field(763.0, gt=0)
     mean_output_tokens: float = Field(232.0, gt=0)
-
-
-class ServingSpec(_Frozen):
-    """Memory and batching limits that shape node throughput and what a node can hold."""
-
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    """Fraction of VRAM the worker may use (weights + KV), as in vLLM."""
-    min_kv_requests: float = Field(4.0, ge=0)
-    """A node must keep KV room for this many mean-size requests on every layer it holds."""
-    max_batch_seqs: int = Field(256, ge=1)
-    """Most sequences one worker step decodes together."""
 
 
 class PerformanceSpec(_Frozen):

@@ -20,7 +20,8 @@ PACKAGES = ("helix", "planner", "coordinator", "worker")
 # helix/'s ground floor: the vocabulary every other package may import.
 VOCABULARY = ("helix/errors.py", "helix/units.py", "helix/hardware.py", "helix/models.py",
               "helix/costmodel.py", "helix/calibration.py", "helix/profiles.py", "helix/plan.py",
-              "helix/spec.py", "helix/spec_errors.py", "helix/yamlio.py", "helix/helix_ini.py")
+              "helix/spec.py", "helix/spec_errors.py", "helix/yamlio.py", "helix/helix_ini.py",
+              "helix/serving.py")
 
 # (files under this path, modules they must never import)
 RULES = [

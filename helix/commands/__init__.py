@@ -11,5 +11,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.plan",
     "helix.commands.simulate",
     "helix.commands.serve",
+    "helix.commands.bench",
     "helix.commands.profile",
 )

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI) in front of the live coordinator.
 
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``; the stream ends with
-``data: [DONE]``; ``stream_options.include_usage`` adds a final usage chunk), ``GET /v1/models``,
+``data: [DONE]``; ``stream_options.include_usage`` adds a final usage chunk, and
+``continuous_usage_stats`` the running counts to every chunk, as vLLM does), ``GET /v1/models``,
 ``GET /health`` (200 only when every stage of some pipeline answers and stepped recently, or a
 one-token probe passes now; 503 at once when no pipeline's workers answer),
 ``GET /metrics`` (Prometheus). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
@@ -140,7 +141,8 @@ class OpenAIServer:
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, body.include_usage(), lp, chat=False)
+            return self._stream(handle, rid, body.include_usage(), lp, chat=False,
+                                continuous_usage_prompt=len(ids) if body.continuous_usage() else None)
         text, done, tokens = await self._collect(handle)
         choice = {"index": 0, "text": text, "logprobs": lp and lp.completion(tokens),
                   "finish_reason": done.finish_reason}
@@ -155,7 +157,8 @@ class OpenAIServer:
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, body.include_usage(), lp, chat=True)
+            return self._stream(handle, rid, body.include_usage(), lp, chat=True,
+                                continuous_usage_prompt=len(ids) if body.continuous_usage() else None)
         text, done, tokens = await self._collect(handle)
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "logprobs": lp and lp.chat(tokens), "finish_reason": done.finish_reason}
@@ -179,20 +182,33 @@ class OpenAIServer:
         return "".join(text), done, tokens
 
     def _stream(self, handle: RequestHandle, rid: str, include_usage: bool,
-                logprobs: LogprobsBuilder | None, chat: bool) -> StreamingResponse:
-        return StreamingResponse(self._sse_events(handle, rid, include_usage, logprobs, chat),
+                logprobs: LogprobsBuilder | None, chat: bool,
+                continuous_usage_prompt: int | None = None) -> StreamingResponse:
+        return StreamingResponse(self._sse_events(handle, rid, include_usage, logprobs, chat,
+                                                  continuous_usage_prompt),
                                  media_type="text/event-stream")
 
     async def _sse_events(self, handle: RequestHandle, rid: str, include_usage: bool,
-                          logprobs: LogprobsBuilder | None, chat: bool) -> AsyncIterator[str]:
+                          logprobs: LogprobsBuilder | None, chat: bool,
+                          continuous_usage_prompt: int | None = None) -> AsyncIterator[str]:
         """Chat: a role chunk first. Then a chunk per text delta (with the logprobs of the tokens
         since the last chunk), a finish chunk (logprobs of tokens whose text was held back or cut by a
-        stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error event."""
+        stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error event.
+        With ``continuous_usage_prompt`` (the prompt's length) every chunk carries the usage so far:
+        the completion tokens sent up to and including it."""
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_name}
         extra = {"usage": None} if include_usage else {}   # OpenAI: null on all but the usage chunk
+        sent_tokens = 0
 
         def chunk(text: str | None, tokens=(), finish=None, delta: dict | None = None) -> str:
+            nonlocal sent_tokens
+            sent_tokens += len(tokens)
+            usage = extra
+            if continuous_usage_prompt is not None:
+                usage = {"usage": {"prompt_tokens": continuous_usage_prompt,
+                                   "completion_tokens": sent_tokens,
+                                   "total_tokens": continuous_usage_prompt + sent_tokens}}
             lp = None
             if logprobs is not None and tokens:
                 lp = logprobs.chat(tokens) if chat else logprobs.completion(tokens)
@@ -201,7 +217,7 @@ class OpenAIServer:
                 choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            return _sse({**head, "choices": [choice], **extra})
+            return _sse({**head, "choices": [choice], **usage})
         try:
             if chat:
                 yield chunk(None, delta={"role": "assistant", "content": ""})

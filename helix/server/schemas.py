@@ -75,6 +75,10 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """vLLM's ``continuous_usage_stats``: usage in every chunk (only with ``include_usage``)."""
+        return self.include_usage() and self.stream_options.continuous_usage_stats
+
     def sampling(self, max_tokens: int | None, logprobs: int | None,
                  max_tokens_field: str = "max_tokens") -> SamplingParams:
         self._check_supported()

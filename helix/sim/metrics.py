@@ -22,16 +22,19 @@ class LatencyStats:
     count: int
     mean_s: float | None
     p50_s: float | None
+    p90_s: float | None
     p95_s: float | None
     p99_s: float | None
 
     @classmethod
     def of(cls, samples: array) -> "LatencyStats":
+        """Summary of a flat ``array('d')`` of seconds (``helix bench`` summarizes its own samples
+        with it too, so the simulator's and the live figures are computed alike)."""
         if len(samples) == 0:
-            return cls(0, None, None, None, None)
+            return cls(0, None, None, None, None, None)
         x = np.frombuffer(samples, dtype=np.float64)
-        p50, p95, p99 = np.percentile(x, [50, 95, 99])
-        return cls(len(x), float(x.mean()), float(p50), float(p95), float(p99))
+        p50, p90, p95, p99 = np.percentile(x, [50, 90, 95, 99])
+        return cls(len(x), float(x.mean()), float(p50), float(p90), float(p95), float(p99))
 
 
 class MetricsCollector:

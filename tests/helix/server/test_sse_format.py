@@ -98,6 +98,30 @@ def test_sse_chunk_sequence_ends_with_done(stack, chat, include_usage):
     assert all(c["logprobs"] is None for c in choices)
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_continuous_usage_counts_the_tokens_sent_so_far(stack, chat):
+    # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far, so a
+    # client (helix bench) counts tokens exactly even when a chunk carries several (held-back text).
+    path, body = _body(chat, max_tokens=12, **({"logprobs": True, "top_logprobs": 0} if chat
+                                                else {"logprobs": 0}))
+    whole = _post(stack.url, path, body).json()
+    events = _stream(stack.url, path, {**body, "stream_options": {"include_usage": True,
+                                                                   "continuous_usage_stats": True}})
+    *chunks, usage_chunk, done = events
+    assert done == "[DONE]" and usage_chunk["usage"] == whole["usage"]
+    prompt = whole["usage"]["prompt_tokens"]
+    sent = 0
+    for c in chunks:
+        lp = c["choices"][0]["logprobs"]
+        sent += 0 if lp is None else len(lp["content"] if chat else lp["tokens"])
+        assert c["usage"] == {"prompt_tokens": prompt, "completion_tokens": sent,
+                              "total_tokens": prompt + sent}
+    assert sent == whole["usage"]["completion_tokens"] == 12
+    # Without include_usage the option adds nothing (as in vLLM).
+    plain = _stream(stack.url, path, {**body, "stream_options": {"continuous_usage_stats": True}})
+    assert all("usage" not in c for c in plain[:-1])
+
+
 def _joined_completion_logprobs(choices: list[dict]) -> dict:
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for c in choices:
