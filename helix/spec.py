@@ -93,9 +93,30 @@ class RegionLink(LinkParams):
 
 
 class NodeLink(LinkParams):
-    """Override for one pair of vertices (node names or ``coordinator``), both directions."""
+    """Override for a pair of vertices (node names or ``coordinator``): ``between: [a, b]`` sets
+    both directions; ``from: a`` with ``to: b`` sets a -> b only and wins over a ``between`` entry
+    (the reference INI's source and sink links differ: prompts out, sampled tokens back)."""
 
-    between: tuple[str, str]
+    between: tuple[str, str] | None = None
+    src: str | None = Field(None, alias="from")
+    dst: str | None = Field(None, alias="to")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "NodeLink":
+        directed = self.src is not None or self.dst is not None
+        if directed == (self.between is not None):
+            raise ValueError("give either 'between: [a, b]' (both directions) or 'from' and 'to' "
+                             "(one direction)")
+        if directed and (self.src is None or self.dst is None):
+            raise ValueError("a directed link needs both 'from' and 'to'")
+        ends = self.ends
+        if ends[0] == ends[1]:
+            raise ValueError(f"a link joins two different vertices, got {ends[0]!r} twice")
+        return self
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        return self.between if self.between is not None else (self.src, self.dst)  # type: ignore
 
 
 class NodeSpec(_Frozen):
@@ -151,6 +172,10 @@ class CoordinatorSpec(_Frozen):
     region: str | None = None
     address: str | None = None
     nic_bandwidth_bytes_per_s: Bandwidth | None = Field(None, alias="nic_bandwidth")
+    outbound: LinkParams | None = None
+    """Coordinator -> any node (prompt tokens to the first stages); replaces the region figures."""
+    inbound: LinkParams | None = None
+    """Any node -> coordinator (sampled tokens from the last stages); replaces the region figures."""
 
 
 class WorkloadSpec(_Frozen):
@@ -194,15 +219,18 @@ class ClusterSpec(_Frozen):
     """Default between any two regions; None leaves regions unconnected unless overridden."""
     region_links: tuple[RegionLink, ...] = ()
     links: tuple[NodeLink, ...] = ()
+    """Per-pair overrides of the region (and coordinator) figures."""
     only_listed_links: bool = False
-    """When true, only the pairs in ``links`` are connected (the reference INI format lists every
-    link of its clusters); otherwise region figures connect every pair."""
+    """When true, only the pairs in ``links`` are connected (for clusters that are not fully
+    connected); otherwise region and coordinator figures connect every pair."""
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     performance: PerformanceSpec = Field(default_factory=PerformanceSpec)
 
     _model: ModelSpec = PrivateAttr()
     _profiles: dict[str, MeasuredProfile] = PrivateAttr(default_factory=dict)
     _base_dir: Path | None = PrivateAttr(default=None)
+    _directed: dict[tuple[str, str], NodeLink] = PrivateAttr(default_factory=dict)
+    _undirected: dict[frozenset[str], NodeLink] = PrivateAttr(default_factory=dict)
 
     @field_validator("dtype")
     @classmethod
@@ -219,6 +247,11 @@ class ClusterSpec(_Frozen):
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> "ClusterSpec":
         _check_cluster(self)
+        for link in self.links:  # the first entry for a pair wins
+            if link.between is not None:
+                self._undirected.setdefault(frozenset(link.between), link)
+            else:
+                self._directed.setdefault(link.ends, link)
         base_dir = (info.context or {}).get("base_dir")
         self._base_dir = Path(base_dir) if base_dir else None
         self._model = resolve_model(self.model_ref, self._base_dir)
@@ -262,23 +295,29 @@ class ClusterSpec(_Frozen):
         return node.region or next(iter(self.regions))
 
     def link(self, a: str, b: str) -> LinkParams | None:
-        """Bandwidth/latency between two vertices (node names or ``coordinator``), or None when
-        they are not connected. Precedence: a per-pair override, then the region's own figures
+        """Bandwidth/latency from ``a`` to ``b`` (node names or ``coordinator``), or None when they
+        are not connected. Precedence: a directed override (``from``/``to``), a ``between``
+        override, the coordinator's ``outbound``/``inbound`` figures, then the region's own figures
         (same region) or the region-pair override or the inter-region default; NIC limits cap it."""
         if a == b:
             return None
         base = self._pair_override(a, b)
         if base is None and not self.only_listed_links:
-            base = self._region_path(self.region_of(a), self.region_of(b))
+            base = self._coordinator_path(a, b) or \
+                self._region_path(self.region_of(a), self.region_of(b))
         if base is None:
             return None
         caps = [base.bandwidth_bytes_per_s] + [c for c in (self._nic(a), self._nic(b)) if c]
         return LinkParams.model_construct(bandwidth_bytes_per_s=min(caps), latency_s=base.latency_s)
 
     def _pair_override(self, a: str, b: str) -> LinkParams | None:
-        for link in self.links:
-            if set(link.between) == {a, b}:
-                return link
+        return self._directed.get((a, b)) or self._undirected.get(frozenset((a, b)))
+
+    def _coordinator_path(self, a: str, b: str) -> LinkParams | None:
+        if a == COORDINATOR:
+            return self.coordinator.outbound
+        if b == COORDINATOR:
+            return self.coordinator.inbound
         return None
 
     def _region_path(self, ra: str, rb: str) -> LinkParams | None:
@@ -333,9 +372,9 @@ def _check_cluster(spec: ClusterSpec) -> None:
                 raise ValueError(f"region_links[{i}].regions: unknown region {r!r}; known: {known}")
     vertices = seen | {COORDINATOR}
     for i, link in enumerate(spec.links):
-        for v in link.between:
+        for field, v in zip(("between", "between") if link.between else ("from", "to"), link.ends):
             if v not in vertices:
-                raise ValueError(f"links[{i}].between: unknown node {v!r}")
+                raise ValueError(f"links[{i}].{field}: unknown node {v!r}")
     labels = {n.label for n in spec.nodes}
     for section in ("profiles", "throughput_tables"):
         for label in getattr(spec.performance, section):

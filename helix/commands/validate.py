@@ -155,12 +155,73 @@ def convert(
     output: Path = typer.Option(..., "-o", "--output", help="Where to write the YAML spec."),
     model: str = typer.Option("llama-2-70b", "--model", help="Model the cluster will serve "
                               "(the INI format does not name one)."),
+    regions: Optional[Path] = typer.Option(None, "--regions", help="YAML: region name -> list of "
+                                           "node names (node-0, ...), instead of inferring them."),
+    tolerance: float = typer.Option(0.0, "--link-tolerance", help="Links within this relative "
+                                    "difference of their region's figure take that figure instead "
+                                    "of an override (0 keeps every link exact)."),
+    tables: Optional[Path] = typer.Option(None, "--throughput-tables", help="YAML of T(k) tables "
+                                          "(label: [tokens/s at k = 1, 2, ...]) to embed."),
+    tables_case: Optional[str] = typer.Option(None, "--tables-case", help="Which case of a "
+                                              "multi-case tables file (default: the INI's stem)."),
 ) -> None:
-    """Convert a reference Helix INI cluster into a Helix cluster YAML."""
-    from helix.helix_ini import read_helix_ini
-    spec = read_helix_ini(cluster_ini, machine_profile_ini, model=model)
-    output.write_text(spec.to_yaml())
-    typer.echo(f"wrote {output} ({len(spec.nodes)} nodes, {len(spec.links)} links)")
+    """Convert a reference Helix INI cluster into a Helix cluster YAML.
+
+    Regions are inferred from the link table (components over the links above its widest
+    bandwidth gap) and printed one per line; links are written as region, inter-region and
+    coordinator figures plus per-pair overrides where a link differs from them.
+    """
+    from helix.helix_ini import convert_ini, load_throughput_tables, spec_yaml
+    from helix.yamlio import read_yaml
+    given = read_yaml(regions, "regions") if regions is not None else None
+    table = load_throughput_tables(tables, tables_case or cluster_ini.stem) \
+        if tables is not None else None
+    result = convert_ini(cluster_ini, machine_profile_ini, model=model, regions=given,
+                         regions_source=str(regions), tolerance=tolerance, throughput_tables=table)
+    spec = result.spec
+    output.write_text(spec_yaml(spec))
+    typer.echo(f"regions: {result.regions.how}")
+    for name, members in result.regions.members.items():
+        kinds = ", ".join(f"{n} {k}" for k, n in _count(spec.node(m).label for m in members))
+        fig = spec.regions[name]
+        typer.echo(f"  {name}: {', '.join(members)}  ({kinds}; {_fmt(fig)} inside)")
+    for line in _network_summary(spec):
+        typer.echo(line)
+    if spec.links and tolerance == 0 and not spec.only_listed_links:
+        looser = convert_ini(cluster_ini, machine_profile_ini, model=model, regions=given,
+                             regions_source=str(regions), tolerance=0.1).spec
+        typer.echo(f"  (--link-tolerance 0.1 would keep {len(looser.links)} overrides)")
+    if result.tables_for:
+        typer.echo(f"throughput tables for {', '.join(result.tables_for)}")
+    typer.echo(f"wrote {output} ({len(spec.nodes)} nodes, {len(spec.regions)} region(s), "
+               f"{len(spec.links)} link overrides)")
+
+
+def _count(labels) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return list(counts.items())
+
+
+def _fmt(link) -> str:
+    return f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {format_duration(link.latency_s)}"
+
+
+def _network_summary(spec: ClusterSpec) -> list[str]:
+    lines = []
+    if spec.inter_region is not None:
+        lines.append(f"between regions: {_fmt(spec.inter_region)}"
+                     + "".join(f"; {' <-> '.join(rl.regions)} {_fmt(rl)}" for rl in spec.region_links))
+    c = spec.coordinator
+    lines.append(f"coordinator: region {spec.coordinator_region}"
+                 + (f"; outbound {_fmt(c.outbound)}" if c.outbound else "")
+                 + (f"; inbound {_fmt(c.inbound)}" if c.inbound else ""))
+    if spec.only_listed_links:
+        lines.append(f"{len(spec.links)} links listed one by one (the INI does not join every pair)")
+    else:
+        lines.append(f"{len(spec.links)} per-link overrides (links that differ from the figures above)")
+    return lines
 
 
 def register(app: typer.Typer) -> None:
