@@ -84,10 +84,14 @@ def check_options(*, time_limit_s: float, threads: int, gap: float,
 def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "highs",
           time_limit_s: float = 60.0, threads: int = 1, seed: int = 0, gap: float = 0.01,
           partial_inference: bool = True, max_depth: int | None = None,
-          progress: Progress | None = None, warm_starts: bool = True) -> Plan:
+          progress: Progress | None = None, warm_starts: bool = True,
+          start: Placement | None = None) -> Plan:
     """Place ``problem``'s layers with ``method``; the result is verified before it is returned.
 
-    ``warm_starts=False`` runs the MILP alone (no heuristic incumbent): for ablations and tests."""
+    ``warm_starts=False`` runs the MILP alone (no heuristic incumbent): for ablations and tests.
+    ``start`` is a placement to improve on (``helix plan --from``, a previous plan, the best found
+    elsewhere): ``milp`` takes it as a warm start and never returns less; ``milp-paper`` falls back
+    on it as on any warm start; heuristic methods, being baselines, ignore it."""
     if method not in METHODS:
         raise HelixUserError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     check_options(time_limit_s=time_limit_s, threads=threads, gap=gap, max_depth=max_depth)
@@ -116,6 +120,8 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
                                  f"inference (--max-depth {max_depth})")
     best = _best_warm_start(problem, seed, partial, min_k) if warm_starts else \
         Candidate({}, FlowResult(0.0, {}, {}), "none")
+    if start:
+        best = _with_start(problem, best, start, partial, min_k)
     if method == "milp-paper":
         placement, paper_bound, status, used = paper_model.run(problem, adapter, _options(
             time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
@@ -165,6 +171,18 @@ def _best_warm_start(problem, seed, partial, min_k) -> Candidate:
         if cand.value > best.value:
             best = cand
     return best
+
+
+def _with_start(problem, best: Candidate, start: Placement, partial, min_k) -> Candidate:
+    """The better of ``best`` and the given start (checked: a bad start is a user error)."""
+    from planner.layout import check_placement_fits
+    check_placement_fits(problem, start, "start placement")
+    if any(e - s < min_k for s, e in start.values()):
+        log.warning("the start placement has nodes with fewer than %d layers (--max-depth); "
+                    "it is not used", min_k)
+        return best
+    cand = _evaluate(problem, start, "start", partial)
+    return cand if cand.value >= best.value else best
 
 
 def class_model_is_exact(problem: PlacementProblem, bound: float) -> bool:

@@ -38,6 +38,9 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     draw: Optional[Path] = typer.Option(None, "--draw", help="Draw the plan to a PNG."),
     compare: bool = typer.Option(False, "--compare", help="Run every method and compare."),
+    start_from: Optional[Path] = typer.Option(
+        None, "--from", help="An existing placement to evaluate and improve on: a plan.yaml, or a "
+        "reference *_sol.ini layout (node i = the cluster's i-th node)."),
 ) -> None:
     """Place the model's layers on the cluster by max flow (MILP with a proven bound)."""
     from rich.console import Console
@@ -58,6 +61,9 @@ def plan_command(
     kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
                   seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
     console = Console(stderr=as_json)
+    if start_from is not None:
+        kwargs["start"] = _evaluate_start(console, problem, start_from, method, compare,
+                                          partial=not no_partial and max_depth is None)
     if compare:
         plans = [_run(console, problem, m, kwargs, solve) for m in METHODS]
         if as_json:
@@ -78,6 +84,20 @@ def plan_command(
         console.print(_summary(plan))
         if output is not None:
             console.print(f"wrote {output}")
+
+
+def _evaluate_start(console, problem, path: Path, method: str, compare: bool, partial: bool):
+    """The placement in ``path``, checked against the cluster; prints its max flow."""
+    from planner import METHODS, max_flow
+    from planner.layout import load_placement
+    placement = load_placement(path, problem)
+    flow = max_flow(problem, placement, partial).value_tokens_per_s
+    console.print(f"{path}: {len(placement)} nodes hold layers; max flow {flow:,.1f} tokens/s "
+                  f"on this cluster", soft_wrap=True, highlight=False)
+    if not compare and method in METHODS and not method.startswith("milp"):
+        console.print(f"({method} is a baseline heuristic: it does not start from this placement)",
+                      soft_wrap=True, highlight=False)
+    return placement
 
 
 def _check_output_path(path: Optional[Path], option: str, suffix: Optional[str] = None) -> None:

@@ -1,0 +1,68 @@
+"""An existing placement read from a file and checked against a problem (``helix plan --from``).
+
+Two formats: the reference planner's ``*_sol.ini`` layouts (``[Solution] compute_node_<i + offset>
+=[layers]``), whose node i is the problem's i-th node (``helix convert`` keeps the INI's order), and
+this project's ``plan.yaml`` (node names). Every mismatch with the cluster is a
+:class:`HelixUserError` of one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helix.errors import HelixUserError, SpecError
+from helix.units import format_size
+from planner.flowgraph import Placement
+from planner.search.baselines import fits
+from planner.problem import PlacementProblem
+
+
+def load_placement(path: str | Path, problem: PlacementProblem) -> Placement:
+    """The placement stored in ``path`` (a reference ``.ini`` layout or a plan YAML), checked."""
+    from helix.helix_ini import read_layout
+    from helix.plan import Plan
+
+    p = Path(path)
+    try:
+        if p.suffix.lower() == ".ini":
+            by_index = read_layout(p)
+            placement = {_node_at(problem, i, p): r for i, r in sorted(by_index.items())}
+        else:
+            plan = Plan.load(p)
+            if plan.num_layers != problem.num_layers:
+                raise HelixUserError(f"{p}: the plan is for {plan.num_layers} layers, the cluster's "
+                                     f"model {problem.model} has {problem.num_layers}")
+            placement = {x.node: (x.start, x.end) for x in plan.placements if x.end > x.start}
+    except SpecError as exc:
+        raise HelixUserError(str(exc)) from None
+    check_placement_fits(problem, placement, str(p))
+    return placement
+
+
+def _node_at(problem: PlacementProblem, index: int, path: Path) -> str:
+    if not 0 <= index < len(problem.nodes):
+        raise HelixUserError(f"{path}: node index {index} is outside the cluster's "
+                             f"{len(problem.nodes)} nodes (0..{len(problem.nodes) - 1}; is the "
+                             f"[Settings] offset right?)")
+    return problem.nodes[index].name
+
+
+def check_placement_fits(problem: PlacementProblem, placement: Placement, source: str) -> None:
+    """Raise :class:`HelixUserError` naming the first node the placement cannot use as given."""
+    names = [n.name for n in problem.nodes]
+    L = problem.num_layers
+    for name, (start, end) in placement.items():
+        if name not in names:
+            raise HelixUserError(f"{source}: unknown node {name!r}; the cluster has "
+                                 f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''}")
+        if not 0 <= start < end <= L:
+            raise HelixUserError(f"{source}: {name} holds layers [{start}, {end}), outside the "
+                                 f"model's [0, {L})")
+        node = problem.node(name)
+        if not fits(node, start, end, L):
+            most = min(len(node.throughput_tokens_per_s), node.max_layers_for(start == 0, end == L))
+            why = (f"it holds at most {most} layers there" if most < end - start else
+                   f"it serves no tokens with {end - start} layers (T(k) = 0)")
+            mem = f" ({format_size(node.memory_bytes)} usable)" if node.memory_bytes else ""
+            raise HelixUserError(f"{source}: {name} ({node.gpu}{mem}) cannot hold {end - start} "
+                                 f"layers [{start}, {end}): {why}")
