@@ -4,9 +4,11 @@ Each takes a :class:`PlacementProblem` and returns a :class:`Placement` (node ->
 respects every node's memory limits; its throughput is always measured with the same max flow
 (``planner.flowgraph.max_flow``). A heuristic that cannot place the model returns an empty placement.
 
-* ``petals``   - each node, in random order, takes the window of its largest layer count whose layers
-  are least served so far (lowest minimum per-layer throughput, then lowest sum).
-* ``swarm``    - equal-size stages; nodes assigned greedily to the stage with the least capacity.
+* ``petals``   - Petals' rule (its paper, appendix D) as the Helix artifact implements it: nodes in a
+  seeded random order each take as many layers as they can hold, at the window whose per-layer
+  served throughput, sorted ascending, is lexicographically smallest (the worst-served window).
+* ``swarm``    - SWARM's rule as the artifact implements it: as few equal stages as every node can
+  hold; nodes, fastest first at the stage size, join the stage with the least total throughput.
 * ``separate`` - one independent pipeline per GPU kind, layers split evenly inside it.
 * ``uniform``  - one chain of all nodes, layers in proportion to per-layer capacity T(1).
 * ``pipelines`` (warm start, not a paper baseline) - for a target flow F every node can run
@@ -16,6 +18,7 @@ respects every node's memory limits; its throughput is always measured with the 
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable, Sequence
 
@@ -30,69 +33,90 @@ def fits(node: NodeCapacity, start: int, end: int, num_layers: int) -> bool:
             and node.throughput(k) > 0 and k <= node.max_layers_for(start == 0, end == num_layers))
 
 
-def _largest_k(node: NodeCapacity, start: int, L: int) -> int:
-    for k in range(min(len(node.throughput_tokens_per_s), L - start), 0, -1):
-        if fits(node, start, start + k, L):
-            return k
-    return 0
+def _most_layers(node: NodeCapacity, L: int) -> int:
+    return min(len(node.throughput_tokens_per_s), L)
 
 
 def petals(problem: PlacementProblem, seed: int = 0) -> Placement:
+    """Petals-style placement (the Helix artifact's ``PetalsLayout``; published layouts reproduce).
+
+    The artifact shuffles (T(k_max), node index) pairs with Python's ``random.seed(seed)`` and
+    ``random.shuffle``; ``random.Random(seed).shuffle`` draws the same order. A node that cannot
+    hold k_max layers at any position (its first or last stage also holds the embedding or the LM
+    head) takes the largest count that fits somewhere: the artifact has no such case."""
     L = problem.num_layers
-    served = [0.0] * L
-    order = list(problem.nodes)
+    order = [(n.throughput(_most_layers(n, L)), i) for i, n in enumerate(problem.nodes)]
     random.Random(seed).shuffle(order)
+    served = [0.0] * L
     placement: dict[str, tuple[int, int]] = {}
-    for node in order:
-        best = None
-        for s in range(L):
-            k = _largest_k(node, s, L)
-            if k == 0:
-                continue
-            window = served[s:s + k]
-            # Prefer least-served windows; among equals the larger one, then the earliest.
-            key = (min(window), sum(window) / k, -k, s)
-            if best is None or key < best[0]:
-                best = (key, s, k)
-        if best is None:
+    for _, i in order:
+        node = problem.nodes[i]
+        window = _worst_served_window(node, served, L)
+        if window is None:
             continue
-        _, s, k = best
+        s, k = window
         placement[node.name] = (s, s + k)
         for layer in range(s, s + k):
             served[layer] += node.throughput(k)
     return placement
 
 
-def swarm(problem: PlacementProblem, seed: int = 0) -> Placement:
+def _worst_served_window(node: NodeCapacity, served: list[float], L: int
+                         ) -> tuple[int, int] | None:
+    """(start, k): the most layers the node can hold, at the earliest window whose sorted served
+    throughputs are lexicographically smallest."""
+    for k in range(_most_layers(node, L), 0, -1):
+        best = None
+        for s in range(L - k + 1):
+            if fits(node, s, s + k, L):
+                key = sorted(served[s:s + k])
+                if best is None or key < best[0]:
+                    best = (key, s)
+        if best is not None:
+            return best[1], k
+    return None
+
+
+def swarm_stages(problem: PlacementProblem) -> list[tuple[int, int]]:
+    """The artifact's stage count, "as few as possible": the fewest equal stages (the count
+    divides L) that every node able to hold a layer can hold. When that gives more stages than
+    nodes (L has no fitting divisor), ceil(L / size) stages of sizes differing by at most one."""
     L = problem.num_layers
-    nodes = sorted(problem.nodes, key=lambda n: (-n.throughput(1), n.name))
-    for m in range(1, L + 1):
-        stages = [(s, min(L, s + m)) for s in range(0, L, m)]
-        able = [[n for n in nodes if fits(n, s, e, L)] for s, e in stages]
-        if sum(1 for n in nodes if any(fits(n, s, e, L) for s, e in stages)) < len(stages):
+    able = [n for n in problem.nodes if n.throughput(1) > 0]
+    if not able:
+        return []
+    size = min(_most_layers(n, L) for n in able)
+    count = next(c for c in range(1, L + 1) if L % c == 0 and L // c <= size)
+    if count > len(able):
+        count = math.ceil(L / size)
+    bounds = [round(i * L / count) for i in range(count + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def swarm(problem: PlacementProblem, seed: int = 0) -> Placement:
+    """SWARM-style placement (the Helix artifact's ``SwarmLayout``; published layouts reproduce).
+
+    Nodes sorted by (T(stage size), index), fastest first (the artifact sorts those pairs in
+    reverse, so equal nodes go highest index first), each joining the stage with the least total
+    throughput so far (the first such stage). A node that cannot hold a stage (memory with the
+    embedding or LM head) joins the least-served stage it can hold, or none."""
+    L = problem.num_layers
+    stages = swarm_stages(problem)
+    if not stages:
+        return {}
+    size = max(e - s for s, e in stages)
+    ranked = sorted(((n.throughput(size), i) for i, n in enumerate(problem.nodes)), reverse=True)
+    total = [0.0] * len(stages)
+    placement: dict[str, tuple[int, int]] = {}
+    for _, i in ranked:
+        node = problem.nodes[i]
+        options = [j for j, (s, e) in enumerate(stages) if fits(node, s, e, L)]
+        if not options:
             continue
-        if any(not a for a in able):
-            continue
-        cap = [0.0] * len(stages)
-        placement: dict[str, tuple[int, int]] = {}
-        # Scarce stages first: every stage gets one node before capacity balancing starts.
-        for si in sorted(range(len(stages)), key=lambda i: len(able[i])):
-            pick = next((n for n in able[si] if n.name not in placement), None)
-            if pick is None:
-                break
-            placement[pick.name] = stages[si]
-            cap[si] += pick.throughput(stages[si][1] - stages[si][0])
-        else:
-            for n in nodes:
-                if n.name in placement:
-                    continue
-                options = [i for i, (s, e) in enumerate(stages) if fits(n, s, e, L)]
-                if options:
-                    si = min(options, key=lambda i: (cap[i], i))
-                    placement[n.name] = stages[si]
-                    cap[si] += n.throughput(stages[si][1] - stages[si][0])
-            return placement
-    return {}
+        j = min(options, key=lambda j: (total[j], j))
+        placement[node.name] = stages[j]
+        total[j] += node.throughput(stages[j][1] - stages[j][0])
+    return placement
 
 
 def chain(nodes: Sequence[NodeCapacity], weights: Sequence[float], L: int) -> Placement:
