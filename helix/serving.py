@@ -1,0 +1,86 @@
+"""Serving limits: one name and one default for each setting that bounds what a node holds and
+batches, carried from the cluster spec through ``plan.yaml`` to every consumer.
+
+- :class:`ServingSpec` is the spec's ``serving:`` section: the cost model sizes KV pools and
+  batches with it, and the simulator's workers and coordinator run with it.
+- :class:`ServingLimits` is the plan's ``serving:`` section: the same settings, the dtype, and each
+  placed node's KV pool (the cost model's figure for the slice the plan gives it, the one the
+  simulator gives the same node). ``helix serve`` configures its workers and the live coordinator
+  from it alone, so the live system batches and holds what the planner and the simulator assumed.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from helix.errors import SpecError
+from helix.models import DTYPE_BYTES
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ServingSpec(_Frozen):
+    """Memory and batching limits that shape node throughput and what a node can hold."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of a node's memory (its GPUs', or ``memory`` of a CPU node) the worker may use for
+    weights and KV, as in vLLM."""
+    min_kv_requests: float = Field(4.0, ge=0)
+    """A node must keep KV room for this many mean-size requests on every layer it holds."""
+    max_batch_seqs: int = Field(256, ge=1)
+    """Most sequences one worker step runs together."""
+    kv_high_water: float = Field(0.9, gt=0, le=1)
+    """The coordinator sends a node no new request once the KV reserved for its requests would pass
+    this fraction of the node's pool (Helix section 5)."""
+    block_size_tokens: int = Field(16, ge=1)
+    """Positions per block of a worker's paged KV cache."""
+
+
+class ServingLimits(_Frozen):
+    """What a plan's workers run with: written by ``helix plan``, read by ``helix serve``."""
+
+    dtype: str
+    """Of weights, activations and KV (the spec's ``dtype``)."""
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    """The fraction the KV pools below were sized with."""
+    max_batch_seqs: int = Field(ge=1)
+    kv_high_water: float = Field(gt=0, le=1)
+    block_size_tokens: int = Field(ge=1)
+    kv_capacity_tokens: dict[str, int]
+    """Node -> tokens of KV its pool holds on every layer of its slice; the worker's pool is this
+    many tokens rounded down to whole blocks."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+        return value
+
+    @classmethod
+    def of(cls, serving: ServingSpec, dtype: str,
+           kv_capacity_tokens: dict[str, int]) -> "ServingLimits":
+        """The spec's settings with the nodes' KV pools."""
+        return cls(dtype=dtype, gpu_memory_utilization=serving.gpu_memory_utilization,
+                   max_batch_seqs=serving.max_batch_seqs, kv_high_water=serving.kv_high_water,
+                   block_size_tokens=serving.block_size_tokens,
+                   kv_capacity_tokens=dict(kv_capacity_tokens))
+
+    def kv_blocks(self, node: str) -> int:
+        """Blocks of ``node``'s KV pool."""
+        return self.kv_capacity_tokens[node] // self.block_size_tokens
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "plan") -> "ServingLimits":
+        """Validate a plan's ``serving:`` section; SpecError with one line naming the field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise SpecError(f"{where}: serving{'.' + field if field else ''}: {err['msg']}") from None
