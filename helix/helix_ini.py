@@ -222,12 +222,18 @@ class _Flow(dict):
     """A mapping YAML writes on one line (one node, one link per line)."""
 
 
+class _FlowList(list):
+    """A list YAML writes on one line (a throughput table)."""
+
+
 class _Dumper(yaml.SafeDumper):
     pass
 
 
 _Dumper.add_representer(
     _Flow, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True))
+_Dumper.add_representer(
+    _FlowList, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
 
 
 def spec_yaml(spec: ClusterSpec) -> str:
@@ -238,20 +244,16 @@ def spec_yaml(spec: ClusterSpec) -> str:
         if key in data:  # the entry's ends (or name) first, then its figures
             data[key] = [_Flow(sorted(x.items(), key=lambda kv: kv[0] not in first))
                          for x in data[key]]
-    for key in ("regions",):
-        data[key] = {r: _Flow(v) for r, v in data[key].items()}
+    data["regions"] = {r: _Flow(v) for r, v in data["regions"].items()}
+    if "inter_region" in data:
+        data["inter_region"] = _Flow(data["inter_region"])
+    for key in ("outbound", "inbound"):
+        if key in data["coordinator"]:
+            data["coordinator"][key] = _Flow(data["coordinator"][key])
     tables = data.get("performance", {}).get("throughput_tables")
     if tables:
         data["performance"]["throughput_tables"] = {k: _FlowList(v) for k, v in tables.items()}
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120)
-
-
-class _FlowList(list):
-    pass
-
-
-_Dumper.add_representer(
-    _FlowList, lambda d, data: d.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
 
 
 def read_helix_ini(cluster_path: str | Path, profile_path: str | Path,

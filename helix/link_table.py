@@ -86,9 +86,9 @@ def infer_regions(table: LinkTable, nodes: Sequence[str]) -> Regions:
     members = {f"region-{i}": tuple(g) for i, g in enumerate(groups.values())}
     rules = []
     if bw_cut is not None:
-        rules.append(f"bandwidth >= {format_bandwidth(bw_cut)}")
+        rules.append(f"bandwidth >= {format_bandwidth(float(f'{bw_cut:.3g}'))}")
     if lat_cut is not None:
-        rules.append(f"latency <= {format_duration(lat_cut)}")
+        rules.append(f"latency <= {format_duration(float(f'{lat_cut:.3g}'))}")
     how = ("one region (the node-to-node links show no gap of 4x or more)" if not rules else
            f"components over the links with {' and '.join(rules)} (the widest gap in the table)")
     return Regions(members, how)

@@ -95,21 +95,29 @@ def summary_table(spec: ClusterSpec) -> tuple[Table, dict[str, int]]:
     return table, capacity
 
 
-def network_lines(spec: ClusterSpec) -> list[str]:
-    lines = []
-    for name, link in spec.regions.items():
-        lines.append(f"region {name}: {format_bandwidth(link.bandwidth_bytes_per_s)}, "
-                     f"{format_duration(link.latency_s)}")
+def network_lines(spec: ClusterSpec, regions: bool = True) -> list[str]:
+    """The network in a few lines: each region's figures (unless ``regions`` is False), between
+    regions, the coordinator's links, the per-link overrides."""
+    lines = [f"region {name}: {_fmt(link)}" for name, link in spec.regions.items()] if regions \
+        else []
     if spec.inter_region is not None:
-        lines.append(f"between regions: {format_bandwidth(spec.inter_region.bandwidth_bytes_per_s)}"
-                     f", {format_duration(spec.inter_region.latency_s)}")
+        lines.append(f"between regions: {_fmt(spec.inter_region)}"
+                     + "".join(f"; {' <-> '.join(rl.regions)} {_fmt(rl)}" for rl in spec.region_links))
     elif len(spec.regions) > 1 and not spec.region_links:
         lines.append("between regions: not connected (no inter_region given)")
-    if spec.links:
+    c = spec.coordinator
+    lines.append(f"coordinator in region {spec.coordinator_region}"
+                 + (f"; outbound {_fmt(c.outbound)}" if c.outbound else "")
+                 + (f"; inbound {_fmt(c.inbound)}" if c.inbound else ""))
+    if spec.links or spec.only_listed_links:
         lines.append(f"{len(spec.links)} per-link override(s)"
-                     + (" (only these pairs are connected)" if spec.only_listed_links else ""))
-    lines.append(f"coordinator in region {spec.coordinator_region}")
+                     + (" (only these pairs are connected)" if spec.only_listed_links else
+                        " (links that differ from the figures above)"))
     return lines
+
+
+def _fmt(link) -> str:
+    return f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {format_duration(link.latency_s)}"
 
 
 def validate(
@@ -185,7 +193,7 @@ def convert(
         kinds = ", ".join(f"{n} {k}" for k, n in _count(spec.node(m).label for m in members))
         fig = spec.regions[name]
         typer.echo(f"  {name}: {', '.join(members)}  ({kinds}; {_fmt(fig)} inside)")
-    for line in _network_summary(spec):
+    for line in network_lines(spec, regions=False):
         typer.echo(line)
     if spec.links and tolerance == 0 and not spec.only_listed_links:
         looser = convert_ini(cluster_ini, machine_profile_ini, model=model, regions=given,
@@ -202,26 +210,6 @@ def _count(labels) -> list[tuple[str, int]]:
     for label in labels:
         counts[label] = counts.get(label, 0) + 1
     return list(counts.items())
-
-
-def _fmt(link) -> str:
-    return f"{format_bandwidth(link.bandwidth_bytes_per_s)}, {format_duration(link.latency_s)}"
-
-
-def _network_summary(spec: ClusterSpec) -> list[str]:
-    lines = []
-    if spec.inter_region is not None:
-        lines.append(f"between regions: {_fmt(spec.inter_region)}"
-                     + "".join(f"; {' <-> '.join(rl.regions)} {_fmt(rl)}" for rl in spec.region_links))
-    c = spec.coordinator
-    lines.append(f"coordinator: region {spec.coordinator_region}"
-                 + (f"; outbound {_fmt(c.outbound)}" if c.outbound else "")
-                 + (f"; inbound {_fmt(c.inbound)}" if c.inbound else ""))
-    if spec.only_listed_links:
-        lines.append(f"{len(spec.links)} links listed one by one (the INI does not join every pair)")
-    else:
-        lines.append(f"{len(spec.links)} per-link overrides (links that differ from the figures above)")
-    return lines
 
 
 def register(app: typer.Typer) -> None:

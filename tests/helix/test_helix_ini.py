@@ -309,3 +309,31 @@ def test_reference_ilp_layouts_score_their_published_flow(shared_data, case, pub
     layout = read_layout(shared_data / "reference_cases" / f"{case}_ilp_sol.ini")
     placement = {problem.nodes[i].name: r for i, r in layout.items()}
     assert max_flow(problem, placement).value_tokens_per_s == pytest.approx(published, abs=0.01)
+
+
+def test_convert_command_prints_the_regions_and_writes_a_loadable_spec(two_regions, tmp_path,
+                                                                          capsys):
+    from helix.cli import main
+    from helix.spec import load_cluster
+    out = tmp_path / "two.yaml"
+    tables = tmp_path / "tables.yaml"
+    tables.write_text("two:\n  A100: [30, 20, 10]\n  L4: [9, 4]\n  T4: [5]\n")
+    assert main(["convert", *map(str, two_regions), "-o", str(out), "--throughput-tables",
+                 str(tables)]) == 0
+    text = capsys.readouterr().out
+    assert "  region-0: node-0, node-1, node-2  (2 A100-40G, 1 L4;" in text
+    assert "  region-1: node-3, node-4  (2 T4;" in text
+    assert "coordinator in region region-0; outbound 800Mbps, 20ms; inbound 400Mbps, 30ms" in text
+    assert "throughput tables for A100-40G, L4, T4" in text
+    spec = load_cluster(out)
+    assert spec.region_of("node-4") == "region-1" and spec.performance.throughput_tables["T4"] == (5.0,)
+    assert len(out.read_text().splitlines()) < 40  # one line per node and link
+    regions = tmp_path / "regions.yaml"
+    regions.write_text("east: [node-0, node-1, node-2, node-3]\nwest: [node-4]\n")
+    assert main(["convert", *map(str, two_regions), "-o", str(out), "--regions", str(regions),
+                 "--throughput-tables", str(tables), "--tables-case", "two"]) == 0
+    assert "  west: node-4  (1 T4;" in capsys.readouterr().out
+    regions.write_text("east: [node-0, node-7]\n")
+    assert main(["convert", *map(str, two_regions), "-o", str(out), "--regions", str(regions)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown node 'node-7'" in err[0]

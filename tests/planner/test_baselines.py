@@ -32,6 +32,25 @@ def test_cluster42_layouts_are_the_published_ones(shared_data, name, heuristic):
     assert heuristic(problem, 0) == published
 
 
+#: GPU kinds of the artifact's single-region cluster24.ini, node 0 first (all links 1000 mbps, 1 ms).
+ARTIFACT_SINGLE24_ORDER = ("L4 T4 T4 L4 T4 L4 A100 T4 T4 A100 A100 L4 T4 T4 L4 T4 T4 A100 L4 T4 T4 "
+                           "L4 T4 L4").split()
+
+
+def test_single24_petals_layout_is_the_published_one():
+    """Needs no shared data: the reference case with the artifact's node order."""
+    from dataclasses import replace
+
+    from helix.helix_ini import read_layout
+    p = reference_single24_70b()
+    pools = {kind: [n for n in p.nodes if n.gpu.split("-")[0] == kind] for kind in ("A100", "L4", "T4")}
+    p = replace(p, nodes=tuple(pools[kind].pop(0) for kind in ARTIFACT_SINGLE24_ORDER))
+    published = {p.nodes[i].name: r
+                 for i, r in read_layout(DATA / "single24_petals_sol.ini").items()}
+    assert petals(p, 0) == published
+    assert max_flow(p, published).value_tokens_per_s == pytest.approx(952.0)
+
+
 @pytest.mark.parametrize("case,swarm_flow,petals_flow", [
     ("3cluster24", 616.38, 952.11), ("cluster42", 4892.24, 3292.24), ("cluster10", 286.59, 193.50)])
 def test_published_baseline_flows(shared_data, case, swarm_flow, petals_flow):
