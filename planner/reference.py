@@ -26,9 +26,15 @@ REFERENCE_MAX_FLOW = 1289.6
 LINK_BYTES_PER_S = 1e9
 HIDDEN_BYTES_PER_TOKEN = 8192 * 2
 TOKEN_ID_BYTES = 2
+#: GPU kinds of the artifact's own single-region cluster24.ini, node 0 first: its published
+#: layouts (``[Solution] compute_node_<i + 2>``) index nodes in this order.
+ARTIFACT_ORDER = ("L4 T4 T4 L4 T4 L4 A100 T4 T4 A100 A100 L4 T4 T4 L4 T4 T4 A100 L4 T4 T4 L4 T4 "
+                  "L4").split()
 
 
-def reference_single24_70b() -> PlacementProblem:
+def reference_single24_70b(artifact_order: bool = False) -> PlacementProblem:
+    """The case with nodes a100-0..3, l4-0..7, t4-0..11, in that order, or (``artifact_order``)
+    in the order of the artifact's INI file (same names)."""
     nodes = []
     for gpu, count in REFERENCE_COUNTS.items():
         table = REFERENCE_TABLES[gpu]
@@ -47,5 +53,8 @@ def reference_single24_70b() -> PlacementProblem:
         for b in nodes:
             if a.name != b.name:
                 links[(a.name, b.name)] = Link(node_cap, 1e-3)
+    if artifact_order:
+        pools = {gpu.split("-")[0]: [n for n in nodes if n.gpu == gpu] for gpu in REFERENCE_COUNTS}
+        nodes = [pools[kind].pop(0) for kind in ARTIFACT_ORDER]
     return PlacementProblem(model="llama-2-70b", num_layers=80, nodes=tuple(nodes), links=links,
                             spec_hash=None)

@@ -32,23 +32,16 @@ def test_cluster42_layouts_are_the_published_ones(shared_data, name, heuristic):
     assert heuristic(problem, 0) == published
 
 
-#: GPU kinds of the artifact's single-region cluster24.ini, node 0 first (all links 1000 mbps, 1 ms).
-ARTIFACT_SINGLE24_ORDER = ("L4 T4 T4 L4 T4 L4 A100 T4 T4 A100 A100 L4 T4 T4 L4 T4 T4 A100 L4 T4 T4 "
-                           "L4 T4 L4").split()
-
-
 def test_single24_petals_layout_is_the_published_one():
     """Needs no shared data: the reference case with the artifact's node order."""
-    from dataclasses import replace
-
     from helix.helix_ini import read_layout
-    p = reference_single24_70b()
-    pools = {kind: [n for n in p.nodes if n.gpu.split("-")[0] == kind] for kind in ("A100", "L4", "T4")}
-    p = replace(p, nodes=tuple(pools[kind].pop(0) for kind in ARTIFACT_SINGLE24_ORDER))
+    p = reference_single24_70b(artifact_order=True)
     published = {p.nodes[i].name: r
                  for i, r in read_layout(DATA / "single24_petals_sol.ini").items()}
     assert petals(p, 0) == published
     assert max_flow(p, published).value_tokens_per_s == pytest.approx(952.0)
+    ilp = {p.nodes[i].name: r for i, r in read_layout(DATA / "single24_ilp_sol.ini").items()}
+    assert max_flow(p, ilp).value_tokens_per_s == pytest.approx(1290.0)  # published 1289.56
 
 
 @pytest.mark.parametrize("case,swarm_flow,petals_flow", [
