@@ -191,6 +191,8 @@ MODEL_CATALOG: dict[str, ModelSpec] = {m.name: m for m in (
            rope_scaling=_LLAMA3_SCALING),
     _llama("tiny-llama", 8, 64, 4, 2, 128, 512, 512, eps=1e-5),
     _llama("tiny-llama-tied", 6, 64, 4, 4, 160, 384, 512, eps=1e-5, tied=True),
+    # Big enough that layer math dominates a CPU step (scripts/bench_live.py, local2.yaml).
+    _llama("small-llama", 8, 512, 8, 8, 1408, 512, 4096, eps=1e-5),
 )}
 
 

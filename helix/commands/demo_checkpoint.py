@@ -45,11 +45,14 @@ def build_tokenizer():
     return tok
 
 
-def write_tiny_checkpoint(path: str | Path, seed: int = 0, chat_template: bool = True):
-    """Write the checkpoint folder; returns the ``transformers`` model (eval mode) as the oracle."""
+def write_tiny_checkpoint(path: str | Path, seed: int = 0, chat_template: bool = True,
+                          model: str = "tiny-llama"):
+    """Write the checkpoint folder; returns the ``transformers`` model (eval mode) as the oracle.
+    ``model``: another catalog LLaMA with random weights and the same tokenizer (its vocabulary
+    must hold the tokenizer's 300 ids), e.g. ``small-llama`` for scripts/bench_live.py."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    spec = MODEL_CATALOG["tiny-llama"]
+    spec = MODEL_CATALOG[model]
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = LlamaConfig(

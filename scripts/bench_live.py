@@ -1,0 +1,253 @@
+"""Live system vs simulator on this machine (issue 12's acceptance, first cut): a random-weight LLaMA
+(``small-llama``: 8 layers, hidden 512) profiled with ``helix profile`` (one pinned core, one
+thread, as the workers run), planned on ``cluster_specs/local2.yaml`` (2 CPU workers) with that
+profile, served by ``helix serve`` with both workers started as ``helix worker`` processes, and
+loaded with ``helix bench``'s load generator at 50 % and 90 % of a capacity measured on the live
+system first (a closed loop run to completion). The simulator replays the same plan, trace slice,
+rate and window; the table puts the median of the live runs (and their spread) beside it.
+
+How the processes share the 2 cores: each worker is pinned to its own core (``taskset``) with one
+torch thread (``OMP_NUM_THREADS=1``); the coordinator (``helix serve``: HTTP, detokenizing, the
+scheduler) and this script (the load generator) are not pinned and take their CPU from both.
+
+    python scripts/bench_live.py [--quick] [--no-write] [--runs 3] [--duration 60] [--loads 0.5,0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SPEC = ROOT / "cluster_specs" / "local2.yaml"
+MODEL = "small-llama"
+SECTION = "## Live system vs simulator (scripts/bench_live.py)"
+
+
+def write_checkpoint(path: Path) -> Path:
+    """The catalog's ``small-llama`` with random weights and the demo's tokenizer (cached)."""
+    if not (path / "model.safetensors").is_file():
+        from helix.commands.demo_checkpoint import write_tiny_checkpoint
+        write_tiny_checkpoint(path, model=MODEL)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveStack:
+    """``helix serve`` (all nodes external) plus one pinned ``helix worker`` per plan node."""
+
+    def __init__(self, plan_path: Path, ckpt: Path, nodes: list[str], log_dir: Path) -> None:
+        self.port, grpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        helix = [sys.executable, "-m", "helix.cli"]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        self.procs = []
+        serve = [*helix, "serve", str(plan_path), "--model", str(ckpt), "--port", str(self.port),
+                 "--grpc-port", str(grpc_port), "--served-model-name", MODEL]
+        for n in nodes:
+            serve += ["--external", n]
+        self.procs.append(self._start(serve, env, log_dir / "serve.log"))
+        cores = os.sched_getaffinity(0)
+        for i, node in enumerate(nodes):
+            core = sorted(cores)[i % len(cores)]
+            cmd = ["taskset", "-c", str(core), *helix, "worker", "--coordinator",
+                   f"127.0.0.1:{grpc_port}", "--node", node, "--model", str(ckpt)]
+            self.procs.append(self._start(cmd, {**env, "OMP_NUM_THREADS": "1"},
+                                          log_dir / f"worker-{node}.log"))
+        self._wait_ready(log_dir)
+
+    @staticmethod
+    def _start(cmd, env, log: Path) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)
+
+    def _wait_ready(self, log_dir: Path, timeout_s: float = 180.0) -> None:
+        import httpx
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                break
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in log_dir.glob("*.log"))
+        raise SystemExit(f"the live stack did not come up:\n{logs}")
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def bench(url: str, workload, duration_s: float | None, max_concurrency: int | None = None):
+    from helix.loadgen import BenchConfig, run_bench
+    from helix.models import MODEL_CATALOG
+    config = BenchConfig(url, duration_s=duration_s, max_concurrency=max_concurrency,
+                         vocab_size=MODEL_CATALOG[MODEL].vocab_size)
+    r = run_bench(config, workload)
+    if r.requests_failed:
+        raise SystemExit(f"bench: {r.requests_failed} requests failed: {r.error_examples}")
+    return r
+
+
+def figures(r) -> dict[str, float]:
+    """decode tok/s, TTFT p50 and TPOT p50 of a bench or a simulation result."""
+    def ms(x):
+        return float("nan") if x is None else 1000 * x
+    return {"decode": r.decode_throughput_tokens_per_s, "ttft": ms(r.ttft.p50_s),
+            "tpot": ms(r.request_decode_latency.p50_s)}
+
+
+def profile(work: Path, quick: bool) -> Path:
+    """``helix profile`` of small-llama on one pinned core with one thread, as the workers run."""
+    out = work / "profile"
+    grid = ["--quick"] if quick else ["--prompt-lengths", "64,256,512", "--max-prompt-tokens",
+                                      "1024", "--contexts", "128,512", "--seqs", "1,4,16,32"]
+    core = str(sorted(os.sched_getaffinity(0))[0])
+    subprocess.run(["taskset", "-c", core, sys.executable, "-m", "helix.cli", "profile", MODEL,
+                    "-o", str(out), "--threads", "1", *grid], check=True, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
+    return out
+
+
+def plan_with_profile(work: Path, profile_dir: Path) -> tuple[Path, Path]:
+    """local2.yaml with the measured profile for its CPU nodes, planned by ``helix plan``."""
+    spec_path = work / "local2.yaml"
+    spec_path.write_text(SPEC.read_text() + f"performance: {{profiles: {{CPU: {profile_dir}}}}}\n")
+    plan_path = work / "plan.yaml"
+    subprocess.run([sys.executable, "-m", "helix.cli", "plan", str(spec_path), "-o", str(plan_path),
+                    "--time-limit", "20"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return spec_path, plan_path
+
+
+def measure_capacity(url: str, base, concurrency: int, num_requests: int) -> tuple[float, object]:
+    """Requests/s of a closed loop (``concurrency`` in flight) over ``num_requests`` trace requests,
+    run to completion: the live system's capacity on this slice of the trace."""
+    from helix.sim.workload import timed_workload
+    r = bench(url, timed_workload(base, num_requests, float("inf"), "trace"), None,
+              max_concurrency=concurrency)
+    return r.requests_completed / r.duration_s, r
+
+
+def run_loads(url: str, spec, plan, base, capacity_rps: float, loads: list[float], runs: int,
+              duration_s: float) -> list[tuple]:
+    """Per load: the live runs' figures and the simulator's on the same workload."""
+    from helix.sim.engine import SimConfig
+    from helix.sim.run import simulate
+    from helix.sim.workload import timed_workload
+    rows = []
+    for load in loads:
+        rate = load * capacity_rps
+        workload = timed_workload(base, len(base), rate, "trace", window_s=duration_s)
+        live = []
+        for i in range(runs):
+            live.append(figures(bench(url, workload, duration_s)))
+            print(f"load {load:.2f} run {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                                               live[-1].items()), flush=True)
+        sim = figures(simulate(spec, plan, workload, SimConfig(mode="online", duration_s=duration_s)))
+        print(f"load {load:.2f} sim: " + ", ".join(f"{k} {v:.1f}" for k, v in sim.items()), flush=True)
+        rows.append((load, rate, live, sim))
+    return rows
+
+
+def table(rows: list[tuple]) -> str:
+    lines = ["| load | rate req/s | live decode tok/s | sim | live TTFT p50 ms | sim | "
+             "live TPOT p50 ms | sim |", "|---|---|---|---|---|---|---|---|"]
+    for load, rate, live, sim in rows:
+        cells = [f"{load:.2f}", f"{rate:.3f}"]
+        for key in ("decode", "ttft", "tpot"):
+            vals = [x[key] for x in live]
+            med = statistics.median(vals)
+            cells += [f"{med:.1f} ({min(vals):.1f}-{max(vals):.1f})",
+                      f"{sim[key]:.1f} ({sim[key] / med:.2f}x)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="quick profile grid, one 20 s run per load")
+    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--runs", type=int, default=3, help="live runs per load (median reported)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds per run (live and simulated)")
+    ap.add_argument("--loads", default="0.5,0.9", help="fractions of the measured capacity")
+    ap.add_argument("--max-prompt", type=int, default=512, help="trace slice: prompt <= this")
+    ap.add_argument("--max-output", type=int, default=128, help="trace slice: output <= this")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "helix" / "small-llama-v1")
+    args = ap.parse_args()
+    if args.quick:
+        args.runs, args.duration = 1, 20.0
+    loads = [float(x) for x in args.loads.split(",")]
+    load_at_start = os.getloadavg()[0]
+
+    from helix.plan import Plan
+    from helix.sim.workload import load_azure_trace, mean_lengths, resolve_trace
+    from helix.spec import load_cluster
+
+    ckpt = write_checkpoint(args.cache)
+    work = Path(tempfile.mkdtemp(prefix="helix-bench-live-"))
+    try:
+        spec_path, plan_path = plan_with_profile(work, profile(work, args.quick))
+        spec, plan = load_cluster(spec_path), Plan.load(plan_path)
+        placement = ", ".join(f"{p.node} [{p.start},{p.end})" for p in plan.placements)
+        print(f"plan: {placement}; max flow {plan.max_flow_tokens_per_s:.0f} tok/s", flush=True)
+        base = load_azure_trace(resolve_trace("conv"), args.max_prompt, args.max_output)
+        mean_prompt, mean_output = mean_lengths(base)
+        stack = LiveStack(plan_path, ckpt, [p.node for p in plan.placements], work)
+        try:
+            bench(stack.url, base[:2], None)   # warm-up
+            concurrency = spec.serving.max_batch_seqs
+            capacity_rps, sat = measure_capacity(stack.url, base, concurrency,
+                                                 concurrency if args.quick else 3 * concurrency)
+            print(f"capacity: {capacity_rps:.3f} req/s ({sat.decode_throughput_tokens_per_s:.1f} "
+                  f"decode tok/s, {concurrency} in flight)", flush=True)
+            rows = run_loads(stack.url, spec, plan, base, capacity_rps, loads, args.runs,
+                             args.duration)
+        finally:
+            stack.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = table(rows)
+    print(text)
+    if not args.no_write:
+        from bench_runtime import append_to_section
+        cmd = "python scripts/bench_live.py" + (" --quick" if args.quick else
+                                                 f" --runs {args.runs} --duration {args.duration:g}")
+        machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {load_at_start:.1f} at "
+                   f"start, {os.getloadavg()[0]:.1f} at the end")
+        entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}` on "
+                 f"{machine}. {MODEL} on local2 ({placement}), profiled on one pinned core; conv "
+                 f"trace, prompt <= {args.max_prompt}, output <= {args.max_output} (mean "
+                 f"{mean_prompt:.0f} / {mean_output:.0f}); {args.duration:g} s windows; measured "
+                 f"capacity {capacity_rps:.3f} req/s; live: median (min-max) of {args.runs} runs; "
+                 f"sim: the same workload, ratio to the live median.\n\n{text}\n")
+        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+
+
+if __name__ == "__main__":
+    main()
