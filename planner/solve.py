@@ -103,16 +103,16 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
         if max_depth is not None:
             log.warning("--max-depth is honoured by the MILP methods only; %s ignores it", method)
         check_feasible(problem)
-        bound = fixed_point_bound(problem)
-        extras: dict = {"bound_fixed_point": bound}
+        bounds = {"fixed_point": fixed_point_bound(problem)}
         cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
         if not cand.placement:
             raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
-        return _plan(problem, cand, bound, method, None, t0, partial, extras)
+        return _plan(problem, cand, bounds, gap, method, None, t0, partial, {})
     min_k = min_layers_for_depth(problem.num_layers, max_depth)
     check_feasible(problem, min_k)
     bound = fixed_point_bound(problem, min_k)
-    extras = {"bound_fixed_point": bound}
+    bounds = {"fixed_point": bound}
+    extras: dict = {}
     if max_depth is not None:
         # The MILP and the fixed point then range over this restricted set only: a placement
         # outside it (a node with fewer layers, overlapping stages) may serve more.
@@ -125,7 +125,9 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     if method == "milp-paper":
         placement, paper_bound, status, used = paper_model.run(problem, adapter, _options(
             time_limit_s, threads, seed, gap, progress, t0), partial, min_k)
-        extras.update(status=status, bound_paper_milp=paper_bound, solver_used=used)
+        extras.update(milp_status=status, solver_used=used)
+        if paper_bound is not None:
+            bounds["paper_milp"] = paper_bound
         cand = _evaluate(problem, placement, method, partial) if placement else None
         if (cand is None or cand.value <= 0) and best.value > 0:
             log.warning("the paper MILP found no placement in %.1f s; returning the best heuristic (%s)",
@@ -134,12 +136,10 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
         if cand is None or cand.value <= 0:
             raise InfeasibleError(f"the paper MILP found no placement of {problem.model} that serves "
                                   f"tokens in {time_limit_s:.0f} s")
-        return _plan(problem, cand, paper_bound if paper_bound is not None else bound, method,
-                     adapter.name, t0, partial, extras)
-    cand, bound, status = _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads,
-                                          seed, gap, partial, min_k, progress, extras)
-    extras["status"] = status
-    return _plan(problem, cand, bound, method, adapter.name, t0, partial, extras)
+        return _plan(problem, cand, bounds, gap, method, adapter.name, t0, partial, extras)
+    cand = _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, seed, gap,
+                           partial, min_k, progress, extras)
+    return _plan(problem, cand, bounds, gap, method, adapter.name, t0, partial, extras)
 
 
 def _options(time_limit_s, threads, seed, gap, progress, t0, warm=None, stop=None):
@@ -198,51 +198,53 @@ def class_model_is_exact(problem: PlacementProblem, bound: float) -> bool:
     return True
 
 
-def _run_class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, gap, partial,
-                    min_k, progress, extras):
+def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, seed, gap, partial,
+                    min_k, progress, extras) -> Candidate:
     """Warm starts -> local search (to 30 % of the time) -> class MILP (to 75 %) -> local search.
 
-    A phase whose deadline has passed is skipped: the time limit bounds the solver runs and the
-    local searches; only fixed costs (warm starts, building the model, verification) can overrun."""
-    if best.value > 0 and bound <= best.value * (1 + gap):
-        return best, bound, "gap"  # a warm start is already proven within the gap
+    Every bound found goes into ``bounds``. A phase whose deadline has passed is skipped: the time
+    limit bounds the solver runs and the local searches; only fixed costs (warm starts, building
+    the model, verification) can overrun."""
+    def bound() -> float:
+        return min(bounds.values())
+
+    if best.value > 0 and bound() <= best.value * (1 + gap):
+        return best  # a warm start is already proven within the gap
+
     def report(value: float) -> None:
         if progress is not None:
-            progress(time.perf_counter() - t0, value, bound)
+            progress(time.perf_counter() - t0, value, bound())
 
     report(best.value)
     best = _regional_milp(problem, best, partial, min_k, time_limit_s, threads, seed, gap, t0)
     report(best.value)
-    best = _polish(problem, best, partial, t0 + 0.3 * time_limit_s, seed, bound / (1 + gap), min_k)
+    best = _polish(problem, best, partial, t0 + 0.3 * time_limit_s, seed, bound() / (1 + gap), min_k)
     report(best.value)
-    status, cand = "time_limit", best
+    cand = best
     if time.perf_counter() < t0 + 0.75 * time_limit_s:
-        cand, milp_bound, status = _class_milp(problem, adapter, best, bound, t0, 0.75 * time_limit_s,
-                                               threads, seed, gap, partial, min_k, progress, extras)
+        cand, milp_bound = _class_milp(problem, adapter, best, bound(), t0, 0.75 * time_limit_s,
+                                       threads, seed, gap, partial, min_k, progress, extras)
         if milp_bound is not None:
-            bound = min(bound, milp_bound)
+            bounds["class_milp"] = milp_bound
     else:  # recorded, not warned: per-region sub-solves of short runs hit this routinely
         extras["milp_skipped"] = (f"no time left after the warm starts "
                                   f"({time.perf_counter() - t0:.1f} s of {time_limit_s:.1f} s)")
     report(cand.value)
     # Leave ~5 % of the time for extraction, verification and path statistics.
-    cand = _polish(problem, cand, partial, t0 + 0.95 * time_limit_s, seed, bound / (1 + gap), min_k)
+    cand = _polish(problem, cand, partial, t0 + 0.95 * time_limit_s, seed, bound() / (1 + gap), min_k)
     if cand.value <= 0:
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
                               "(is a region or the coordinator cut off?)")
-    if bound < cand.value * (1 - 1e-6):
-        raise PlannerBug(f"bound {bound} is below a found max flow {cand.value} "
-                         f"(class MILP status {status}, bound {extras.get('bound_class_milp')})")
-    if bound <= cand.value * (1 + gap):
-        status = "optimal" if bound <= cand.value * (1 + 1e-6) else "gap"
-    return cand, bound, status
+    return cand
 
 
 def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, gap, partial, min_k,
                 progress, extras):
     """The class MILP, warm-started from ``best``, ending ``time_limit_s`` after ``t0``.
 
-    Returns (best candidate, the MILP's proven bound or None, solver status)."""
+    Returns (best candidate, the MILP's proven bound or None). The bound holds for the exact
+    problem because the class model relaxes it (see ``planner.milp.class_model``); its own
+    status (``milp_status``) speaks of the class model only."""
     model = class_model.build_class_model(problem, partial, min_k, flow_bound=bound)
     exact = class_model_is_exact(problem, bound)
     warm = _complete(model.lp, class_model.hold_values(model, best.placement),
@@ -256,7 +258,7 @@ def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, 
     res = adapter.solve(model.lp, _options(time_limit_s, threads, seed, gap, progress, t0, warm, stop))
     extras.update(solver_used=res.solver, warm_start=best.source, warm_start_tokens_per_s=best.value,
                   classes=len(model.classes), class_model_exact=exact, milp_seconds=res.seconds,
-                  bound_class_milp=res.bound)
+                  milp_status=res.status)
     cand = best
     if res.values is not None:
         bad = model.lp.violations(res.values, tol=1e-5)
@@ -268,7 +270,7 @@ def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, 
                                  f"objective {res.objective}")
         if mine.value > cand.value:
             cand = mine
-    return cand, res.bound, res.status
+    return cand, res.bound
 
 
 def _regional_milp(problem, best: Candidate, partial, min_k, time_limit_s, threads, seed, gap,
@@ -318,21 +320,51 @@ def _complete(lp: LinearModel, fixed: dict[int, float], options: SolveOptions):
     return list(res.values) if res.status == "optimal" and res.values else None
 
 
-def _plan(problem, cand: Candidate, bound, method, solver, t0, partial, extras) -> Plan:
+#: Why each bound holds for the exact problem (every node, link, source and sink arc).
+BOUND_NOTES = {
+    "fixed_point": "fixed point of the layer work the nodes can do at flow F, capped by their link "
+                   "totals and the region cuts (planner.search.bounds)",
+    "class_milp": "dual bound of the class MILP; it relaxes the network (links summed per class and "
+                  "region), so its bound holds, but its optimum is no placement's flow",
+    "class_milp_exact": "dual bound of the class MILP, exact here (one region, no link below the "
+                        "bound)",
+    "paper_milp": "dual bound of the paper MILP, which models every node, link, source and sink arc",
+}
+
+
+def exact_status(value: float, bound: float, gap: float) -> str:
+    """What a flow and a bound valid for the exact problem prove: ``optimal`` (they meet), ``gap``
+    (within the gap target) or ``feasible`` (a placement, no proof)."""
+    if bound <= value * (1 + 1e-6):
+        return "optimal"
+    return "gap" if bound <= value * (1 + gap) else "feasible"
+
+
+def _plan(problem, cand: Candidate, bounds: dict[str, float], gap: float, method, solver, t0,
+          partial, extras) -> Plan:
+    """Verify ``cand`` and wrap it in a Plan whose bound is the least of ``bounds`` (each valid for
+    the exact problem) and whose status says what they prove."""
     verify(problem, cand.placement, cand.flows, partial)
     stats = path_stats(problem, cand.placement, cand.flows)
     used = set(cand.placement)
-    extras = {**extras, "found_by": cand.source, "depth_max": stats.depth_max,
+    source = min(bounds, key=lambda k: (bounds[k], k))
+    bound = bounds[source]
+    if bound < cand.value * (1 - 1e-6):
+        raise PlannerBug(f"bound {bound} ({source}) is below a found max flow {cand.value}")
+    note = BOUND_NOTES["class_milp_exact" if source == "class_milp" and
+                       extras.get("class_model_exact") else source]
+    extras = {**extras, "status": exact_status(cand.value, bound, gap), "bounds": dict(bounds),
+              "bound_source": source, "bound_note": note,
+              **{f"bound_{name}": value for name, value in bounds.items()},
+              "found_by": cand.source, "depth_max": stats.depth_max,
               "depth_mean": round(stats.depth_mean, 3), "latency_mean_s": stats.latency_mean_s,
               "latency_max_s": stats.latency_max_s,
               "unused_nodes": sorted(n.name for n in problem.nodes if n.name not in used)}
-    if bound is not None and bound < cand.value * (1 - 1e-6):
-        raise PlannerBug(f"bound {bound} is below a found max flow {cand.value}")
     placements = tuple(NodePlacement(n, s, e) for n, (s, e) in
                        sorted(cand.placement.items(), key=lambda t: (t[1], t[0])))
     arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(cand.flows.arc_flows.items()))
     return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,
                 arc_flows=arcs, max_flow_tokens_per_s=cand.value,
-                upper_bound_tokens_per_s=None if bound is None else max(bound, cand.value),
+                upper_bound_tokens_per_s=max(bound, cand.value),
                 method=method, solver=extras.get("solver_used", solver), solve_seconds=time.perf_counter() - t0,
                 partial_inference=partial, spec_hash=problem.spec_hash, extras=extras)

@@ -52,7 +52,7 @@ def test_compare_with_two_threads_after_one(capsys):
     assert best == pytest.approx(one["max_flow_tokens_per_s"], rel=0.02)
     for p in plans.values():
         assert p["upper_bound_tokens_per_s"] >= best * (1 - 1e-6), p["method"]
-    assert plans["milp"]["extras"]["status"] in ("optimal", "gap", "time_limit", "interrupted")
+    assert plans["milp"]["extras"]["status"] in ("optimal", "gap", "feasible")
 
 
 @pytest.mark.parametrize("args, message", [
