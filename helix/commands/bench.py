@@ -30,7 +30,9 @@ def bench(
                                            "rescaled so --rate holds over --duration, as `helix "
                                            "simulate` does) | poisson | constant. Default: trace "
                                            "for a trace, poisson for synthetic lengths."),
-    num_requests: int = typer.Option(100, "--num-requests", help="Requests to send at most."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to send at "
+                                               "most (default: as many as --rate brings in "
+                                               "--duration, else 100)."),
     duration: float = typer.Option(0.0, "--duration", help="Stop after this many seconds, cancelling "
                                    "requests in flight (0: when every request is done)."),
     max_concurrency: int = typer.Option(0, "--max-concurrency", help="Requests in flight at most "
@@ -62,6 +64,8 @@ def bench(
         raise HelixUserError(f"--arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
     if synthetic and arrivals == "trace":
         raise HelixUserError("--arrivals trace needs a trace (synthetic lengths have no times)")
+    if num_requests is None:
+        num_requests = _enough_requests(rate, duration)
     if synthetic:
         base = (TraceRequest(0.0, input_len, output_len),) * num_requests
     else:
@@ -87,6 +91,15 @@ def bench(
                     f"{kinds}", err=True, fg="red")
         return 1
     return 0
+
+
+def _enough_requests(rate: float, duration: float) -> int:
+    """Requests that fill ``duration`` at ``rate`` with room for Poisson's spread (arrivals past
+    the deadline are never sent); 100 when either is unbounded."""
+    if duration and math.isfinite(rate):
+        expected = rate * duration
+        return max(1, math.ceil(expected + 5 * math.sqrt(expected) + 10))
+    return 100
 
 
 def _run(config, workload, console):
@@ -132,7 +145,7 @@ def _check_numbers(**values) -> None:
     finite = math.isfinite
     v = values
     checks = (
-        ("--num-requests", v["num_requests"] >= 1, ">= 1"),
+        ("--num-requests", v["num_requests"] is None or v["num_requests"] >= 1, ">= 1"),
         ("--duration", finite(v["duration"]) and v["duration"] >= 0, "a finite number of seconds >= 0"),
         ("--rate", v["rate"] > 0, "> 0 requests/s (inf: all at once)"),
         ("--vocab-size", v["vocab_size"] >= 1, ">= 1"),

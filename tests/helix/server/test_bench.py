@@ -64,6 +64,18 @@ def test_trace_replay_and_continuous_usage(stack, tmp_path):
     stack.wait_kv_free()
 
 
+def test_rate_and_duration_set_the_number_of_requests(stack, tmp_path):
+    # No --num-requests: as many as 4 req/s brings in 2 s; constant arrivals at 0, 0.25, ..., 1.75 s.
+    out = tmp_path / "r.json"
+    assert main(["bench", stack.url, "--input-len", "4", "--output-len", "3", "--rate", "4",
+                 "--arrivals", "constant", "--duration", "2", "--vocab-size", str(VOCAB),
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["requests_planned"] == d["requests_arrived"] == 8
+    assert d["requests_completed"] + d["requests_unfinished"] == 8
+    stack.wait_kv_free()
+
+
 def test_endpoint_errors_fail_loudly(stack, tmp_path, capsys):
     # A real 400 from the server for each request (prompt ids outside the vocabulary) and a 404 (a
     # model the server does not serve): counted, reported with the server's message, exit status 1.
