@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
+from helix.serving import ServingSpec
+
 _LOG_LIMIT = 4096
 """Change-log entries kept; a reader further behind than this re-tests every node."""
 
@@ -29,7 +31,8 @@ _LOG_LIMIT = 4096
 class KVEstimator:
     """Per-node reserved token-layers against a high-water mark of each node's capacity."""
 
-    def __init__(self, capacity_token_layers: Mapping[str, float], high_water: float = 0.9) -> None:
+    def __init__(self, capacity_token_layers: Mapping[str, float],
+                 high_water: float = ServingSpec().kv_high_water) -> None:
         if not 0.0 < high_water <= 1.0:
             raise ValueError(f"high_water must be in (0, 1], got {high_water}")
         self.high_water = high_water

@@ -39,6 +39,7 @@ from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
+from helix.serving import ServingLimits
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
@@ -65,7 +66,6 @@ class RuntimeConfig:
     max_waiting_requests: int = 64
     """Requests that may wait for a pipeline; one more is refused (HTTP 503 with Retry-After)."""
     retry_after_s: int = 1
-    kv_high_water: float = 0.9
     stats_interval_s: float = 0.25
     request_timeout_s: float = 60.0
     """A request with no output for this long is cancelled."""
@@ -75,7 +75,32 @@ class RuntimeConfig:
     health_stats_stale_s: float = 10.0
     """A node whose last stats answer is older than this counts as unreachable."""
     engine: dict = field(default_factory=dict)
-    """Engine options for every worker (``worker.engine.EngineConfig`` field names)."""
+    """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
+    plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
+
+
+#: Engine options the plan's serving limits set (see :func:`engine_options`).
+PLAN_ENGINE_OPTIONS = ("dtype", "block_size_tokens", "num_kv_blocks", "max_num_seqs")
+
+
+def engine_options(serving: ServingLimits, node: str) -> dict:
+    """What ``node``'s engine runs with, from the plan: its dtype, its KV pool (the plan's figure in
+    whole blocks) and the batch limit, as the planner and the simulator assumed."""
+    return {"dtype": serving.dtype, "block_size_tokens": serving.block_size_tokens,
+            "num_kv_blocks": serving.kv_blocks(node), "max_num_seqs": serving.max_batch_seqs}
+
+
+def check_serving(plan: Plan) -> ServingLimits:
+    """The plan's serving limits, or a one-line error when it lacks them (or a node's pool)."""
+    serving = plan.serving
+    if serving is None:
+        raise HelixUserError("the plan has no serving section (dtype, KV pools, batch limits): "
+                             "write it with `helix plan CLUSTER -o plan.yaml`")
+    for p in plan.placements:
+        if p.num_layers > 0 and serving.kv_capacity_tokens.get(p.node, 0) < serving.block_size_tokens:
+            raise HelixUserError(f"the plan's serving section gives node {p.node!r} no KV pool of a "
+                                 f"block or more: re-run `helix plan`")
+    return serving
 
 
 class QueueFull(Exception):
@@ -111,6 +136,11 @@ class Coordinator:
     def __init__(self, plan: Plan, model_path: str, config: RuntimeConfig = RuntimeConfig(),
                  codec: TextCodec | None = None, host: str = "127.0.0.1",
                  observer: Observer | None = None) -> None:
+        self.serving = check_serving(plan)
+        overridden = sorted(set(config.engine) & set(PLAN_ENGINE_OPTIONS))
+        if overridden:
+            raise HelixUserError(f"engine option(s) {overridden} come from the plan's serving "
+                                 f"section, not from the runtime config")
         self.plan = plan
         self.model_path = model_path
         self.config = config
@@ -157,7 +187,7 @@ class Coordinator:
         self.stats = {n: WorkerStats.from_dict(r) for n, r in replies.items()}
         self._answered_s = dict.fromkeys(self.stats, time.monotonic())
         kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
-                         self.config.kv_high_water)
+                         self.serving.kv_high_water)
         self.scheduler = live_scheduler(self.plan, kv)
         self.limits = RequestLimits(self.codec.vocab_size, self.codec.max_context_tokens,
                                     self._max_kv_tokens())
@@ -169,6 +199,7 @@ class Coordinator:
     def _configure(self, w: WorkerHandle, engine: dict) -> dict:
         p = self.plan.placement_of(w.node)
         try:
+            engine = {**engine, **engine_options(self.serving, w.node)}
             return self.clients[w.node].call("Configure", {"start": p.start, "end": p.end, "engine": engine},
                                              timeout_s=self.config.configure_timeout_s)
         except ControlError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from helix.errors import SpecError
+from helix.serving import ServingLimits
 from helix.yamlio import read_yaml
 
 PLAN_SCHEMA_VERSION = 1
@@ -64,6 +65,9 @@ class Plan:
     """Whether a stage may start inside the previous stage's range (running only the layers it lacks)."""
     spec_hash: str | None = None
     """Hash of the cluster spec this plan was made for (see ``ClusterSpec.content_hash``)."""
+    serving: ServingLimits | None = None
+    """What ``helix serve`` runs every worker with: the spec's serving limits, dtype and each node's
+    KV pool (None in a plan made without a spec, which ``helix serve`` refuses)."""
     extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Informational figures (depth, latency estimate, ...) kept in the file as written."""
     schema_version: int = PLAN_SCHEMA_VERSION
@@ -87,6 +91,7 @@ class Plan:
         d = dataclasses.asdict(self)
         d["placements"] = [dataclasses.asdict(p) for p in self.placements]
         d["arc_flows"] = [dataclasses.asdict(a) for a in self.arc_flows]
+        d["serving"] = None if self.serving is None else self.serving.to_dict()
         d["gap"] = self.gap
         return d
 
@@ -100,6 +105,8 @@ class Plan:
             kwargs = {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
             kwargs["placements"] = tuple(NodePlacement(**p) for p in d["placements"])
             kwargs["arc_flows"] = tuple(ArcFlow(**a) for a in d["arc_flows"])
+            if d.get("serving") is not None:
+                kwargs["serving"] = ServingLimits.from_dict(d["serving"], where)
             return cls(**kwargs)
         except KeyError as exc:
             raise SpecError(f"{where}: missing field {exc.args[0]!r}") from None

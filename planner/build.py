@@ -11,9 +11,12 @@ Arc capacities are link bandwidth divided by the bytes one token needs on that a
 
 from __future__ import annotations
 
+import dataclasses
+
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
-from helix.plan import COORDINATOR
+from helix.plan import COORDINATOR, Plan
+from helix.serving import ServingLimits
 from helix.spec import ClusterSpec, NodeSpec
 from planner.problem import Link, NodeCapacity, PlacementProblem
 
@@ -73,3 +76,20 @@ def build_problem(spec: ClusterSpec, model: ModelSpec | None = None) -> Placemen
         spec_hash=spec.content_hash(),
         layer_bytes=float(chosen.layer_bytes(spec.dtype_bytes)),
     )
+
+
+def serving_limits(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None) -> ServingLimits:
+    """What ``plan``'s workers run with: ``spec``'s serving settings and dtype, and each placed
+    node's KV pool as ``cost`` (default: the spec's cost model) sizes it for the node's slice. The
+    simulator sizes its workers with this very function, so live and simulated pools agree."""
+    cost = cost or CostModel.for_cluster(spec)
+    pools = {p.node: cost.kv_capacity_tokens(spec.node(p.node), p.num_layers, first=p.start == 0,
+                                             last=p.end == plan.num_layers)
+             for p in plan.placements if p.num_layers > 0}
+    return ServingLimits.of(spec.serving, spec.dtype, pools)
+
+
+def with_serving(plan: Plan, spec: ClusterSpec, model: ModelSpec | None = None) -> Plan:
+    """``plan`` carrying its :func:`serving_limits` (what ``helix plan`` writes to plan.yaml)."""
+    return dataclasses.replace(plan, serving=serving_limits(spec, plan,
+                                                            CostModel.for_cluster(spec, model)))

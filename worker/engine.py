@@ -29,6 +29,7 @@ import torch
 
 from helix.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
+from helix.serving import ServingSpec
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, num_blocks_for_budget
 from worker.model import SliceModel, SliceWeights
@@ -49,16 +50,20 @@ def torch_dtype(name: str) -> torch.dtype:
 
 log = logging.getLogger("helix.engine")
 
+_SERVING = ServingSpec()   # the one default of each serving limit
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How one engine runs its slice."""
+    """How one engine runs its slice. A served worker gets ``dtype``, ``block_size_tokens``,
+    ``num_kv_blocks`` and ``max_num_seqs`` from the plan's serving limits (the coordinator's
+    ``Configure``); the defaults here are for an engine built on its own (tests, benchmarks)."""
 
-    block_size_tokens: int = 16
+    block_size_tokens: int = _SERVING.block_size_tokens
     num_kv_blocks: int | None = None
     """KV blocks of the pool; None = derive from ``kv_budget_bytes``."""
     kv_budget_bytes: int = 256 * 2**20
-    max_num_seqs: int = 256
+    max_num_seqs: int = _SERVING.max_batch_seqs
     max_num_batched_tokens: int = 512
     chunked_prefill: bool = True
     dtype: str = "float32"

@@ -49,9 +49,10 @@ class DemoReport:
 
 def plan_local3(spec_path: Path = LOCAL3, time_limit_s: float = 20.0) -> Plan:
     from helix.spec import load_cluster
-    from planner.build import build_problem
+    from planner.build import build_problem, with_serving
     from planner.solve import solve
-    return solve(build_problem(load_cluster(spec_path)), time_limit_s=time_limit_s)
+    spec = load_cluster(spec_path)
+    return with_serving(solve(build_problem(spec), time_limit_s=time_limit_s), spec)
 
 
 def _messages(i: int) -> list[dict]:

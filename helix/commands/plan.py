@@ -48,7 +48,7 @@ def plan_command(
     from helix.models import resolve_model
     from helix.spec import load_cluster
     from planner import METHODS, solve
-    from planner.build import build_problem
+    from planner.build import build_problem, with_serving
     from planner.solve import check_options
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
@@ -57,7 +57,8 @@ def plan_command(
     _check_output_path(output, "-o")
     _check_output_path(draw, "--draw", suffix=".png")
     spec = load_cluster(cluster)
-    problem = build_problem(spec, resolve_model(model, base_dir=cluster.parent) if model else None)
+    chosen = resolve_model(model, base_dir=cluster.parent) if model else None
+    problem = build_problem(spec, chosen)
     kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
                   seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
     console = Console(stderr=as_json)
@@ -71,7 +72,7 @@ def plan_command(
         else:
             console.print(_compare_table(problem, METHODS, plans))
         return
-    plan = _run(console, problem, method, kwargs, solve, must=True)
+    plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
     if output is not None:
         plan.save(output)
     if draw is not None:
@@ -82,6 +83,7 @@ def plan_command(
     else:
         console.print(_placement_table(problem, plan))
         console.print(_summary(plan))
+        console.print(_serving_line(plan))
         if output is not None:
             console.print(f"wrote {output}")
 
@@ -168,6 +170,14 @@ def _placement_table(problem, plan):
         n = problem.node(name)
         t.add_row(name, n.gpu, n.region or "-", "unused", "0", "0", "-")
     return t
+
+
+def _serving_line(plan) -> str:
+    """What `helix serve` will run the workers with (the plan's serving section)."""
+    s = plan.serving
+    pools = sorted(s.kv_capacity_tokens.values())
+    return (f"serving    {s.dtype}, {s.max_batch_seqs} seqs/step, KV {pools[0]:,}-{pools[-1]:,} "
+            f"tokens a node, high-water {s.kv_high_water:g}")
 
 
 def _fmt_gap(plan) -> str:

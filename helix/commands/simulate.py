@@ -60,7 +60,8 @@ def simulate(
     duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done)."),
     chunk_tokens: int = typer.Option(0, "--chunk-tokens", help="Chunked-prefill budget per step "
                                      "(0 = off: whole prompts)."),
-    high_water: float = typer.Option(0.9, "--high-water", help="KV high-water mark for masking."),
+    high_water: Optional[float] = typer.Option(None, "--high-water", help="KV high-water mark for "
+                                               "masking (default: the spec's serving.kv_high_water)."),
     link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "
                                      "at a time (one ZeroMQ connection per peer); fair: bandwidth "
                                      "split among messages in flight."),
@@ -96,7 +97,7 @@ def simulate(
     console = Console() if Console().is_terminal else Console(width=150)
     spec = load_cluster(cluster)
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
-                       high_water=high_water, seed=seed, link_sharing=link_sharing,
+                       kv_high_water=high_water, seed=seed, link_sharing=link_sharing,
                        record_events=event_log is not None)
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
@@ -182,7 +183,7 @@ def _check_numbers(*, num_requests, duration, load, rate, chunk_tokens, high_wat
         ("--load", load, finite(load) and load > 0, "> 0 and finite"),
         ("--rate", rate, rate is None or (finite(rate) and rate > 0), "> 0 requests/s and finite"),
         ("--chunk-tokens", chunk_tokens, chunk_tokens >= 0, ">= 0 (0 = off)"),
-        ("--high-water", high_water, 0 < high_water <= 1, "in (0, 1]"),
+        ("--high-water", high_water, high_water is None or 0 < high_water <= 1, "in (0, 1]"),
         ("--max-prompt", max_prompt, max_prompt >= 1, ">= 1 token"),
         ("--max-output", max_output, max_output >= 1, ">= 1 token"),
         ("--time-limit", time_limit, finite(time_limit) and time_limit > 0, "> 0 seconds"),

@@ -16,6 +16,10 @@ class WorkerStats:
     kv_blocks_total: int
     kv_blocks_used: int
     block_size_tokens: int
+    dtype: str
+    """Of the slice's weights, activations and KV (the plan's ``serving.dtype``)."""
+    max_batch_seqs: int
+    """Most sequences one step runs (the plan's ``serving.max_batch_seqs``)."""
     num_waiting: int
     """Requests with inputs not yet computed (policy queue)."""
     num_running: int

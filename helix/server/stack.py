@@ -16,7 +16,7 @@ from pathlib import Path
 
 from coordinator.grpc_api import CoordinatorService, Registry
 from helix.server.launcher import LaunchConfig, RayLauncher
-from coordinator.runtime import Coordinator, RuntimeConfig
+from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
 from coordinator.textcodec import TextCodec
 from helix.errors import HelixUserError
 from helix.models import ModelSpec
@@ -59,6 +59,7 @@ class ServeStack:
 
     def __init__(self, plan: Plan, model_path: str, options: ServeOptions = ServeOptions()) -> None:
         check_model_matches_plan(plan, model_path)
+        check_serving(plan)   # before any worker starts
         unknown = set(options.external_nodes) - {p.node for p in plan.placements}
         if unknown:
             raise HelixUserError(f"--external node(s) {sorted(unknown)} are not in the plan")

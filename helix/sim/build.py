@@ -14,7 +14,9 @@ from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 from helix.spec import ClusterSpec
-from planner.build import token_id_bytes  # the planner's figure, so both count the same bytes
+from helix.serving import ServingLimits
+# The planner's figures, so both count the same bytes and size the same KV pools:
+from planner.build import serving_limits, token_id_bytes
 from worker.step_policy import PolicyConfig
 
 
@@ -49,28 +51,27 @@ def plan_spec_warning(spec: ClusterSpec, plan: Plan) -> str | None:
 def policy_config(config: SimConfig, max_batch_seqs: int) -> PolicyConfig:
     chunked = config.chunk_tokens > 0
     return PolicyConfig(
-        max_num_seqs=min(config.max_num_seqs, max_batch_seqs),
+        max_num_seqs=max_batch_seqs,
         max_num_batched_tokens=config.chunk_tokens if chunked else config.max_batched_tokens_unchunked,
         chunked_prefill=chunked, self_feeding=False)
 
 
-def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimConfig
-                  ) -> dict[str, SimWorker]:
-    """One SimWorker per placed node, KV pool sized by the cost model for its slice."""
-    pc = policy_config(config, spec.serving.max_batch_seqs)
+def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimConfig,
+                  limits: ServingLimits) -> dict[str, SimWorker]:
+    """One SimWorker per placed node, with the KV pool and batch limit ``helix serve`` gives its
+    worker (``limits``: :func:`planner.build.serving_limits`)."""
+    pc = policy_config(config, limits.max_batch_seqs)
+    block = limits.block_size_tokens
     workers = {}
     for p in plan.placements:
         if p.num_layers < 1:
             continue
-        node = spec.node(p.node)
-        cap = cost.kv_capacity_tokens(node, p.num_layers, first=p.start == 0,
-                                      last=p.end == plan.num_layers)
-        if cap < config.block_size_tokens:
+        cap = limits.kv_capacity_tokens[p.node]
+        if cap < block:
             raise InfeasibleError(f"node {p.node!r} cannot hold layers [{p.start}, {p.end}) with room "
                                   f"for KV ({cap} tokens)")
         workers[p.node] = SimWorker(p.node, p.start, p.end, cap,
-                                    functools.partial(cost.layer_time_s, node), pc,
-                                    config.block_size_tokens)
+                                    functools.partial(cost.layer_time_s, spec.node(p.node)), pc, block)
     return workers
 
 
@@ -93,9 +94,11 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
     """A ready-to-run simulator of ``plan`` on ``spec`` with the named scheduler."""
     check_plan_matches(spec, plan)
     cost = cost or CostModel.for_cluster(spec)
-    workers = build_workers(spec, plan, cost, config)
+    limits = serving_limits(spec, plan, cost)
+    workers = build_workers(spec, plan, cost, config, limits)
+    high_water = limits.kv_high_water if config.kv_high_water is None else config.kv_high_water
     kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
-                     high_water=config.high_water)
+                     high_water=high_water)
     sched = make_scheduler(scheduler, plan, kv, seed=config.seed,
                            connected=lambda a, b: spec.link(a, b) is not None)
     model = spec.model

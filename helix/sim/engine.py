@@ -50,10 +50,10 @@ class SimConfig:
     """Chunked-prefill token budget per step; 0 = whole prompts (no chunking)."""
     max_batched_tokens_unchunked: int = 2048
     """Step token budget when chunking is off (a longer prompt still runs, alone)."""
-    max_num_seqs: int = 256
-    block_size_tokens: int = 16
-    high_water: float = 0.9
-    """KV high-water mark of the coordinator's masking (fraction of each node's capacity)."""
+    kv_high_water: float | None = None
+    """Overrides the spec's ``serving.kv_high_water`` (the coordinator's KV masking) when set.
+    Batch size, block size and KV pools always come from the spec (``serving:``), as in
+    ``helix serve``."""
     expected_output_tokens: float | None = None
     """Output length the coordinator reserves KV for; None = the workload's mean."""
     seed: int = 0

@@ -3,18 +3,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.serving import ServingLimits, ServingSpec
+
+#: KV each worker of :func:`branching_plan` holds: the old engine default's room for the tests'
+#: longest requests and bursts, and little memory.
+BRANCHING_KV_TOKENS = 8192
 
 
-def branching_plan() -> Plan:
-    """cpu-0 [0,4) feeds cpu-1 [2,8) (overlap: cpu-1 enters at layer 4) twice as often as cpu-2 [4,8)."""
-    return Plan(model="tiny-llama", num_layers=8,
+def branching_plan(kv_tokens: int | dict[str, int] = BRANCHING_KV_TOKENS, **serving) -> Plan:
+    """cpu-0 [0,4) feeds cpu-1 [2,8) (overlap: cpu-1 enters at layer 4) twice as often as cpu-2 [4,8).
+    Every worker gets ``kv_tokens`` of KV, float32 and the spec's default limits (``serving``
+    overrides :class:`ServingSpec` fields)."""
+    plan = Plan(model="tiny-llama", num_layers=8,
                 placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 2, 8),
                             NodePlacement("cpu-2", 4, 8)),
                 arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 200.0),
                            ArcFlow("cpu-0", "cpu-2", 100.0), ArcFlow("cpu-1", "coordinator", 200.0),
                            ArcFlow("cpu-2", "coordinator", 100.0)),
                 max_flow_tokens_per_s=300.0, method="test")
+    return with_kv(plan, kv_tokens, **serving)
+
+
+def with_kv(plan: Plan, kv_tokens: int | dict[str, int], dtype: str = "float32", **serving) -> Plan:
+    """``plan`` whose workers hold ``kv_tokens`` of KV each (or per node, given a dict)."""
+    pools = kv_tokens if isinstance(kv_tokens, dict) else \
+        {p.node: kv_tokens for p in plan.placements}
+    return dataclasses.replace(plan, serving=ServingLimits.of(ServingSpec(**serving), dtype, pools))
 
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import make_scheduler
 from helix.plan import COORDINATOR, ArcFlow, NodePlacement, Plan
+from helix.serving import ServingSpec
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
@@ -23,14 +24,15 @@ def table_layer_time(prompt_tokens, decode_seqs, decode_context, prompt_context)
 def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
              kv_tokens: int = 100_000, scheduler: str = "helix", bandwidth_bytes_per_s: float = 1e6,
              latency_s: float = 0.01, activation_bytes: int = 100,
-             token_id_bytes: int = 4) -> Simulator:
-    pc = PolicyConfig(max_num_seqs=config.max_num_seqs,
+             token_id_bytes: int = 4, serving: ServingSpec = ServingSpec()) -> Simulator:
+    pc = PolicyConfig(max_num_seqs=serving.max_batch_seqs,
                       max_num_batched_tokens=config.chunk_tokens or config.max_batched_tokens_unchunked,
                       chunked_prefill=config.chunk_tokens > 0, self_feeding=False)
     workers = {p.node: SimWorker(p.node, p.start, p.end, kv_tokens, table_layer_time, pc,
-                                 config.block_size_tokens) for p in plan.placements}
+                                 serving.block_size_tokens) for p in plan.placements}
+    high_water = serving.kv_high_water if config.kv_high_water is None else config.kv_high_water
     kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
-                     high_water=config.high_water)
+                     high_water=high_water)
     sched = make_scheduler(scheduler, plan, kv, seed=config.seed)
     net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s), sharing=config.link_sharing)
     return Simulator(config, workload, sched, workers, net, activation_bytes, token_id_bytes)

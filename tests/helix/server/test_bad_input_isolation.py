@@ -19,7 +19,7 @@ from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, 
 from helix.net.sampling import SamplingParams
 from worker.server import WorkerServer
 
-from tests.builders.serving import PROMPTS, hf_greedy
+from tests.builders.serving import PROMPTS, hf_greedy, with_kv
 
 pytest.importorskip("fastapi")
 from starlette.testclient import TestClient  # noqa: E402
@@ -236,8 +236,8 @@ def test_garbage_frame_kills_no_receiver(stack, frame):
 def small_kv(tiny_model, plan3):
     """8 KV blocks of 16 tokens per worker: a pipeline admits at most 0.9 x 128 = 115 tokens."""
     ckpt, _ = tiny_model
-    coord, servers = _start(ckpt, plan3, RuntimeConfig(request_timeout_s=20, stats_interval_s=0.1,
-                                                      engine={"num_kv_blocks": 8}))
+    coord, servers = _start(ckpt, with_kv(plan3, 8 * 16),
+                            RuntimeConfig(request_timeout_s=20, stats_interval_s=0.1))
     yield Stack(coord, servers, TestClient(create_app(coord, "tiny"), raise_server_exceptions=False), "")
     coord.close()
     for s in servers:

@@ -13,7 +13,7 @@ from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.sampling import SamplingParams
 from worker.server import WorkerServer
 
-from tests.builders.serving import PROMPTS, hf_greedy
+from tests.builders.serving import BRANCHING_KV_TOKENS, PROMPTS, hf_greedy, with_kv
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,7 @@ def test_whole_model_node_beside_a_two_stage_pipeline(tiny_model):
                            ArcFlow("coordinator", "cpu-2", 1.0), ArcFlow("cpu-2", "cpu-1", 1.0),
                            ArcFlow("cpu-1", "coordinator", 1.0)),
                 max_flow_tokens_per_s=2.0, method="test")
+    plan = with_kv(plan, BRANCHING_KV_TOKENS)
     servers = [WorkerServer(p.node, str(ckpt)) for p in plan.placements]
     coord = Coordinator(plan, str(ckpt))
     try:

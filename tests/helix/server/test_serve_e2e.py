@@ -22,7 +22,7 @@ from helix.server.http import HttpThread
 from helix.server.stack import ServeOptions, ServeStack
 from helix.net.control import WORKER_SERVICE, ControlClient
 
-from tests.builders.serving import PROMPTS, hf_greedy
+from tests.builders.serving import PROMPTS, hf_greedy, with_kv
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -48,8 +48,8 @@ def ray_local():
 def stack(ray_local, tiny_model, plan3):
     ckpt, _ = tiny_model
     options = ServeOptions(model_name="tiny", runtime=RuntimeConfig(
-        max_waiting_requests=MAX_WAITING, engine={"num_kv_blocks": NUM_KV_BLOCKS}))
-    s = ServeStack(plan3, str(ckpt), options).start()
+        max_waiting_requests=MAX_WAITING))
+    s = ServeStack(with_kv(plan3, NUM_KV_BLOCKS * 16), str(ckpt), options).start()
     http = HttpThread(s.app)
     yield s, http
     http.stop()

@@ -58,7 +58,7 @@ def test_conservation_and_kv_bounds(lengths, chunk, kv_tokens, mode, sharing):
 def test_tight_kv_preempts_and_still_finishes():
     # Estimates far below real outputs, so the coordinator over-admits and workers must preempt.
     workload = burst(12, 40, 60)
-    cfg = SimConfig(duration_s=None, expected_output_tokens=1, high_water=1.0)
+    cfg = SimConfig(duration_s=None, expected_output_tokens=1, kv_high_water=1.0)
     sim = make_sim(two_node_plan(), workload, cfg, kv_tokens=320)
     r = sim.run()
     assert r.preemptions > 0
@@ -83,7 +83,7 @@ def test_deterministic_for_a_seed():
 def test_online_all_masked_queues_instead_of_failing():
     # KV for about one request per node: the rest wait at the coordinator, none is lost.
     workload = burst(8, 50, 20)
-    cfg = SimConfig(mode="online", duration_s=None, expected_output_tokens=20, high_water=1.0)
+    cfg = SimConfig(mode="online", duration_s=None, expected_output_tokens=20, kv_high_water=1.0)
     sim = make_sim(small_diamond_plan(), workload, cfg, kv_tokens=96)
     r = sim.run()
     _check_conservation(r, workload)
