@@ -16,6 +16,7 @@ never shows text that the final reply cuts.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,6 +72,17 @@ class TextCodec:
         if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    @functools.cached_property
+    def max_text_bytes(self) -> int:
+        """Most UTF-8 bytes of text that can still fit the model's context once tokenized: a token
+        spells at most its longest vocabulary entry, each character of which stands for at most 4
+        bytes (one byte for byte-level BPE, ``▁`` for a space, ``<0xE4>``-style byte fallbacks for
+        one). Text past this is refused before it is tokenized, so a huge prompt costs no tokenizer
+        time; the token count is checked after tokenizing as before. (A normalizer that deletes
+        characters could in principle fit more; none of the LLaMA-family tokenizers does.)"""
+        longest = max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
+        return max(64 * 1024, self.max_context_tokens * max(1, longest) * 4)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -22,18 +22,30 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           external: list[str] = typer.Option([], "--external", help="plan node served by `helix worker` instead of Ray (repeatable)"),
           served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
           max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
-          worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)")) -> None:
+          worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)"),
+          api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize (as vLLM's --api-key; env HELIX_API_KEY)"),
+          api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
+          max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
+          request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
     from helix.plan import Plan
+    from helix.server.guard import HttpOptions
     from helix.server.http import run_blocking
     from helix.server.stack import ServeOptions, ServeStack
+    if api_key is not None and not api_key.strip():
+        raise HelixUserError("--api-key must not be empty")
+    if api_key_health and api_key is None:
+        raise HelixUserError("--api-key-health needs --api-key")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
                            launch=LaunchConfig(address=address, bind_host=worker_host),
-                           runtime=RuntimeConfig(max_waiting_requests=max_waiting))
+                           runtime=RuntimeConfig(max_waiting_requests=max_waiting),
+                           http=HttpOptions(api_key=api_key, protect_health=api_key_health,
+                                            max_body_bytes=max_request_bytes,
+                                            body_timeout_s=request_body_timeout))
     stack = ServeStack(Plan.load(plan), str(model), options).start()
     try:
         typer.echo(f"helix: {len(stack.coordinator.workers)} workers ready; OpenAI API at "

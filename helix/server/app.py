@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.requests import Delta, Done, RequestHandle, RequestTimeout
 from coordinator.runtime import Coordinator, QueueFull
 from helix.errors import HelixUserError
+from helix.server.guard import HttpOptions, install as install_guards
 from helix.server.logprobs import LogprobsBuilder
 from helix.server.metrics import ServingMetrics
 from helix.server.schemas import ChatRequest, CompletionRequest
@@ -124,9 +125,34 @@ class OpenAIServer:
             raise StarletteHTTPException(404, f"model {name!r} not found; this server serves "
                                               f"{self.model_name!r}")
 
-    def _prompt_ids(self, prompt) -> list[int]:
+    def _check_texts(self, texts, what: str) -> None:
+        """Text a client sent: valid Unicode (JSON allows lone surrogates such as ``"\\ud800"``,
+        which UTF-8 and the tokenizer do not) and, together, no longer than the model's context can
+        hold (:attr:`TextCodec.max_text_bytes`), checked before any tokenizer time is spent."""
+        total = 0
+        for text in texts:
+            try:
+                total += len(text.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise HelixUserError(f"{what}: invalid Unicode at character {exc.start} "
+                                     f"({exc.reason}: {text[exc.start:exc.end]!a})") from None
+        limit = self.coordinator.codec.max_text_bytes
+        if total > limit:
+            raise HelixUserError(f"{what} is {total} bytes; the model's context of "
+                                 f"{self.coordinator.codec.max_context_tokens} tokens holds at most "
+                                 f"{limit} bytes of text")
+
+    async def _prompt_ids(self, prompt) -> list[int]:
         # Token ids are checked (vocabulary, emptiness) by Coordinator.submit's RequestLimits.
-        return self.coordinator.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not isinstance(prompt, str):
+            return list(prompt)
+        self._check_texts([prompt], "prompt")
+        # Off the event loop: a long prompt must not stall every other stream while it tokenizes.
+        return await asyncio.to_thread(self.coordinator.codec.encode, prompt)
+
+    async def _chat_ids(self, messages: list[dict]) -> list[int]:
+        self._check_texts([m["content"] for m in messages], "messages")
+        return await asyncio.to_thread(self.coordinator.codec.encode_chat, messages)
 
     def _logprobs(self, params, as_token_ids: bool) -> LogprobsBuilder | None:
         if params.logprobs is None:
@@ -136,7 +162,8 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
         params = body.params()
-        ids = self._prompt_ids(body.single_prompt())
+        self._check_texts(body.stop_strings(), "stop")
+        ids = await self._prompt_ids(body.single_prompt())
         lp = self._logprobs(params, body.return_tokens_as_token_ids)
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -152,7 +179,8 @@ class OpenAIServer:
     async def chat(self, body: ChatRequest, request: Request):
         self._check_model(body.model)
         params = body.params()
-        ids = self.coordinator.codec.encode_chat(body.message_dicts())
+        self._check_texts(body.stop_strings(), "stop")
+        ids = await self._chat_ids(body.message_dicts())
         lp = self._logprobs(params, body.return_tokens_as_token_ids)
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -245,12 +273,15 @@ class OpenAIServer:
                                             "created": self.created, "owned_by": "helix"}]}
 
 
-def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetrics | None = None) -> FastAPI:
-    """The FastAPI app; ``metrics`` should be the coordinator's observer."""
+def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetrics | None = None,
+               http: HttpOptions = HttpOptions()) -> FastAPI:
+    """The FastAPI app; ``metrics`` should be the coordinator's observer; ``http`` the API key and
+    request-body limits (:mod:`helix.server.guard`)."""
     server = OpenAIServer(coordinator, model_name, metrics)
     app = FastAPI(title="Helix", docs_url=None, redoc_url=None)
     app.state.helix = server
     _install_error_handlers(app)
+    install_guards(app, http)
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])

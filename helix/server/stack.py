@@ -22,6 +22,7 @@ from helix.errors import HelixUserError
 from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.server.app import create_app
+from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
 from helix.net.control import ControlServer, start_server
 
@@ -42,6 +43,8 @@ class ServeOptions:
     register_timeout_s: float = 300.0
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    http: HttpOptions = field(default_factory=HttpOptions)
+    """API key and request-body limits of the OpenAI API."""
 
 
 def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
@@ -96,7 +99,7 @@ class ServeStack:
                                        self.options.host, observer=self.metrics)
         self.coordinator.attach(handles)
         self.service.coordinator = self.coordinator
-        self.app = create_app(self.coordinator, self.model_name, self.metrics)
+        self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
 
     @property
     def grpc_address(self) -> str:
