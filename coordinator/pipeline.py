@@ -92,9 +92,14 @@ class Topology:
     cannot enter such a slice in the middle (``worker.engine``). The rule lives here so that the
     simulator's schedulers and the live coordinator build the same pipelines.
 
-    The graph is fixed at construction; what a topology caches (finishing sets by mask, one
-    Pipeline per path) depends on its arguments alone, so several schedulers and threads may share
-    one.
+    Threads: no lock, by construction. The graph is fixed at construction, and what a topology
+    caches (finishing sets by mask, one Pipeline per path) is a pure function of the key it is
+    stored under: a racing writer stores the same answer, the last finishing answer is one
+    ``(mask, answer)`` tuple replaced whole (no reader pairs one call's mask with another's
+    answer), and cache eviction tolerates a concurrent one. So several schedulers and threads may
+    share a topology without a lock. Chosen over a lock because the scheduler asks once per
+    decision (the hot path) while the other walkers (the live coordinator's health checks, on HTTP
+    threads) are rare, and with no lock they neither slow the decisions nor wait for them.
     """
 
     def __init__(self, num_layers: int, ranges: Mapping[str, tuple[int, int]],
@@ -133,7 +138,7 @@ class Topology:
         # finishing_mask's answers by allowed mask (oldest first), and the last one asked for as
         # one (allowed, finishing) pair: a single attribute, so that a thread reading it while
         # another writes (the live coordinator's health checks walk the scheduler's topology
-        # outside the scheduling lock) never pairs one call's mask with another's answer.
+        # from other threads) never pairs one call's mask with another's answer.
         self._finishing: dict[int, int] = {0: 0}
         self._last = (0, 0)
         # walk_mask's pipelines by path code (see there).
@@ -250,6 +255,10 @@ class Topology:
                 todo |= preds[i] & allowed & ~ok
         return ok
 
+    def has_path(self, allowed: int) -> bool:
+        """Whether some pipeline runs on ``allowed`` nodes only (a bitmask, :meth:`mask_of`)."""
+        return bool(self._next_mask[self._source] & self.finishing_mask(allowed))
+
     def next_mask(self, vertex: int) -> int:
         """Bitmask of the nodes ``vertex`` (a number) has arcs to."""
         return self._next_mask[vertex]
@@ -266,18 +275,12 @@ class Topology:
             return lambda mask: index[choose(name, candidates(v, mask))]
         return [pick_at(v) for v in range(len(self.vertices))]
 
-    def walk(self, choose: Callable[[str, list[str]], str], allowed: Callable[[str], bool]
-             ) -> Pipeline | None:
-        """Build a pipeline by asking ``choose(vertex, candidates)`` at every vertex, candidates being
-        the out-arcs to ``allowed`` nodes that can still finish (:meth:`finishing_mask`), in arc
-        order. None when no pipeline exists."""
-        return self.walk_mask(self.picks(choose), self.mask_of(n for n in self.nodes if allowed(n)))
-
     def walk_mask(self, picks: Sequence[Pick], allowed: int) -> Pipeline | None:
-        """:meth:`walk` on bitmasks, for the decision path. ``allowed`` is the bitmask of unmasked
-        nodes; ``picks[v]`` says what to do at vertex number ``v``: either the number of the node
-        to go to (where that is the only hop and choosing it changes no state), or a function
-        from the candidates (a non-empty bitmask) to the number of the node chosen."""
+        """Build a pipeline of ``allowed`` nodes (a bitmask), None when there is none. At each vertex
+        the candidates are its out-arcs to allowed nodes that can still finish
+        (:meth:`finishing_mask`); ``picks[v]`` says what to do at vertex number ``v``: either the
+        number of the node to go to (where that is the only hop and choosing it changes no state),
+        or a function from the candidates (a non-empty bitmask) to the number of the node chosen."""
         finishing = self.finishing_mask(allowed)
         next_mask, is_last = self._next_mask, self._is_last
         here = self._source

@@ -173,6 +173,6 @@ def max_kv_tokens(topology: Topology, limits: Mapping[str, tuple[float, int]]) -
             tokens -= 1
         room[node] = tokens
     for tokens in sorted(set(room.values()), reverse=True):
-        if topology.walk(lambda _v, cands: cands[0], lambda n: room.get(n, -1) >= tokens):
+        if topology.has_path(topology.mask_of(n for n in topology.nodes if room.get(n, -1) >= tokens)):
             return tokens
     return 0

@@ -124,7 +124,7 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
     plan with no pipeline the engine can run (a layer-0 node is a first stage only, see
     :class:`~coordinator.pipeline.Topology`) is a user error."""
     sched = make_scheduler("helix", plan, kv)
-    if sched.fallback.walk(lambda _v, cands: cands[0], lambda _n: True) is None:
+    if not sched.fallback.has_path(sched.fallback.mask_of(sched.fallback.nodes)):
         raise HelixUserError("the plan has no pipeline the workers can run (a node holding layer 0 "
                              "can only be a first stage)")
     return sched
@@ -451,8 +451,8 @@ class Coordinator:
 
     def _has_pipeline(self, nodes: set[str]) -> bool:
         topology = self.scheduler.fallback or self.scheduler.topology
-        with self._lock:   # the topology's memo is the scheduler's; walk it as the scheduler does
-            return topology.walk(lambda _v, cands: cands[0], nodes.__contains__) is not None
+        # No lock: a Topology may be walked from any thread (see its docstring).
+        return topology.has_path(topology.mask_of(n for n in topology.nodes if n in nodes))
 
     def _probe(self, timeout_s: float) -> bool:
         try:

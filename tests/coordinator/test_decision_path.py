@@ -130,6 +130,18 @@ def test_finishing_mask_matches_the_definition_over_changing_masks(plan, seed, f
 
 
 @settings(max_examples=60, deadline=None)
+@given(plans(), st.integers(0, 2**32), st.booleans())
+def test_has_path_is_a_source_arc_to_a_finishing_node(plan, seed, flows_only):
+    topo = Topology.from_plan(plan, flows_only=flows_only)
+    rng = random.Random(seed)
+    for _ in range(30):
+        allowed = {v for v in topo.nodes if rng.random() < 0.6}
+        finishing = finishing_by_definition(topo, allowed)
+        assert topo.has_path(topo.mask_of(allowed)) \
+            == any(w in finishing for w in topo.arcs[COORDINATOR])
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32))
 def test_fit_mask_is_fits_on_every_node(seed):
     """After any mix of reserve / release / observe (and a trimmed change log), the mask is
@@ -195,8 +207,7 @@ def test_walks_from_another_thread_leave_decisions_unchanged():
             rng = random.Random(1)
             while not stop.is_set():
                 topo = rng.choice([sched.topology, sched.fallback])
-                nodes = {n for n in topo.nodes if rng.random() < 0.7}
-                topo.walk(lambda _v, cands: cands[0], nodes.__contains__)
+                topo.has_path(topo.mask_of(n for n in topo.nodes if rng.random() < 0.7))
         thread = threading.Thread(target=walk_forever, daemon=True)
         if walker:
             thread.start()

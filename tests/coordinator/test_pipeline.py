@@ -18,6 +18,13 @@ def test_overlap_runs_only_missing_layers():
     assert topo.stage(COORDINATOR, "b") == Stage("b", 0, 6)
 
 
+def test_has_path_needs_a_whole_pipeline_of_allowed_nodes():
+    topo = Topology.from_plan(diamond_plan())   # pipelines a-c, b-c, b-d
+    for nodes, want in ((("a", "b", "c", "d"), True), (("a", "c"), True), (("b", "d"), True),
+                        (("a", "d"), False), (("c", "d"), False), (("a", "b"), False), ((), False)):
+        assert topo.has_path(topo.mask_of(nodes)) is want, nodes
+
+
 def test_pipelines_follow_flows_and_cover_every_layer_once():
     plan = diamond_plan()
     sched = make_scheduler("helix", plan, _kv(plan))
