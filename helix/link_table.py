@@ -179,12 +179,14 @@ def compact(table: LinkTable, nodes: Sequence[str], regions: Regions,
     if pair_fig:
         out["region_links"] = [{"regions": sorted(key, key=names.index), **_link(f)}
                                for key, f in pair_fig.items()]
-    out["coordinator"] = {"region": home, **({"outbound": _link(out_fig)} if out_fig else {}),
-                          **({"inbound": _link(in_fig)} if in_fig else {})}
-    out["links"] = _overrides(table, vertices, default if complete else lambda a, b: None,
-                              tolerance)
-    if not complete:
+    out["coordinator"] = {"region": home}
+    if not complete:  # every link listed; no figure would be used
+        out["links"] = _overrides(table, vertices, lambda a, b: None, tolerance)
         out["only_listed_links"] = True
+        return out
+    out["coordinator"].update({"outbound": _link(out_fig)} if out_fig else {},
+                              **({"inbound": _link(in_fig)} if in_fig else {}))
+    out["links"] = _overrides(table, vertices, default, tolerance)
     return out
 
 
