@@ -135,6 +135,18 @@ class CostModel:
         return analytic_layer_time_s(self.model, node.kind, node.num_gpus, self.dtype_bytes,
                                      prompt_tokens, decode_seqs, decode_context, prompt_context)
 
+    def step_overhead_s(self, node: NodeSpec, prompt_tokens: float, decode_seqs: float,
+                        decode_context: float, prompt_context: float | None = None) -> float:
+        """Seconds a step costs apart from its layers (once per step): measured by ``helix
+        profile`` for the node's label, else 0 (the roofline and the reference's profiles have
+        no such term)."""
+        profile = self.profiles.get(node.label)
+        if profile is None:
+            return 0.0
+        if prompt_context is None:
+            prompt_context = min(prompt_tokens, self.workload.mean_prompt_tokens) / 2
+        return profile.step_overhead_s(prompt_tokens, decode_seqs, decode_context, prompt_context)
+
     # --- memory -------------------------------------------------------------------------------------
     def kv_capacity_tokens(self, node: NodeSpec, num_layers: int, first: bool = False,
                            last: bool = False) -> int:

@@ -4,8 +4,9 @@ A profile is a folder (``performance.profiles`` in the spec names one per node l
 
 - ``prompt_bs2time.csv``: prompt tokens computed in one step -> ms for one layer;
 - ``decode_bs2time.csv``: decoding sequences in one step (one token each) -> ms for one layer;
-- optionally ``profile.yaml``: how it was measured (model, device, dtype, threads, ...) and the
-  step's fixed cost apart from its layers (written by ``helix profile``; see :func:`write_profile`).
+- optionally ``profile.yaml``: how it was measured (model, device, dtype, threads, ...) and, under
+  ``step_overhead_ms``, the step's fixed cost apart from its layers as ``[batch, context, ms]`` rows
+  for prompt and decode steps (written by ``helix profile``; see :func:`write_profile`).
 
 Rows are ``batch,ms`` (the Helix artifact's format, see ``shared/data/profiles``: no context
 dimension) or ``batch,context,ms``, where context is the prompt length of each request (prompt
@@ -15,8 +16,8 @@ table) or the tokens of KV each decoding request attends over (decode table). Li
 Lookup: along the batch axis piecewise-linear, extrapolated past the last point along the last
 segment's slope; with contexts, the same at the two measured contexts around the asked one, then
 linear between them; past the longest context along the last pair's slope, below the shortest
-as the shortest (short contexts cost what the weights cost). A mixed batch costs prompt(P) +
-decode(D).
+as the shortest (short contexts cost what the weights cost). Past the last batch or context a
+step never costs less than at the last one measured. A mixed batch costs prompt(P) + decode(D).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from helix.yamlio import read_yaml
 PROMPT_FILE = "prompt_bs2time.csv"
 DECODE_FILE = "decode_bs2time.csv"
 META_FILE = "profile.yaml"
+OVERHEAD_KEY = "step_overhead_ms"
 
 
 class ProfileRow(NamedTuple):
@@ -61,7 +63,10 @@ class Curve:
             return ys[i]
         i = min(max(i, 1), len(xs) - 1)  # extrapolate with the nearest segment
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return max(0.0, y0 + (y1 - y0) * (value - x0) / (x1 - x0))
+        y = y0 + (y1 - y0) * (value - x0) / (x1 - x0)
+        # A bigger batch never takes less time: past the last point, no less than its time (a
+        # noisy last segment that falls would otherwise reach 0 s).
+        return max(y, ys[-1]) if value > xs[-1] else max(0.0, y)
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,8 @@ class Surface:
         i = min(bisect.bisect_left(cs, context), len(cs) - 1)
         c0, c1 = cs[i - 1], cs[i]
         y0, y1 = self.curves[i - 1](batch), self.curves[i](batch)
-        return max(0.0, y0 + (y1 - y0) * (context - c0) / (c1 - c0))
+        y = y0 + (y1 - y0) * (context - c0) / (c1 - c0)
+        return max(y, y1) if context > c1 else max(0.0, y)   # longer contexts never cost less
 
     def rows(self) -> list[ProfileRow]:
         """Every measured point, in order."""
@@ -118,6 +124,11 @@ class MeasuredProfile:
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """What ``profile.yaml`` says about the measurement (empty for a bare two-file profile)."""
+    prompt_overhead: Surface | None = None
+    """The step's fixed cost apart from its layers, by prompt tokens and length (``helix
+    profile`` measures it; None in the reference's profiles)."""
+    decode_overhead: Surface | None = None
+    """The same by decoding sequences and context."""
 
     def layer_time_s(self, prompt_tokens: float, decode_seqs: float,
                      decode_context: float | None = None,
@@ -127,6 +138,19 @@ class MeasuredProfile:
         decodes at mean context ``decode_context``; contexts matter only to tables that have them."""
         length = None if prompt_context is None else 2 * prompt_context
         return self.prompt(prompt_tokens, length) + self.decode(decode_seqs, decode_context)
+
+    def step_overhead_s(self, prompt_tokens: float, decode_seqs: float,
+                        decode_context: float | None = None,
+                        prompt_context: float | None = None) -> float:
+        """The step's fixed cost apart from its layers (scheduling, building the batch, moving
+        inputs and outputs): once per step, whatever the number of layers; 0 when not measured."""
+        length = None if prompt_context is None else 2 * prompt_context
+        total = 0.0
+        if self.prompt_overhead is not None:
+            total += self.prompt_overhead(prompt_tokens, length)
+        if self.decode_overhead is not None:
+            total += self.decode_overhead(decode_seqs, decode_context)
+        return total
 
 
 def read_rows(path: Path) -> list[ProfileRow]:
@@ -172,8 +196,22 @@ def load_profile(folder: str | Path, label: str) -> MeasuredProfile:
     meta = read_yaml(meta_path, "profile metadata") if meta_path.is_file() else {}
     if not isinstance(meta, dict):
         raise SpecError(f"{meta_path}: expected a mapping")
+    overhead = meta.get(OVERHEAD_KEY) or {}
     return MeasuredProfile(label=label, prompt=read_surface(folder / PROMPT_FILE),
-                           decode=read_surface(folder / DECODE_FILE), source=str(folder), meta=meta)
+                           decode=read_surface(folder / DECODE_FILE), source=str(folder), meta=meta,
+                           prompt_overhead=_overhead(overhead, "prompt", meta_path),
+                           decode_overhead=_overhead(overhead, "decode", meta_path))
+
+
+def _overhead(section: Any, kind: str, where: Path) -> Surface | None:
+    """``[batch, context, ms]`` rows of ``profile.yaml``'s step overhead, or None."""
+    rows = section.get(kind) if isinstance(section, dict) else None
+    if not rows:
+        return None
+    try:
+        return Surface.from_rows([ProfileRow(float(b), float(c), float(ms) / 1e3) for b, c, ms in rows])
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: {OVERHEAD_KEY}.{kind}: expected [batch, context, ms] rows") from None
 
 
 def write_rows(path: Path, header: str, rows: list[ProfileRow]) -> None:
@@ -186,9 +224,19 @@ def write_rows(path: Path, header: str, rows: list[ProfileRow]) -> None:
 
 
 def write_profile(folder: str | Path, prompt: list[ProfileRow], decode: list[ProfileRow],
-                  meta: dict[str, Any]) -> Path:
-    """Write a profile folder that :func:`load_profile` reads back; returns the folder."""
+                  meta: dict[str, Any], prompt_overhead: list[ProfileRow] = (),
+                  decode_overhead: list[ProfileRow] = ()) -> Path:
+    """Write a profile folder that :func:`load_profile` reads back; returns the folder. ``meta``
+    goes to ``profile.yaml`` with the step overheads (rows with contexts) under
+    :data:`OVERHEAD_KEY`."""
     import yaml
+
+    def ms_rows(rows: list[ProfileRow]) -> list[list[float]]:
+        return [[r.batch, r.context, round(r.seconds * 1e3, 6)] for r in rows]
+    if prompt_overhead or decode_overhead:
+        meta = {**meta, OVERHEAD_KEY: {
+            "note": "the step's fixed cost apart from its layers: [batch, context, ms]",
+            "prompt": ms_rows(prompt_overhead), "decode": ms_rows(decode_overhead)}}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     write_rows(folder / PROMPT_FILE, "prompt tokens in the step, prompt length per request, "

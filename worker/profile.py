@@ -7,17 +7,18 @@ the local device, so a cluster can be planned with its own figures instead of th
 
 How a figure is taken:
 
-- two engines of random weights with the model's shapes (times depend on shapes and dtype, not on
-  the values): one holding 1 layer, one holding ``layers`` layers, both middle slices (hidden states
-  in, hidden states out: no embedding, LM head or sampling, which are not per-layer costs);
+- an engine of random weights with the model's shapes (times depend on shapes and dtype, not on
+  the values) holding ``layers`` middle layers (hidden states in, hidden states out: no embedding,
+  LM head or sampling, which are not per-layer costs);
 - a *prompt* point ``(tokens, length)``: ``tokens / length`` fresh requests of ``length`` prompt tokens
   each, computed in one step; a *decode* point ``(seqs, context)``: ``seqs`` requests whose KV holds
   ``context`` tokens each decode one token (the least advanced of a prefilled set, so contexts stay
   within a few tokens of the nominal one);
-- each step is timed on both engines, alternately, ``reps`` times after one warm-up step (CUDA:
-  synchronised); with the fastest ``t1`` and ``tL`` (other processes only ever slow a step down),
-  one layer costs ``(tL - t1) / (layers - 1)`` and the rest of ``t1`` is the step's fixed cost
-  (building the batch, the policy), reported apart.
+- each step is timed whole and, inside it, the model run over the layers (CUDA: synchronised):
+  one layer costs the model run over ``layers``, and the rest of the step (the step policy,
+  building the batch's positions and block tables, moving inputs and outputs) is the step's fixed
+  cost, reported apart. Each is the fastest of ``reps`` steps after a warm-up (other processes only
+  ever slow a step down).
 
 The figures are written by :func:`helix.profiles.write_profile` in the format
 ``performance.profiles`` reads.
@@ -59,7 +60,7 @@ class ProfileGrid:
     reps: int = 5
     """Timed steps per point and engine (after one warm-up); the fastest counts."""
     layers: int = 4
-    """Layers of the deep engine (the shallow one holds 1); the slope between them is one layer."""
+    """Layers the measured engine holds (its model run over them is one layer's time)."""
 
     @classmethod
     def quick(cls) -> "ProfileGrid":
@@ -74,9 +75,17 @@ class ProfileGrid:
         return cls((128, 512, 2048), 8192, (256, 1024, 4096),
                    (1, 2, 4, 8, 16, 32, 64, 128, 256))
 
+    @property
+    def decode_advance(self) -> int:
+        """Most tokens a held request decodes past its context: each decode point's warm-up and
+        reps go to the least advanced requests, spread over the largest batch."""
+        if not self.decode_seqs:
+            return 0
+        return -(-(self.reps + 1) * sum(self.decode_seqs) // max(self.decode_seqs)) + 1
+
     def fit_to(self, max_positions: int) -> "ProfileGrid":
         """Drop lengths and contexts the model's position table cannot hold."""
-        room = max_positions - self.reps - 2   # decodes advance a little past the context
+        room = max_positions - self.decode_advance
         prompt = tuple(n for n in self.prompt_lengths if n <= max_positions)
         contexts = tuple(c for c in self.decode_contexts if c <= room)
         return dataclasses.replace(self, prompt_lengths=prompt, decode_contexts=contexts)
@@ -131,16 +140,17 @@ def random_slice(spec: ModelSpec, num_layers: int, dtype: torch.dtype, device: t
 
 
 class _Timer:
-    """One engine and the requests it holds, driven with hidden-state inputs."""
+    """One engine and the requests it holds, driven with hidden-state inputs. Its model's
+    ``forward`` (the layers) is timed inside each step, so a step splits into layers and the rest."""
 
     def __init__(self, weights: SliceWeights, grid: ProfileGrid, device: torch.device,
                  dtype: str) -> None:
         max_seqs = max([*grid.decode_seqs, *(n for n, _ in grid.prompt_points())], default=1)
         tokens = max(grid.max_prompt_tokens, *grid.prompt_lengths, 1)
-        decode_tokens = max(grid.decode_seqs, default=0) * \
-            (max(grid.decode_contexts, default=0) + grid.reps + 2)
+        per_seq = blocks_for_tokens(max(grid.decode_contexts, default=0) + grid.decode_advance,
+                                    _BLOCK_TOKENS)
         blocks = max(blocks_for_tokens(tokens, _BLOCK_TOKENS) + max_seqs,
-                     blocks_for_tokens(decode_tokens, _BLOCK_TOKENS) + max(grid.decode_seqs, default=0))
+                     per_seq * max(grid.decode_seqs, default=0), 1)
         config = EngineConfig(block_size_tokens=_BLOCK_TOKENS, num_kv_blocks=blocks,
                               max_num_seqs=max_seqs, max_num_batched_tokens=tokens,
                               chunked_prefill=True, dtype=dtype, device=str(device),
@@ -149,6 +159,18 @@ class _Timer:
         self.device = device
         self.hidden = weights.spec.hidden_size
         self._ids = itertools.count()
+        self._held: list[list] = []
+        self._forward_s = 0.0
+        forward = self.engine.model.forward
+
+        def timed_forward(*args, **kwargs):
+            self._sync()
+            t0 = time.perf_counter()
+            out = forward(*args, **kwargs)
+            self._sync()
+            self._forward_s += time.perf_counter() - t0
+            return out
+        self.engine.model.forward = timed_forward   # this engine's instance only
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -162,46 +184,45 @@ class _Timer:
         return StageInput(rid, 0, hidden_states=self._states(length),
                           new_request=NewRequest(rid, length, SamplingParams(max_tokens=max_tokens)))
 
-    def prompt_step(self, n: int, length: int) -> float:
-        """Seconds of one step that computes ``n`` fresh prompts of ``length`` tokens."""
-        inputs = [self._new(length, 1) for _ in range(n)]
+    def _timed_step(self, inputs: list[StageInput]) -> tuple[float, float]:
+        """(the whole step, its layers) in seconds."""
+        self._forward_s = 0.0
         self._sync()
         t0 = time.perf_counter()
         self.engine.step(inputs)
         self._sync()
-        dt = time.perf_counter() - t0
+        return time.perf_counter() - t0, self._forward_s
+
+    def prompt_step(self, n: int, length: int) -> tuple[float, float]:
+        """One step that computes ``n`` fresh prompts of ``length`` tokens."""
+        inputs = [self._new(length, 1) for _ in range(n)]
+        times = self._timed_step(inputs)
         self._check(prefill_tokens=n * length)
         self.engine.release([i.request_id for i in inputs])
-        return dt
+        return times
 
-    def prefill(self, seqs: int, context: int, max_tokens: int) -> list[list[int]]:
-        """``seqs`` requests with ``context`` tokens of KV each; ``[position, request id]`` pairs."""
+    def prefill(self, seqs: int, context: int, max_tokens: int) -> None:
+        """Hold ``seqs`` requests with ``context`` tokens of KV each."""
         self.release_all()
         inputs = [self._new(context, max_tokens) for _ in range(seqs)]
         self.engine.step(inputs)
         while self.engine.has_work():
             self.engine.step()
-        self._held = [[context, i.request_id] for i in inputs]
-        return self._held
+        self._held = [[context, i.request_id] for i in inputs]   # [position, request id]
 
-    def decode_step(self, seqs: int) -> float:
-        """Seconds of one step in which the ``seqs`` least advanced held requests decode."""
+    def decode_step(self, seqs: int) -> tuple[float, float]:
+        """One step in which the ``seqs`` least advanced held requests decode."""
         self._held.sort()
         chosen = self._held[:seqs]
-        inputs = [StageInput(rid, pos, hidden_states=self._states(1)) for pos, rid in chosen]
-        self._sync()
-        t0 = time.perf_counter()
-        self.engine.step(inputs)
-        self._sync()
-        dt = time.perf_counter() - t0
+        times = self._timed_step([StageInput(rid, pos, hidden_states=self._states(1))
+                                  for pos, rid in chosen])
         self._check(decodes=seqs)
         for pair in chosen:
             pair[0] += 1
-        return dt
+        return times
 
     def release_all(self) -> None:
-        held = getattr(self, "_held", [])
-        self.engine.release([rid for _, rid in held])
+        self.engine.release([rid for _, rid in self._held])
         self._held = []
 
     def _check(self, prefill_tokens: int = 0, decodes: int = 0) -> None:
@@ -212,51 +233,32 @@ class _Timer:
                                f"{(prefill_tokens, decodes)}: a bug in the profiler's setup")
 
 
-def _split(t1: list[float], tl: list[float], layers: int) -> tuple[float, float]:
-    """(one layer, fixed step cost) from the 1-layer and ``layers``-layer step times."""
-    s1, sl = min(t1), min(tl)
-    per_layer = (sl - s1) / (layers - 1)
-    if per_layer <= 0:          # noise swamped the difference: charge the whole step to layers
-        return sl / layers, 0.0
-    return per_layer, max(0.0, s1 - per_layer)
+def _time(run: Callable[[], tuple[float, float]], reps: int, layers: int) -> tuple[float, float]:
+    """(one layer, the step's fixed cost) in seconds: the fastest of ``reps`` runs after a warm-up,
+    each part on its own (other processes only ever slow a run down)."""
+    run()
+    runs = [run() for _ in range(reps)]
+    return min(f for _, f in runs) / layers, max(0.0, min(s - f for s, f in runs))
 
 
 def measure(spec: ModelSpec, grid: ProfileGrid, device: str, dtype: str,
             advance: Callable[[str], None] = lambda _what: None) -> ProfileResult:
     """Measure every point of ``grid`` (``advance`` is called once per point, for a progress bar)."""
     dev = torch.device(device)
-    tdtype = torch_dtype(dtype)
-    timers = [_Timer(random_slice(spec, n, tdtype, dev, seed=n), grid, dev, dtype)
-              for n in (1, grid.layers)]
+    timer = _Timer(random_slice(spec, grid.layers, torch_dtype(dtype), dev), grid, dev, dtype)
     prompt, prompt_fixed, decode, decode_fixed = [], [], [], []
     for n, length in grid.prompt_points():
-        times = _alternate(timers, grid.reps, lambda t: t.prompt_step(n, length))
-        layer_s, fixed_s = _split(*times, grid.layers)
+        layer_s, fixed_s = _time(lambda: timer.prompt_step(n, length), grid.reps, grid.layers)
         prompt.append(ProfileRow(n * length, length, layer_s))
         prompt_fixed.append(ProfileRow(n * length, length, fixed_s))
         advance(f"prompt {n} x {length} tokens")
     max_seqs = max(grid.decode_seqs, default=0)
     for context in grid.decode_contexts:
-        for t in timers:
-            t.prefill(max_seqs, context, max_tokens=grid.reps * len(grid.decode_seqs) + 2)
+        timer.prefill(max_seqs, context, max_tokens=grid.decode_advance)
         for seqs in grid.decode_seqs:
-            times = _alternate(timers, grid.reps, lambda t: t.decode_step(seqs))
-            layer_s, fixed_s = _split(*times, grid.layers)
+            layer_s, fixed_s = _time(lambda: timer.decode_step(seqs), grid.reps, grid.layers)
             decode.append(ProfileRow(seqs, context, layer_s))
             decode_fixed.append(ProfileRow(seqs, context, fixed_s))
             advance(f"decode {seqs} seqs at context {context}")
-        for t in timers:
-            t.release_all()
+        timer.release_all()
     return ProfileResult(tuple(prompt), tuple(decode), tuple(prompt_fixed), tuple(decode_fixed))
-
-
-def _alternate(timers: list[_Timer], reps: int, run: Callable[[_Timer], float]
-               ) -> tuple[list[float], ...]:
-    """One warm-up, then ``reps`` timed runs on each timer in turn (shared noise hits both)."""
-    for t in timers:
-        run(t)
-    out: tuple[list[float], ...] = tuple([] for _ in timers)
-    for _ in range(reps):
-        for t, acc in zip(timers, out):
-            acc.append(run(t))
-    return out

@@ -47,15 +47,15 @@ def profile_command(
                                            help="Decode contexts (KV tokens per sequence), e.g. 128,512."),
     seqs: Optional[str] = typer.Option(None, "--seqs", help="Decode batch sizes, e.g. 1,4,16,64."),
     reps: Optional[int] = typer.Option(None, "--reps", min=1,
-                                       help="Timed steps per point; the fastest counts (other "
-                                            "processes only ever slow a step down)."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=2,
-                                         help="Layers of the deep engine; one layer costs the "
-                                              "difference to a 1-layer engine's step over layers - 1."),
+                                       help="Timed steps per point after a warm-up; the fastest "
+                                            "counts (other processes only ever slow a step down)."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1,
+                                         help="Layers the measured engine holds; one layer costs "
+                                              "their model run over their number."),
 ) -> None:
     """Measure per-layer prompt and decode step times of the serving engine on this device.
 
-    Writes prompt_bs2time.csv and decode_bs2time.csv (batch, context, ms for one layer) and profile.yaml (device, dtype, threads, the fixed cost of a step apart from its layers) into a folder. Name the folder in a cluster spec, performance: {profiles: {LABEL: FOLDER}} with LABEL the nodes' gpu label (CPU, L4, L4x2, ...), and `helix plan` and `helix simulate` use the measured times. Defaults: a grid for the device (--quick for a tiny one), the device's usual dtype, every core.
+    Writes prompt_bs2time.csv and decode_bs2time.csv (batch, context, ms for one layer) and profile.yaml (device, dtype, threads, the step's fixed cost apart from its layers) into a folder. Name the folder in a cluster spec, performance: {profiles: {LABEL: FOLDER}} with LABEL the nodes' gpu label (CPU, L4, L4x2, ...), and `helix plan` and `helix simulate` use the measured times. Defaults: a grid for the device (--quick for a tiny one), the device's usual dtype, every core.
     """
     import dataclasses
 
@@ -92,8 +92,9 @@ def profile_command(
         task = bar.add_task("starting", total=grid.num_points)
         result = measure(spec, grid, dev, dtype,
                          advance=lambda what: bar.update(task, advance=1, description=what))
-    meta = _metadata(spec, dev, dtype, grid, result, time.perf_counter() - t0)
-    write_profile(folder, list(result.prompt), list(result.decode), meta)
+    meta = _metadata(spec, dev, dtype, grid, time.perf_counter() - t0)
+    write_profile(folder, list(result.prompt), list(result.decode), meta,
+                  list(result.prompt_overhead), list(result.decode_overhead))
     typer.echo(f"wrote {folder}: {len(result.prompt)} prompt and {len(result.decode)} decode points "
                f"({meta['device_name']}, {dtype}, {meta['torch_threads']} threads, "
                f"{meta['seconds']:.1f} s)")
@@ -165,14 +166,11 @@ def _label(dev: str) -> str:
     return "LABEL"
 
 
-def _metadata(spec, dev, dtype, grid, result, seconds) -> dict:
+def _metadata(spec, dev, dtype, grid, seconds) -> dict:
     import dataclasses
     import datetime
 
     import torch
-
-    def rows(rs):
-        return [[int(r.batch), int(r.context), round(r.seconds * 1e3, 6)] for r in rs]
     meta = {
         "helix_profile": 1,
         "model": dataclasses.asdict(spec),
@@ -181,9 +179,5 @@ def _metadata(spec, dev, dtype, grid, result, seconds) -> dict:
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 2),
         "grid": dataclasses.asdict(grid),
-        "step_overhead_ms": {"note": "fixed cost of a step apart from its layers (the 1-layer "
-                                     "step minus one layer): [batch, context, ms]",
-                             "prompt": rows(result.prompt_overhead),
-                             "decode": rows(result.decode_overhead)},
     }
     return json.loads(json.dumps(meta, default=str))   # plain lists and strings for YAML

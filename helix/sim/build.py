@@ -70,8 +70,11 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
         if cap < block:
             raise InfeasibleError(f"node {p.node!r} cannot hold layers [{p.start}, {p.end}) with room "
                                   f"for KV ({cap} tokens)")
+        node = spec.node(p.node)
+        overhead = functools.partial(cost.step_overhead_s, node) if node.label in cost.profiles \
+            else None   # measured by `helix profile`; the roofline has no such term
         workers[p.node] = SimWorker(p.node, p.start, p.end, cap,
-                                    functools.partial(cost.layer_time_s, spec.node(p.node)), pc, block)
+                                    functools.partial(cost.layer_time_s, node), pc, block, overhead)
     return workers
 
 

@@ -21,19 +21,22 @@ LayerTime = Callable[[float, float, float, float], float]
 class SimWorker:
     """One node's slice ``[start, end)``; ``requests`` maps request id -> (SimRequest, stage index)."""
 
-    __slots__ = ("name", "start", "end", "policy", "layer_time", "requests", "entry", "busy",
-                 "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions", "_num_partial",
-                 "peak_used_blocks")
+    __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
+                 "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
+                 "_num_partial", "peak_used_blocks")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
-                 block_size_tokens: int = 16) -> None:
+                 block_size_tokens: int = 16, step_overhead: LayerTime | None = None) -> None:
+        """``step_overhead``: seconds a step costs apart from its layers (same arguments as
+        ``layer_time``, charged once per step); None = nothing."""
         self.name = name
         self.start = start
         self.end = end
         num_blocks = max(1, kv_capacity_tokens // block_size_tokens)
         self.policy = StepPolicy(policy_config, KVBlockManager(num_blocks, block_size_tokens))
         self.layer_time = layer_time
+        self.step_overhead = step_overhead
         self.requests: dict[int, tuple] = {}
         self.entry: dict[int, int] = {}
         """First layer each request runs here (> start when it enters mid-slice)."""
@@ -79,7 +82,9 @@ class SimWorker:
                 p += c.num_tokens
                 p_ctx += c.num_tokens * (c.start + c.end) * 0.5
             d_ctx = sum(plan.decode_positions) / d if d else 0.0
-            return (self.end - self.start) * self.layer_time(p, d, d_ctx, p_ctx / p if p else 0.0)
+            p_ctx = p_ctx / p if p else 0.0
+            t = (self.end - self.start) * self.layer_time(p, d, d_ctx, p_ctx)
+            return t if self.step_overhead is None else t + self.step_overhead(p, d, d_ctx, p_ctx)
         return self._segmented_time_s(plan)
 
     def _segmented_time_s(self, plan: StepPlan) -> float:
@@ -102,4 +107,7 @@ class SimWorker:
             p, p_ctx, d, d_ctx = acc
             total += (upto - layer) * self.layer_time(p, d, d_ctx / d if d else 0.0,
                                                       p_ctx / p if p else 0.0)
+        if self.step_overhead is not None:   # acc holds the whole step now
+            p, p_ctx, d, d_ctx = acc
+            total += self.step_overhead(p, d, d_ctx / d if d else 0.0, p_ctx / p if p else 0.0)
         return total

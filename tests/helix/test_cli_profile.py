@@ -8,6 +8,9 @@ import yaml
 from helix.cli import main
 from helix.costmodel import CostModel
 from helix.profiles import load_profile
+from helix.sim.build import build_simulator
+from helix.sim.engine import SimConfig
+from helix.sim.workload import TraceRequest
 from helix.spec import load_cluster
 
 pytest.importorskip("torch")
@@ -50,10 +53,23 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
     point = cost.operating_point(node, 8)
     measured = profile.layer_time_s(point.prompt_tokens, point.decode_seqs, 48 + 16 / 2, 48 / 2)
     assert point.step_s == pytest.approx(8 * measured)
-    assert main(["plan", str(spec_path), "--json", "--threads", "1", "--time-limit", "5"]) == 0
+    plan_path = tmp_path / "plan.yaml"
+    assert main(["plan", str(spec_path), "--json", "--threads", "1", "--time-limit", "5",
+                 "-o", str(plan_path)]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["placements"] == [{"node": "cpu-0", "start": 0, "end": 8}]
     assert plan["max_flow_tokens_per_s"] == pytest.approx(cost.throughput_tokens_per_s(node, 8))
+
+    # The simulator charges a step its 8 measured layers plus the step's measured fixed cost.
+    from helix.plan import Plan
+    from worker.step_policy import StepPlan
+    sim = build_simulator(spec, Plan.load(plan_path), (TraceRequest(0.0, 8, 2),),
+                          SimConfig(duration_s=None))
+    step = StepPlan(decode_ids=("a", "b"), decode_positions=(40, 60))
+    fixed = profile.step_overhead_s(0, 2, 50, 0)
+    assert fixed > 0 and cost.step_overhead_s(node, 0, 2, 50, 0) == fixed
+    assert sim.workers["cpu-0"].step_time_s(step) == pytest.approx(
+        8 * profile.layer_time_s(0, 2, 50, 0) + fixed)
 
 
 @pytest.mark.parametrize("args, message", [

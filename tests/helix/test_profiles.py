@@ -38,6 +38,16 @@ def test_context_dimension_interpolates_between_and_beyond(tmp_path):
     assert p.layer_time_s(128, 4, decode_context=300, prompt_context=32) == pytest.approx(8e-3)
 
 
+def test_extrapolation_never_falls_below_the_last_measured_point(tmp_path):
+    # Noise made the longer context and the bigger batch look cheaper: extrapolating along those
+    # slopes would reach 0 s (a 0.2 ms simulated TPOT); the last measured figure is the floor.
+    decode = "1,100,2\n4,100,1.5\n1,300,1\n4,300,1.2\n"
+    p = load_profile(_folder(tmp_path, "64,1\n128,0.5\n", decode), "CPU")
+    assert p.decode(4, 2000) == pytest.approx(1.2e-3)
+    assert p.decode(400, 100) == pytest.approx(1.5e-3)
+    assert p.prompt(10_000) == pytest.approx(0.5e-3)
+
+
 def test_bad_rows_are_one_line_errors(tmp_path):
     f = tmp_path / "x.csv"
     f.write_text("1,2,3\n4,5\n")
@@ -54,8 +64,15 @@ def test_bad_rows_are_one_line_errors(tmp_path):
 def test_write_then_load_round_trips(tmp_path):
     prompt = [ProfileRow(64, 64, 1e-3), ProfileRow(128, 64, 1.5e-3), ProfileRow(256, 256, 4e-3)]
     decode = [ProfileRow(1, 128, 2e-4), ProfileRow(8, 128, 5e-4)]
-    write_profile(tmp_path / "p", prompt, decode, {"device": "cpu", "dtype": "float32",
-                                                   "torch_threads": 2})
+    meta = {"device": "cpu", "dtype": "float32", "torch_threads": 2}
+    write_profile(tmp_path / "p", prompt, decode, meta)
     p = load_profile(tmp_path / "p", "CPU")
     assert p.prompt.rows() == prompt and p.decode.rows() == decode
-    assert p.meta == {"device": "cpu", "dtype": "float32", "torch_threads": 2}
+    assert p.meta == meta and p.step_overhead_s(64, 8, 128, 32) == 0.0
+    # With the step's fixed cost: charged once per step, prompt part + decode part.
+    write_profile(tmp_path / "q", prompt, decode, meta, [ProfileRow(64, 64, 3e-4)],
+                  [ProfileRow(1, 128, 1e-4), ProfileRow(8, 128, 8e-4)])
+    q = load_profile(tmp_path / "q", "CPU")
+    assert q.step_overhead_s(0, 4, 128) == pytest.approx(4e-4)
+    assert q.step_overhead_s(64, 8, 128, 32) == pytest.approx(3e-4 + 8e-4)
+    assert q.meta["step_overhead_ms"]["decode"] == [[1, 128, 0.1], [8, 128, 0.8]]
