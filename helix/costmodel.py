@@ -34,6 +34,41 @@ the workload mix (mean prompt p, mean output o) — the derivation:
 - one step passes k layers: ``step = k * t_layer(P, D)``, and ``T(k) = (P + D) / step``.
 
 T(k) falls with k twice: each step passes more layers, and KV per layer shrinks so batches do.
+
+**Inside a pipeline** T(k) overstates what a node delivers (on single24 ~10x): a request's KV is
+reserved on *every* stage it crosses, and a stage batches only the requests that are at it now.
+What a plan delivers is derived per pipeline (:mod:`helix.prediction` computes it; o is the mean
+output, p the mean prompt):
+
+- *requests in flight*: the coordinator reserves ``p_res + o`` tokens on every layer of every
+  stage (``p_res``: the mean prompt of requests in flight, ``workload.resident_prompt_tokens``),
+  so node v holds at most ``M_v = kv_high_water x KV capacity / (p_res + o)`` requests, shared by
+  all pipelines through it (:meth:`CostModel.resident_requests`);
+- *operating point of a stage*: a node's decodes arrive in waves: each pipeline's requests travel
+  around it (stages, links, coordinator, back to stage 0) in about W waves, and a node steps once
+  per wave, so ``steps/s = sum over its pipelines of W / R`` and its decode batch is
+  ``D_v = decode tokens/s through v / steps/s``. Each step also carries prefill: requests join at
+  the rate they finish, ``D_v / o`` per step, each bringing p prompt tokens, so a step takes
+  ``t_v = k x t_layer(P = D_v p / o, D_v)`` (:meth:`CostModel.stage_step_s`: T(k)'s operating
+  point with D_v instead of every KV-resident request);
+- *round trip*: a token visits every stage; at each it waits for the step in progress (half a
+  step times the stage's busy fraction ``u_v = steps/s x t_v``) and rides the next:
+  ``R = sum_v t_v (1 + u_v / 2) + link latencies + bytes / bandwidth``, coordinator hop included;
+  the prompt's pass ``F`` is the same with one prompt more in each step;
+- *Little's law*: a request stays ``T = F + (o - 1) R``; a pipeline with N requests in flight
+  serves ``N / T`` requests/s, ``o N / T`` decode tokens/s, ``(p + o) N / T`` tokens/s;
+- N is what the KV allows: every pipeline grows in proportion to its share of the requests until
+  a node's ``M_v`` (or its compute, T(k)) is used up; D, t, R and N are iterated to a fixed point.
+
+With one stage and one wave this is T(k) again, capped by Little's law. W = 2 is measured, not
+derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-2.5 waves (a
+prefill step, several times longer than a decode step, holds up the tokens behind it and they
+travel on together); mixed A100/L4 pipelines move in 3-5, with little effect since their steps
+barely grow with the batch.
+
+For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
+holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
+(:meth:`CostModel.pipeline_capacity_tokens_per_s`; ``planner.predicted`` iterates it).
 """
 
 from __future__ import annotations
@@ -212,6 +247,33 @@ class CostModel:
         kmax = max(self.max_layers(node), self.max_layers(node, first=True),
                    self.max_layers(node, last=True))
         return tuple(self.throughput_tokens_per_s(node, k) for k in range(1, kmax + 1))
+
+    # --- inside a pipeline (module docstring) -----------------------------------------------------
+    def stage_step_s(self, node: NodeSpec, num_layers: int, decode_seqs: float,
+                     extra_prompt_tokens: float = 0.0) -> float:
+        """One step of a stage of ``num_layers`` layers with ``decode_seqs`` decodes and the
+        prefill that joins them (``decode_seqs x p / o`` tokens), plus ``extra_prompt_tokens``."""
+        p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
+        prompt = decode_seqs * p / o + extra_prompt_tokens
+        return num_layers * self.layer_time_s(node, prompt, decode_seqs, p + o / 2, p / 2)
+
+    def resident_requests(self, node: NodeSpec, num_layers: int, first: bool = False,
+                          last: bool = False) -> float:
+        """M: requests the coordinator lets the node hold (it reserves prompt + expected output on
+        every layer, up to ``kv_high_water`` of the KV capacity)."""
+        w = self.workload
+        per_request = (w.resident_prompt_tokens or w.mean_prompt_tokens) + round(w.mean_output_tokens)
+        return self.serving.kv_high_water * \
+            self.kv_capacity_tokens(node, num_layers, first, last) / per_request
+
+    def pipeline_capacity_tokens_per_s(self, node: NodeSpec, num_layers: int,
+                                       stay_s: float) -> float:
+        """Tokens/s (prompt + decode) the node delivers holding ``num_layers`` layers when each
+        request stays ``stay_s`` in its pipeline: ``min(T(k), M(k) (p + o) / stay)``."""
+        w = self.workload
+        little = self.resident_requests(node, num_layers) * \
+            (w.mean_prompt_tokens + w.mean_output_tokens) / stay_s
+        return min(self.throughput_tokens_per_s(node, num_layers), little)
 
     def decode_layer_latency_s(self, node: NodeSpec, num_layers: int) -> float:
         """Per-layer share of one step at the operating point: a token's time per layer."""

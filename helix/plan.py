@@ -47,6 +47,27 @@ class ArcFlow:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """What users get from a plan, predicted analytically (:mod:`helix.prediction`)."""
+
+    prompt_decode_tokens_per_s: float
+    """Offline (saturated): prompt + decode tokens/s, the unit of the max flow."""
+    decode_tokens_per_s: float
+    """Offline: generated tokens/s."""
+    requests_per_s: float
+    pipelines: int
+    """Distinct pipelines (source-to-sink paths) the plan's flows create."""
+    requests_in_flight: float
+    """Offline: requests holding KV at once, all pipelines together."""
+    online_load: float
+    """The fraction of ``requests_per_s`` at which the latencies below hold (Poisson arrivals)."""
+    ttft_p50_s: float | None
+    """Online: median time to first token."""
+    tpot_p50_s: float | None
+    """Online: median time per output token after the first."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A placement of a model's layers on a cluster, with its max-flow solution."""
 
@@ -68,6 +89,9 @@ class Plan:
     serving: ServingLimits | None = None
     """What ``helix serve`` runs every worker with: the spec's serving limits, dtype and each node's
     KV pool (None in a plan made without a spec, which ``helix serve`` refuses)."""
+    prediction: Prediction | None = field(default=None, compare=False)
+    """What users get (:mod:`helix.prediction`): throughput at saturation, latencies at 75 % of
+    it; None when not made (plans made outside ``planner.predicted``)."""
     extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Informational figures (depth, latency estimate, ...) kept in the file as written."""
     schema_version: int = PLAN_SCHEMA_VERSION
@@ -92,6 +116,7 @@ class Plan:
         d["placements"] = [dataclasses.asdict(p) for p in self.placements]
         d["arc_flows"] = [dataclasses.asdict(a) for a in self.arc_flows]
         d["serving"] = None if self.serving is None else self.serving.to_dict()
+        d["prediction"] = None if self.prediction is None else dataclasses.asdict(self.prediction)
         d["gap"] = self.gap
         return d
 
@@ -105,6 +130,8 @@ class Plan:
             kwargs = {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
             kwargs["placements"] = tuple(NodePlacement(**p) for p in d["placements"])
             kwargs["arc_flows"] = tuple(ArcFlow(**a) for a in d["arc_flows"])
+            if d.get("prediction") is not None:
+                kwargs["prediction"] = Prediction(**d["prediction"])
             if d.get("serving") is not None:
                 kwargs["serving"] = ServingLimits.from_dict(d["serving"], where)
             return cls(**kwargs)

@@ -183,6 +183,11 @@ class WorkloadSpec(_Frozen):
 
     mean_prompt_tokens: float = Field(763.0, gt=0)
     mean_output_tokens: float = Field(232.0, gt=0)
+    resident_prompt_tokens: float | None = Field(None, gt=0)
+    """Mean prompt of the requests *in flight*: longer outputs stay longer, so when prompt and
+    output lengths are correlated this is E[prompt x output] / E[output], not the mean prompt
+    (Azure conversation trace, filtered: 924 vs 763). It sizes how many requests a node's KV
+    holds (:mod:`helix.prediction`). None: the mean prompt (lengths independent)."""
 
 
 class PerformanceSpec(_Frozen):

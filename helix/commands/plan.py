@@ -47,7 +47,8 @@ def plan_command(
 
     from helix.models import resolve_model
     from helix.spec import load_cluster
-    from planner import METHODS, solve
+    from planner import METHODS
+    from planner import predicted
     from planner.build import build_problem, with_serving
     from planner.solve import check_options
 
@@ -59,6 +60,9 @@ def plan_command(
     spec = load_cluster(cluster)
     chosen = resolve_model(model, base_dir=cluster.parent) if model else None
     problem = build_problem(spec, chosen)
+
+    def solve(problem, method, **kw):   # the planner, optimizing what users get (planner.predicted)
+        return predicted.plan(spec, method, model=chosen, problem=problem, **kw)
     kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
                   seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
     console = Console(stderr=as_json)
@@ -70,7 +74,8 @@ def plan_command(
         if as_json:
             print(json.dumps([p.to_dict() if p else None for p in plans], indent=1))
         else:
-            console.print(_compare_table(problem, METHODS, plans))
+            # Ten columns: wider than 80 characters rather than cut.
+            Console(width=max(console.width, 110)).print(_compare_table(problem, METHODS, plans))
         return
     plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
     if output is not None:
@@ -190,32 +195,58 @@ def _bound_label(plan) -> str:
     return "proven" if scope is None else f"proven only for {scope}"
 
 
+def _prediction_lines(plan) -> list[str]:
+    """What users get (helix.prediction), beside the max flow of the inner model."""
+    pr = plan.prediction
+    if pr is None:
+        return []
+    ttft = "-" if pr.ttft_p50_s is None else f"{pr.ttft_p50_s:.2f} s"
+    tpot = "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s * 1e3:.0f} ms"
+    return [f"predicted  {pr.prompt_decode_tokens_per_s:,.1f} tokens/s prompt + decode, "
+            f"{pr.decode_tokens_per_s:,.1f} decode tokens/s at saturation "
+            f"({pr.requests_in_flight:.0f} requests in flight, {pr.pipelines} pipelines)",
+            f"           at {pr.online_load:.0%} of that (Poisson): TTFT p50 {ttft}, "
+            f"time per output token p50 {tpot}"]
+
+
 def _summary(plan) -> str:
     e = plan.extras
     bound = plan.upper_bound_tokens_per_s
-    lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s",
+    lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s "
+             f"(node capacities: {e.get('capacities', 'T(k)')})",
              f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s ({_bound_label(plan)})"
              f"   gap {_fmt_gap(plan)}",
              f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean;  latency "
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms mean per pass",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
-             f"{plan.solve_seconds:.1f} s, found by {e.get('found_by')}"]
+             f"{plan.solve_seconds:.1f} s, found by {e.get('found_by')}",
+             *_prediction_lines(plan)]
     return "\n".join(lines)
 
 
 def _compare_table(problem, methods, plans):
     from rich.table import Table
     scopes = {p.extras["bound_scope"] for p in plans if p and p.extras.get("bound_scope")}
-    t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method",
+    t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method (predicted, "
+              "decode: tokens/s at saturation; TTFT, TPOT: p50 s at 75 % of it)",
               caption="".join(f"* bound only for {s}" for s in sorted(scopes)) or None)
-    for col in ("method", "max flow", "bound", "gap", "depth", "seconds"):
+    # predicted: prompt + decode tokens/s at saturation, decode: its decode part; TTFT and TPOT:
+    # p50 seconds at 75 % of it (helix.prediction); max flow and bound: the inner flow model.
+    cols = ("method", "predicted", "decode", "TTFT", "TPOT", "max flow", "bound", "gap", "s")
+    for col in cols:
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, p in zip(methods, plans):
         if p is None:
-            t.add_row(m, "infeasible", "-", "-", "-", "-")
+            t.add_row(m, "infeasible", *["-"] * (len(cols) - 2))
             continue
         bound = p.upper_bound_tokens_per_s
         mark = "*" if p.extras.get("bound_scope") else ""
-        t.add_row(m, f"{p.max_flow_tokens_per_s:,.1f}", "-" if bound is None else f"{bound:,.1f}{mark}",
-                  _fmt_gap(p), str(p.extras.get("depth_max")), f"{p.solve_seconds:.1f}")
+        pr = p.prediction
+        predicted = ["-"] * 4 if pr is None else [
+            f"{pr.prompt_decode_tokens_per_s:.0f}", f"{pr.decode_tokens_per_s:.0f}",
+            "-" if pr.ttft_p50_s is None else f"{pr.ttft_p50_s:.2f}",
+            "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s:.3f}"]
+        t.add_row(m, *predicted, f"{p.max_flow_tokens_per_s:.0f}",
+                  "-" if bound is None else f"{bound:.0f}{mark}", _fmt_gap(p),
+                  f"{p.solve_seconds:.1f}")
     return t

@@ -1,0 +1,192 @@
+"""What a plan delivers to users: throughput at saturation and latencies at 75 % of it, analytically.
+
+The cost model's T(k) is what a node delivers when every request its KV holds is in every step
+(:mod:`helix.costmodel`). Inside a pipeline of S stages that is not so; this module predicts from
+the plan's pipelines (:func:`helix.pipelines.enumerate_pipelines`) what the simulator and the live
+system measure. The derivation (operating points per node, round trips per pipeline, Little's law)
+is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this module computes it:
+
+1. start with one decode per step everywhere;
+2. step time of every node at its batch (:meth:`CostModel.stage_step_s`), with the wait behind the
+   step in progress; round trip R and first-token time F of every pipeline; a request's stay
+   ``T = F + (o - 1) R``;
+3. requests in flight per pipeline by progressive filling: every pipeline grows in proportion to
+   its share of requests times its stay (the scheduler sends it that share of the arrivals), until
+   a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines through that node
+   stop growing, the others go on;
+4. per node the decode batch = decode tokens/s through it / steps per s (each pipeline's decodes
+   travel in :data:`DECODE_WAVES` waves, one step per wave per round trip); back to 2 until the
+   batches settle (damped; at most :data:`MAX_ITERATIONS`).
+
+Offline: saturation (the KV fills). Online: requests at ``load`` x the predicted request rate,
+Poisson; each pipeline gets that fraction of its saturated rate; TTFT and time per output token
+p50 are the medians over requests of F (plus the wait at the first stage) and R.
+
+Pure and fast (milliseconds to a second for 40 nodes): no simulation, numbers only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from helix.costmodel import CostModel
+from helix.pipelines import PlanPipeline, enumerate_pipelines
+from helix.plan import COORDINATOR, Plan, Prediction
+from helix.spec import ClusterSpec
+
+#: A pipeline's decodes travel around it in about this many waves (see helix.costmodel: measured
+#: in the simulator on single24, 2.1-2.5 on 10- and 12-stage T4 chains; an approximation).
+DECODE_WAVES = 2.0
+
+#: Fraction of the predicted saturated request rate at which latencies are predicted.
+ONLINE_LOAD = 0.75
+
+MAX_ITERATIONS = 60
+
+
+@dataclass(frozen=True)
+class PipelineState:
+    """One pipeline at the model's fixed point (offline)."""
+
+    pipeline: PlanPipeline
+    requests_in_flight: float
+    requests_per_s: float
+    round_trip_s: float
+    """Decode round trip R: one token through every stage, the links and the coordinator."""
+    first_token_s: float
+    """F: the prompt through every stage (plus the links), until the first token is back."""
+
+
+class _Model:
+    """The arrays of one plan: pipelines x nodes incidence, per-node figures, per-path links."""
+
+    def __init__(self, spec: ClusterSpec, plan: Plan, cost: CostModel):
+        self.cost = cost
+        w = cost.workload
+        self.p, self.o = w.mean_prompt_tokens, w.mean_output_tokens
+        self.paths = enumerate_pipelines(plan)
+        placed = {q.node: q for q in plan.placements if q.num_layers > 0}
+        used = sorted({s.node for q in self.paths for s in q.stages})
+        self.nodes = used
+        self.spec_nodes = [spec.node(n) for n in used]
+        self.layers = np.array([placed[n].num_layers for n in used], float)
+        L = plan.num_layers
+        self.kv_requests = np.array([cost.resident_requests(
+            spec.node(n), placed[n].num_layers, placed[n].start == 0, placed[n].end == L)
+            for n in used])
+        self.compute_tokens_per_s = np.array(
+            [cost.throughput_tokens_per_s(spec.node(n), placed[n].num_layers) for n in used], float)
+        index = {n: i for i, n in enumerate(used)}
+        self.incidence = np.zeros((len(self.paths), len(used)))
+        for i, q in enumerate(self.paths):
+            for s in q.stages:
+                self.incidence[i, index[s.node]] = 1.0
+        self.share = np.array([q.share for q in self.paths])
+        hidden = cost.model.activation_bytes_per_token(cost.dtype_bytes)
+        token = 2 if cost.model.vocab_size <= 2 ** 16 else 4
+        # Per path: link latencies, and seconds per token carried over all its hops.
+        self.link_latency = np.zeros(len(self.paths))
+        self.link_s_per_token = np.zeros(len(self.paths))
+        for i, q in enumerate(self.paths):
+            hops = [COORDINATOR, *q.nodes, COORDINATOR]
+            for a, b in zip(hops, hops[1:]):
+                link = spec.link(a, b)
+                per_token = token if COORDINATOR in (a, b) else hidden
+                self.link_latency[i] += link.latency_s
+                self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
+
+    def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(decode step, step carrying one more prompt) of every node at its decode batch."""
+        cost, p = self.cost, self.p
+        decode = np.array([cost.stage_step_s(n, int(k), d)
+                           for n, k, d in zip(self.spec_nodes, self.layers, batch)])
+        prompt = np.array([cost.stage_step_s(n, int(k), d, extra_prompt_tokens=p)
+                           for n, k, d in zip(self.spec_nodes, self.layers, batch)])
+        return decode, prompt
+
+    def solve(self, in_flight_of) -> tuple[np.ndarray, ...]:
+        """Iterate to the fixed point; ``in_flight_of(stay_s)`` gives requests per pipeline."""
+        o = self.o
+        batch = np.ones(len(self.nodes))
+        busy = np.zeros(len(self.nodes))
+        for _ in range(MAX_ITERATIONS):
+            step, prompt_step = self.step_times(batch)
+            visit = step * (1.0 + 0.5 * busy)   # its own step, and half the one in progress
+            R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min()
+            F = self.incidence @ (prompt_step + 0.5 * busy * step) + self.link_latency \
+                + self.link_s_per_token * self.p
+            stay = F + (o - 1.0) * R
+            N = in_flight_of(stay)
+            rate = N / stay                               # requests/s per pipeline
+            decode_rate = self.incidence.T @ (rate * o)   # decode tokens/s per node
+            waves = self.incidence.T @ np.where(N > 0, DECODE_WAVES / R, 0.0)   # steps/s
+            new = np.clip(np.divide(decode_rate, waves, out=np.ones_like(waves), where=waves > 0),
+                          1.0, self.cost.serving.max_batch_seqs)
+            busy = np.minimum(0.95, np.divide(decode_rate * step, new,
+                                              out=np.zeros_like(new), where=new > 0))
+            done = np.allclose(new, batch, rtol=1e-3)
+            batch = 0.5 * batch + 0.5 * new
+            if done:
+                break
+        return N, rate, R, F, batch, busy
+
+    def fill(self, stay: np.ndarray) -> np.ndarray:
+        """Requests in flight per pipeline at saturation (progressive filling, see the module)."""
+        A, n = self.incidence, len(self.paths)
+        grow = self.share * stay
+        caps = [(A.T, self.kv_requests)]
+        tokens = A.T * ((self.p + self.o) / stay)    # tokens/s per node per request in flight
+        caps.append((tokens, self.compute_tokens_per_s))
+        N = np.zeros(n)
+        live = grow > 0
+        for _ in range(2 * len(self.nodes) + 1):
+            if not live.any():
+                break
+            step = math.inf
+            for coef, cap in caps:
+                used, rise = coef @ N, coef @ np.where(live, grow, 0.0)
+                ok = rise > 0
+                if ok.any():
+                    step = min(step, float(np.min(np.maximum(cap[ok] - used[ok], 0) / rise[ok])))
+            if not math.isfinite(step):
+                break
+            N = N + np.where(live, grow * step, 0.0)
+            for coef, cap in caps:
+                full = coef @ N >= cap * (1 - 1e-9)
+                if full.any():
+                    live &= ~(coef[full].sum(axis=0) > 0)
+        return N
+
+
+def _median(values: np.ndarray, weights: np.ndarray) -> float | None:
+    if weights.sum() <= 0:
+        return None
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order]) / weights.sum()
+    return float(values[order][np.searchsorted(cum, 0.5)])
+
+
+def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
+            load: float = ONLINE_LOAD) -> tuple[Prediction, tuple[PipelineState, ...]]:
+    """The plan's predicted offline throughput and online latencies at ``load``, and the state of
+    every pipeline at saturation. ``cost`` (default: the spec's) says which model the plan places."""
+    cost = cost or CostModel.for_cluster(spec)
+    m = _Model(spec, plan, cost)
+    if not m.paths:
+        return Prediction(0.0, 0.0, 0.0, 0, 0.0, load, None, None), ()
+    N, rate, R, F, batch, _ = m.solve(m.fill)
+    states = tuple(PipelineState(q, float(n), float(r), float(rt), float(f))
+                   for q, n, r, rt, f in zip(m.paths, N, rate, R, F))
+    target = load * rate
+    n_on, rate_on, R_on, F_on, _, busy = m.solve(lambda stay: target * stay)
+    first = np.array([m.nodes.index(q.stages[0].node) for q in m.paths])
+    step, _ = m.step_times(np.ones(len(m.nodes)))
+    ttft = F_on + 0.5 * busy[first] * step[first]
+    total = float(rate.sum())
+    return Prediction(
+        prompt_decode_tokens_per_s=total * (m.p + m.o), decode_tokens_per_s=total * m.o,
+        requests_per_s=total, pipelines=len(m.paths), requests_in_flight=float(N.sum()),
+        online_load=load, ttft_p50_s=_median(ttft, rate_on), tpot_p50_s=_median(R_on, rate_on)), states

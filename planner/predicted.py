@@ -1,0 +1,116 @@
+"""``plan(spec, method) -> Plan`` that maximizes what users get: the planner wrapped in an outer loop.
+
+The flow graph needs node capacities that are linear in the placement; what a node delivers inside
+a pipeline depends on the pipelines (``helix.costmodel``, *Inside a pipeline*). So, from outside
+``planner.solve``:
+
+1. solve with T(k) (a node batching every request its KV holds);
+2. predict the plan (``helix.prediction``): how long a request stays in each pipeline;
+3. give every node the capacity Little's law allows with that stay,
+   ``min(T(k), M(k) (p + o) / stay)`` for every k (its pipelines' mean stay, weighted by requests;
+   the plan's mean for a node left out), and solve again;
+4. repeat until a placement comes back (a fixed point, or a cycle) or ``iterations`` solves ran.
+
+Heuristic methods and specs with explicit T(k) tables (reference inputs) solve once, with T(k).
+
+The plan returned is the one with the highest predicted prompt + decode tokens/s; its max flow,
+bound, gap and status describe the inner problem it was solved on (``extras['capacities']`` says
+which), and ``prediction`` is the outer figure. Each solve gets an equal share of the time limit.
+Deterministic when the solves are (the loop itself has no randomness and a fixed order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from helix.costmodel import CostModel
+from helix.models import ModelSpec
+from helix.plan import Plan
+from helix.prediction import PipelineState, predict
+from helix.spec import ClusterSpec
+from planner.build import build_problem
+from planner.problem import PlacementProblem
+from planner.search.baselines import HEURISTICS
+from planner.solve import solve
+
+log = logging.getLogger("helix.planner")
+
+#: Solves at most (the first with T(k), the others with pipeline capacities).
+ITERATIONS = 3
+
+
+def node_stays(states: tuple[PipelineState, ...]) -> tuple[dict[str, float], float]:
+    """Per node, the mean stay of requests through it (weighted by requests/s); and the mean
+    over all pipelines, for nodes no pipeline uses."""
+    weight: dict[str, float] = {}
+    total: dict[str, float] = {}
+    all_w = all_t = 0.0
+    for s in states:
+        if s.requests_per_s <= 0:
+            continue
+        stay = s.requests_in_flight / s.requests_per_s
+        all_w += s.requests_per_s
+        all_t += s.requests_per_s * stay
+        for n in s.pipeline.nodes:
+            weight[n] = weight.get(n, 0.0) + s.requests_per_s
+            total[n] = total.get(n, 0.0) + s.requests_per_s * stay
+    mean = all_t / all_w if all_w > 0 else 0.0
+    return {n: total[n] / weight[n] for n in weight}, mean
+
+
+def pipeline_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostModel,
+                     states: tuple[PipelineState, ...]) -> PlacementProblem | None:
+    """``problem`` with every node's T(k) replaced by its pipeline capacity (module docstring);
+    None when the states give no stay to use."""
+    stays, mean = node_stays(states)
+    if mean <= 0:
+        return None
+    nodes = []
+    for n in problem.nodes:
+        stay = stays.get(n.name, mean)
+        node = spec.node(n.name)
+        table = tuple(cost.pipeline_capacity_tokens_per_s(node, k, stay)
+                      for k in range(1, len(n.throughput_tokens_per_s) + 1))
+        nodes.append(dataclasses.replace(n, throughput_tokens_per_s=table))
+    return dataclasses.replace(problem, nodes=tuple(nodes))
+
+
+def _key(plan: Plan) -> tuple:
+    return tuple((p.node, p.start, p.end) for p in plan.placements)
+
+
+def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = None,
+         problem: PlacementProblem | None = None, time_limit_s: float = 60.0,
+         iterations: int = ITERATIONS, **solve_kwargs) -> Plan:
+    """The placement of ``spec``'s model (or ``model``) with the highest predicted throughput
+    (module docstring). ``problem``: ``build_problem(spec, model)`` when already built;
+    ``solve_kwargs`` go to :func:`planner.solve.solve`."""
+    cost = CostModel.for_cluster(spec, model)
+    problem = problem or build_problem(spec, model)
+    # Explicit T(k) tables (reference inputs) are taken as given: one solve, as before.
+    rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, iterations)
+    share = time_limit_s / rounds
+    best: Plan | None = None
+    seen: set[tuple] = set()
+    inner = problem
+    history = []
+    for i in range(rounds):
+        found = solve(inner, method, time_limit_s=share, **solve_kwargs)
+        prediction, states = predict(spec, found, cost)
+        found = dataclasses.replace(found, prediction=prediction, extras={
+            **found.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
+        history.append(round(prediction.prompt_decode_tokens_per_s, 1))
+        if best is None or prediction.prompt_decode_tokens_per_s > \
+                best.prediction.prompt_decode_tokens_per_s:  # type: ignore[union-attr]
+            best = found
+        key = _key(found)
+        if key in seen:
+            break
+        seen.add(key)
+        nxt = pipeline_problem(problem, spec, cost, states)
+        if nxt is None:
+            break
+        inner = nxt
+    assert best is not None
+    return dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})

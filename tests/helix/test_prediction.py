@@ -1,0 +1,105 @@
+"""The pipeline-aware prediction (helix.prediction): a hand-computed 2-stage pipeline, the pipeline
+enumeration, the planner's outer loop (terminates, deterministic) and the prediction in plan files."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helix.cli import main
+from helix.costmodel import CostModel
+from helix.pipelines import enumerate_pipelines
+from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.prediction import DECODE_WAVES, predict
+from helix.spec import ClusterSpec
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
+
+
+def two_stage_spec() -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "model": "llama-2-7b", "dtype": "float16",
+        "workload": {"mean_prompt_tokens": 400, "mean_output_tokens": 100},
+        "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        "nodes": [{"name": "a", "gpu": "L4"}, {"name": "b", "gpu": "L4"}]})
+
+
+def two_stage_plan() -> Plan:
+    return Plan(model="llama-2-7b", num_layers=32,
+                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32)),
+                arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 1.0),
+                           ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
+
+
+def test_two_stage_pipeline_by_hand():
+    """Offline: the KV of the tighter stage sets N; R, F and the batch D satisfy the fixed point
+    written out here from the docstring's formulas."""
+    spec, plan = two_stage_spec(), two_stage_plan()
+    cost = CostModel.for_cluster(spec)
+    pred, (state,) = predict(spec, plan, cost)
+    p, o = 400.0, 100.0
+    a, b = spec.node("a"), spec.node("b")
+    # KV: 0.9 x capacity / (p + o) requests on each stage; a holds the embedding, b the LM head.
+    m = min(0.9 * cost.kv_capacity_tokens(a, 16, first=True) / 500,
+            0.9 * cost.kv_capacity_tokens(b, 16, last=True) / 500)
+    assert state.requests_in_flight == pytest.approx(m, rel=1e-6)
+    # At the fixed point: D = decode tokens/s / (W / R) on both stages (same pipeline, same rate).
+    rate = state.requests_per_s
+    D = rate * o * state.round_trip_s / DECODE_WAVES
+    t = [cost.stage_step_s(n, 16, D) for n in (a, b)]
+    busy = [rate * o * ti / D for ti in t]
+    link = spec.link("coordinator", "a").latency_s * 3   # coordinator -> a -> b -> coordinator
+    R = sum(ti * (1 + u / 2) for ti, u in zip(t, busy)) + link
+    assert state.round_trip_s == pytest.approx(R, rel=0.02)
+    F = sum(cost.stage_step_s(n, 16, D, extra_prompt_tokens=p) + u / 2 * ti
+            for n, ti, u in zip((a, b), t, busy)) + link
+    assert state.first_token_s == pytest.approx(F, rel=0.02)
+    # Little's law.
+    assert rate == pytest.approx(m / (F + (o - 1) * R), rel=0.02)
+    assert pred.decode_tokens_per_s == pytest.approx(rate * o, rel=1e-9)
+    assert pred.prompt_decode_tokens_per_s == pytest.approx(rate * (p + o), rel=1e-9)
+    # The old T(k) says each node serves far more: it batches every KV-resident request each step.
+    assert cost.throughput_tokens_per_s(a, 16) > 1.5 * pred.prompt_decode_tokens_per_s
+    # Online at 75 %: latencies exist, and a token's time is at least the two decode steps.
+    assert pred.tpot_p50_s >= sum(cost.stage_step_s(n, 16, 1) for n in (a, b))
+    assert pred.ttft_p50_s > pred.tpot_p50_s
+
+
+def test_pipeline_shares_follow_the_flow_splits():
+    plan = Plan(model="m", num_layers=4,
+                placements=(NodePlacement("x", 0, 2), NodePlacement("y", 2, 4),
+                            NodePlacement("z", 1, 4)),
+                arc_flows=(ArcFlow("coordinator", "x", 4.0), ArcFlow("x", "y", 3.0),
+                           ArcFlow("x", "z", 1.0), ArcFlow("y", "coordinator", 3.0),
+                           ArcFlow("z", "coordinator", 1.0)), max_flow_tokens_per_s=4.0)
+    paths = enumerate_pipelines(plan)
+    assert [(p.nodes, round(p.share, 6)) for p in paths] == [(("x", "y"), 0.75), (("x", "z"), 0.25)]
+    # Partial inference: z starts inside its range, where x stopped.
+    assert paths[1].stages[1].start == 2 and paths[1].stages[1].end == 4
+
+
+def test_outer_loop_terminates_and_is_deterministic():
+    from helix.spec import load_cluster
+    from planner.predicted import ITERATIONS, plan
+    spec = load_cluster(LOCAL3)
+    first = plan(spec, "milp", time_limit_s=6, threads=1)
+    again = plan(spec, "milp", time_limit_s=6, threads=1)
+    assert 1 <= len(first.extras["predicted_by_round"]) <= ITERATIONS
+    assert first.placements == again.placements
+    assert first.prediction == again.prediction
+    assert first.prediction.prompt_decode_tokens_per_s == max(first.extras["predicted_by_round"]) \
+        or first.prediction.prompt_decode_tokens_per_s == pytest.approx(
+            max(first.extras["predicted_by_round"]), abs=0.1)
+
+
+def test_prediction_in_plan_json_and_yaml(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", LOCAL3, "-o", str(out), "--json", "--threads", "1",
+                 "--time-limit", "6"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    pred = data["prediction"]
+    assert pred["prompt_decode_tokens_per_s"] > 0 and pred["decode_tokens_per_s"] > 0
+    assert pred["ttft_p50_s"] > 0 and pred["tpot_p50_s"] > 0 and pred["online_load"] == 0.75
+    assert Plan.load(out).prediction.prompt_decode_tokens_per_s == \
+        pytest.approx(pred["prompt_decode_tokens_per_s"])
