@@ -72,6 +72,20 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
         8 * profile.layer_time_s(0, 2, 50, 0) + fixed)
 
 
+def test_a_checkpoint_folder_is_profiled_from_its_config(tmp_path, capsys):
+    ckpt = tmp_path / "my-llama"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 3, "hidden_size": 32,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+        "vocab_size": 100, "max_position_embeddings": 128}))
+    assert main(["profile", str(ckpt), "--quick", "--threads", "1", "--layers", "1",
+                 "-o", str(tmp_path / "p")]) == 0
+    meta = yaml.safe_load((tmp_path / "p" / "profile.yaml").read_text())
+    assert meta["model"]["name"] == "my-llama" and meta["model"]["hidden_size"] == 32
+    assert len(load_profile(tmp_path / "p", "CPU").decode.rows()) == 4
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seqs", "1,x"], "--seqs '1,x': expected positive integers"),
     (["--dtype", "int8"], "--dtype 'int8': known: auto, float16"),

@@ -104,6 +104,16 @@ def test_a_plan_without_serving_limits_or_overriding_them_is_refused(tiny_model)
         Coordinator(branching_plan(), str(ckpt), RuntimeConfig(engine={"num_kv_blocks": 8}))
 
 
+def test_helix_serve_refuses_a_plan_without_serving_limits_in_one_line(tiny_model, tmp_path, capsys):
+    from helix.cli import main
+    ckpt, _ = tiny_model
+    old = tmp_path / "old-plan.yaml"
+    dataclasses.replace(branching_plan(), serving=None).save(old)
+    assert main(["serve", str(old), "--model", str(ckpt)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no serving section" in err[0] and "helix plan" in err[0]
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_ray_workers_of_a_planned_cluster_run_with_its_serving_limits(tiny_model, local3_plan):
