@@ -158,12 +158,22 @@ def _label(dev: str) -> str:
     """The spec label this device most likely has (``CPU``, a catalog GPU), else ``LABEL``."""
     if dev == "cpu":
         return "CPU"
-    from helix.hardware import lookup_gpu
-    for word in _device_name(dev).replace("-", " ").split():
-        kind = lookup_gpu(word)
-        if kind is not None:
-            return kind.name
-    return "LABEL"
+    import torch
+    return gpu_label(_device_name(dev), torch.cuda.get_device_properties(torch.device(dev)).total_memory)
+
+
+def gpu_label(device_name: str, memory_bytes: float) -> str:
+    """The catalog GPU whose name is in ``device_name`` (``NVIDIA A100-SXM4-80GB`` -> A100-*),
+    the one whose memory is closest when several are; ``LABEL`` when none is."""
+    from helix.hardware import GPU_CATALOG
+    squashed = device_name.lower().replace(" ", "").replace("-", "")
+    kinds = [k for k in GPU_CATALOG.values()
+             if k.name != "CPU" and k.name.split("-")[0].lower() in squashed]
+    if not kinds:
+        return "LABEL"
+    longest = max(len(k.name.split("-")[0]) for k in kinds)   # A100 over A10G's prefix, ...
+    kinds = [k for k in kinds if len(k.name.split("-")[0]) == longest]
+    return min(kinds, key=lambda k: abs(k.vram_bytes - memory_bytes)).name
 
 
 def _metadata(spec, dev, dtype, grid, seconds) -> dict:

@@ -86,6 +86,17 @@ def test_a_checkpoint_folder_is_profiled_from_its_config(tmp_path, capsys):
     assert len(load_profile(tmp_path / "p", "CPU").decode.rows()) == 4
 
 
+@pytest.mark.parametrize("name, gib, label", [
+    ("NVIDIA A100-SXM4-80GB", 79.3, "A100-80G"), ("NVIDIA A100-PCIE-40GB", 39.4, "A100-40G"),
+    ("NVIDIA H100 80GB HBM3", 79.1, "H100-80G"), ("NVIDIA L4", 22.0, "L4"), ("Tesla T4", 14.7, "T4"),
+    ("Tesla V100-SXM2-32GB", 31.7, "V100-32G"), ("NVIDIA GeForce RTX 4090", 23.6, "RTX4090"),
+    ("NVIDIA A10G", 22.0, "A10G"), ("Some Future GPU", 100.0, "LABEL"),
+])
+def test_the_suggested_label_names_the_catalog_gpu(name, gib, label):
+    from helix.commands.profile import gpu_label
+    assert gpu_label(name, gib * 2**30) == label
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seqs", "1,x"], "--seqs '1,x': expected positive integers"),
     (["--dtype", "int8"], "--dtype 'int8': known: auto, float16"),
