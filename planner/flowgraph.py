@@ -45,52 +45,65 @@ def arc_valid(end_i: int, start_j: int, end_j: int, partial_inference: bool) -> 
 
 def build_graph(problem: PlacementProblem, placement: Placement,
                 partial_inference: bool = True) -> nx.DiGraph:
-    """The flow graph (capacities in tokens/s) of ``placement`` on ``problem``'s cluster."""
-    g = nx.DiGraph()
-    g.add_node(SOURCE)
-    g.add_node(SINK)
+    """The flow graph (capacities in tokens/s) of ``placement`` on ``problem``'s cluster, its
+    vertices named ``SOURCE``, ``SINK``, ``(node, "in")`` and ``(node, "out")``."""
+    g, names = _int_graph(problem, placement, partial_inference)
+    return nx.relabel_nodes(g, dict(enumerate(names)), copy=True)
+
+
+def _int_graph(problem: PlacementProblem, placement: Placement,
+               partial_inference: bool) -> tuple[nx.DiGraph, list[tuple]]:
+    """The flow graph on integer vertices, and each vertex's name by number: 0 is ``SOURCE``, 1
+    ``SINK``, then ``(node, "in")``, ``(node, "out")`` for each node in ``placement``'s order.
+
+    preflow-push keeps vertices in sets; with the names as vertices their order (and so which of
+    several equal-value flows comes out) would change with PYTHONHASHSEED. Integers, numbered in
+    insertion order, make the arc flows the same in every process; the graph is built on them
+    directly because relabelling a copy costs as much again as building it."""
+    names: list[tuple] = [SOURCE, SINK]
+    arcs: list[tuple[int, int, float]] = []   # (u, v, capacity tokens/s), in a fixed order
     L = problem.num_layers
+    link = problem.link
     for name, (start, end) in placement.items():
-        cap = problem.node(name).throughput(end - start)
-        g.add_edge((name, "in"), (name, "out"), capacity=cap)
+        v_in = len(names)
+        names += ((name, "in"), (name, "out"))
+        arcs.append((v_in, v_in + 1, problem.node(name).throughput(end - start)))
         if start == 0:
-            _add_link(g, problem, COORDINATOR, name, SOURCE, (name, "in"))
+            _add_link(arcs, link(COORDINATOR, name), 0, v_in)
         if end == L:
-            _add_link(g, problem, name, COORDINATOR, (name, "out"), SINK)
-    for i, (_, end_i) in placement.items():
+            _add_link(arcs, link(name, COORDINATOR), v_in + 1, 1)
+    ins = range(2, len(names), 2)   # (node, "in") of placement's nodes, in order
+    for (i, (_, end_i)), i_in in zip(placement.items(), ins):
         if end_i >= L:
             continue
-        for j, (start_j, end_j) in placement.items():
+        for (j, (start_j, end_j)), j_in in zip(placement.items(), ins):
             if i != j and arc_valid(end_i, start_j, end_j, partial_inference):
-                _add_link(g, problem, i, j, (i, "out"), (j, "in"))
-    return g
+                _add_link(arcs, link(i, j), i_in + 1, j_in)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(names)))
+    g.add_weighted_edges_from(arcs, weight="capacity")
+    return g, names
 
 
-def _add_link(g: nx.DiGraph, problem: PlacementProblem, src: str, dst: str, u, v) -> None:
-    link = problem.link(src, dst)
+def _add_link(arcs: list[tuple[int, int, float]], link, u: int, v: int) -> None:
     if link is not None and link.capacity_tokens_per_s > 0:
-        g.add_edge(u, v, capacity=link.capacity_tokens_per_s)
+        arcs.append((u, v, link.capacity_tokens_per_s))
 
 
 def max_flow(problem: PlacementProblem, placement: Placement,
              partial_inference: bool = True) -> FlowResult:
     """Max flow (tokens/s) of ``placement`` with every arc's flow, by networkx preflow-push."""
-    g = build_graph(problem, placement, partial_inference)
-    if not nx.has_path(g, SOURCE, SINK):
+    g, names = _int_graph(problem, placement, partial_inference)
+    if not nx.has_path(g, 0, 1):
         return FlowResult(0.0, {}, {name: 0.0 for name in placement})
-    # preflow-push keeps vertices in sets; with string-keyed vertices their order (and so which of
-    # several equal-value flows comes out) would change with PYTHONHASHSEED. Integer labels, in
-    # the graph's insertion order, make the arc flows the same in every process.
-    keys = list(g.nodes)
-    h = nx.relabel_nodes(g, {v: i for i, v in enumerate(keys)}, copy=True)
-    value, flow = nx.maximum_flow(h, keys.index(SOURCE), keys.index(SINK), flow_func=preflow_push)
+    value, flow = nx.maximum_flow(g, 0, 1, flow_func=preflow_push)
     arcs: dict[tuple[str, str], float] = {}
     nodes: dict[str, float] = {name: 0.0 for name in placement}
     for ui, out in flow.items():
         for vi, f in out.items():
             if f <= 0:
                 continue
-            u, v = keys[ui], keys[vi]
+            u, v = names[ui], names[vi]
             if u[-1] == "in" and v[-1] == "out":
                 nodes[u[0]] = f
                 continue
