@@ -27,6 +27,7 @@ from planner.search import construct, local_search
 from planner.search.bounds import fixed_point_bound, layer_counts
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
+from planner.search.cover import cover_search
 from planner.latency import path_stats
 from planner.milp.linear import LinearModel
 from planner.problem import PlacementProblem
@@ -208,7 +209,7 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
     def bound() -> float:
         return min(bounds.values())
 
-    if best.value > 0 and bound() <= best.value * (1 + gap):
+    if best.value > 0 and bound() <= best.value * (1 + max(gap, 1e-6)):
         return best  # a warm start is already proven within the gap
 
     def report(value: float) -> None:
@@ -216,6 +217,11 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
             progress(time.perf_counter() - t0, value, bound())
 
     report(best.value)
+    best = _cover(problem, adapter, best, bounds, gap, t0 + 0.2 * time_limit_s, time_limit_s,
+                  threads, seed, partial, min_k, extras)
+    report(best.value)
+    if best.value > 0 and bound() <= best.value * (1 + max(gap, 1e-6)):
+        return best
     best = _regional_milp(problem, best, partial, min_k, time_limit_s, threads, seed, gap, t0)
     report(best.value)
     best = _polish(problem, best, partial, t0 + 0.3 * time_limit_s, seed, bound() / (1 + gap), min_k)
@@ -236,6 +242,25 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
                               "(is a region or the coordinator cut off?)")
     return cand
+
+
+def _cover(problem, adapter, best: Candidate, bounds, gap, deadline_s, time_limit_s, threads, seed,
+           partial, min_k, extras) -> Candidate:
+    """Cover bound (``planner.search.cover``) from the incumbent's gap target up; the placements
+    that cover a target are measured and kept when they beat the incumbent."""
+    if best.value <= 0:
+        return best
+    res = cover_search(problem, adapter, best.value * (1 + max(gap, 1e-6)), min(bounds.values()),
+                       deadline_s, step_s=max(0.5, 0.05 * time_limit_s), threads=threads,
+                       seed=seed, min_layers=min_k, optimal_at=best.value * (1 + 1e-7))
+    extras["cover_targets"] = [(round(x, 3), verdict) for x, verdict in res.tried]
+    if res.bound is not None:
+        bounds["cover"] = res.bound
+    for placement in res.placements:
+        cand = _evaluate(problem, placement, "cover", partial)
+        if cand.value > best.value:
+            best = cand
+    return best
 
 
 def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, gap, partial, min_k,
@@ -328,6 +353,8 @@ BOUND_NOTES = {
                   "region), so its bound holds, but its optimum is no placement's flow",
     "class_milp_exact": "dual bound of the class MILP, exact here (one region, no link below the "
                         "bound)",
+    "cover": "no placement gives every layer nodes worth this many tokens/s (each token runs "
+             "each layer on one node; the cover MILP, planner.milp.cover_model, refuted it)",
     "paper_milp": "dual bound of the paper MILP, which models every node, link, source and sink arc",
 }
 
