@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from helix.errors import HelixUserError
 from helix.models import ModelSpec
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
@@ -72,7 +73,7 @@ class ProfileGrid:
         """A useful grid: a few minutes on a CPU for a small model, on a GPU for a large one."""
         if device == "cpu":
             return cls((64, 256, 1024), 2048, (128, 512, 1024), (1, 2, 4, 8, 16, 32, 64))
-        return cls((128, 512, 2048), 8192, (256, 1024, 4096),
+        return cls((128, 512, 2048), 8192, (256, 1024, 2048),
                    (1, 2, 4, 8, 16, 32, 64, 128, 256))
 
     @property
@@ -84,11 +85,12 @@ class ProfileGrid:
         return -(-(self.reps + 1) * sum(self.decode_seqs) // max(self.decode_seqs)) + 1
 
     def fit_to(self, max_positions: int) -> "ProfileGrid":
-        """Drop lengths and contexts the model's position table cannot hold."""
+        """Lengths and contexts cut to what the model's position table holds (decodes advance a
+        few tokens past their context)."""
         room = max_positions - self.decode_advance
-        prompt = tuple(n for n in self.prompt_lengths if n <= max_positions)
-        contexts = tuple(c for c in self.decode_contexts if c <= room)
-        return dataclasses.replace(self, prompt_lengths=prompt, decode_contexts=contexts)
+        prompt = sorted({min(n, max_positions) for n in self.prompt_lengths})
+        contexts = sorted({min(c, room) for c in self.decode_contexts if min(c, room) > 0})
+        return dataclasses.replace(self, prompt_lengths=tuple(prompt), decode_contexts=tuple(contexts))
 
     def prompt_points(self) -> list[tuple[int, int]]:
         """(requests, length) of every prompt point."""
@@ -107,6 +109,47 @@ class ProfileGrid:
     @property
     def num_points(self) -> int:
         return len(self.prompt_points()) + len(self.decode_points())
+
+    @property
+    def max_seqs(self) -> int:
+        """Most requests in one measured step."""
+        return max([*self.decode_seqs, *(n for n, _ in self.prompt_points())], default=1)
+
+    @property
+    def step_tokens(self) -> int:
+        """Most tokens in one measured step."""
+        return max(self.max_prompt_tokens, *self.prompt_lengths, 1)
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks the measured engine needs: the largest prompt step, or the held decodes."""
+        per_seq = blocks_for_tokens(max(self.decode_contexts, default=0) + self.decode_advance,
+                                    _BLOCK_TOKENS)
+        return max(blocks_for_tokens(self.step_tokens, _BLOCK_TOKENS) + self.max_seqs,
+                   per_seq * max(self.decode_seqs, default=0), 1)
+
+    def bytes_needed(self, spec: ModelSpec, dtype_bytes: int, packed_weights: bool) -> float:
+        """Memory the measured engine takes: weights (twice when packed for MKL), the KV pool, and
+        the largest step's activations (a generous ``16 x hidden + 4 x intermediate`` per token)."""
+        weights = spec.layer_bytes(dtype_bytes) * (2 if packed_weights else 1)
+        kv = self.kv_blocks * _BLOCK_TOKENS * spec.kv_bytes_per_token_per_layer(dtype_bytes)
+        acts = self.step_tokens * (16 * spec.hidden_size + 4 * spec.intermediate_size) * 4
+        return self.layers * (weights + kv) + acts
+
+    def fit_memory(self, spec: ModelSpec, dtype_bytes: int, packed_weights: bool,
+                   free_bytes: float) -> "ProfileGrid":
+        """The grid with as many layers (at most ``layers``) as fit in 90 % of ``free_bytes``;
+        HelixUserError when not even one does."""
+        for n in range(self.layers, 0, -1):
+            grid = dataclasses.replace(self, layers=n)
+            if grid.bytes_needed(spec, dtype_bytes, packed_weights) <= 0.9 * free_bytes:
+                return grid
+        one = dataclasses.replace(self, layers=1).bytes_needed(spec, dtype_bytes, packed_weights)
+        raise HelixUserError(f"profiling {spec.name!r} on this grid takes {one / 2**30:.1f} GiB for "
+                             f"one layer (weights, {max(self.decode_seqs, default=0)} sequences' KV "
+                             f"at context {max(self.decode_contexts, default=0)}, activations) but "
+                             f"{free_bytes / 2**30:.1f} GiB are free: lower --seqs, --contexts or "
+                             f"--max-prompt-tokens")
 
 
 @dataclass(frozen=True)
@@ -145,14 +188,8 @@ class _Timer:
 
     def __init__(self, weights: SliceWeights, grid: ProfileGrid, device: torch.device,
                  dtype: str) -> None:
-        max_seqs = max([*grid.decode_seqs, *(n for n, _ in grid.prompt_points())], default=1)
-        tokens = max(grid.max_prompt_tokens, *grid.prompt_lengths, 1)
-        per_seq = blocks_for_tokens(max(grid.decode_contexts, default=0) + grid.decode_advance,
-                                    _BLOCK_TOKENS)
-        blocks = max(blocks_for_tokens(tokens, _BLOCK_TOKENS) + max_seqs,
-                     per_seq * max(grid.decode_seqs, default=0), 1)
-        config = EngineConfig(block_size_tokens=_BLOCK_TOKENS, num_kv_blocks=blocks,
-                              max_num_seqs=max_seqs, max_num_batched_tokens=tokens,
+        config = EngineConfig(block_size_tokens=_BLOCK_TOKENS, num_kv_blocks=grid.kv_blocks,
+                              max_num_seqs=grid.max_seqs, max_num_batched_tokens=grid.step_tokens,
                               chunked_prefill=True, dtype=dtype, device=str(device),
                               pack_cpu_weights=True)
         self.engine = SliceEngine(weights, config)
@@ -239,6 +276,20 @@ def _time(run: Callable[[], tuple[float, float]], reps: int, layers: int) -> tup
     run()
     runs = [run() for _ in range(reps)]
     return min(f for _, f in runs) / layers, max(0.0, min(s - f for s, f in runs))
+
+
+def free_memory_bytes(device: str) -> float | None:
+    """What a profile may take on ``device``: the GPU's free memory, or the machine's available
+    memory (Linux ``MemAvailable``); None when unknown."""
+    if device.startswith("cuda"):
+        return float(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def measure(spec: ModelSpec, grid: ProfileGrid, device: str, dtype: str,

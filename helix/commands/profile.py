@@ -70,7 +70,7 @@ def profile_command(
         raise HelixUserError(f"--dtype {dtype!r}: known: auto, {', '.join(DTYPE_BYTES)}")
     import torch
     torch.set_num_threads(_threads(threads))
-    from worker.profile import ProfileGrid, measure
+    from worker.profile import ProfileGrid, free_memory_bytes, measure
     grid = ProfileGrid.quick() if quick else ProfileGrid.default(dev.split(":")[0])
     overrides = {k: v for k, v in dict(prompt_lengths=_ints(prompt_lengths, "--prompt-lengths"),
                                        max_prompt_tokens=max_prompt_tokens,
@@ -79,9 +79,16 @@ def profile_command(
                                        layers=layers).items() if v is not None}
     grid = dataclasses.replace(grid, **overrides).fit_to(spec.max_position_embeddings)
     if not grid.prompt_points() or not grid.decode_points():
-        raise HelixUserError(f"nothing to measure: model {spec.name!r} has "
-                             f"{spec.max_position_embeddings} positions; choose shorter "
-                             f"--prompt-lengths / --contexts")
+        raise HelixUserError(f"nothing to measure: model {spec.name!r} holds "
+                             f"{spec.max_position_embeddings} positions and the decodes run "
+                             f"{grid.decode_advance} past their context (fewer --reps or --seqs)")
+    free = free_memory_bytes(dev)
+    if free is not None:   # fewer layers rather than running out of memory half-way
+        fitted = grid.fit_memory(spec, DTYPE_BYTES[dtype], dev == "cpu" and dtype == "float32", free)
+        if fitted.layers < grid.layers:
+            typer.echo(f"note: the engine holds {fitted.layers} layer(s), not {grid.layers}: that is "
+                       f"what fits in the {free / 2**30:.1f} GiB free")
+        grid = fitted
     folder = output or Path("profiles") / f"{spec.name}-{dev.replace(':', '')}-{dtype}"
     if folder.exists() and not folder.is_dir():
         raise HelixUserError(f"-o {folder}: exists and is not a folder")

@@ -1,5 +1,6 @@
 """``helix profile``: measures the serving engine, writes a profile ``helix plan`` reads back."""
 
+import dataclasses
 import json
 
 import pytest
@@ -101,10 +102,26 @@ def test_the_suggested_label_names_the_catalog_gpu(name, gib, label):
     (["--seqs", "1,x"], "--seqs '1,x': expected positive integers"),
     (["--dtype", "int8"], "--dtype 'int8': known: auto, float16"),
     (["--device", "tpu"], "--device 'tpu': expected auto, cpu, cuda or cuda:N"),
-    (["--prompt-lengths", "4096", "--contexts", "4096"], "nothing to measure"),
+    (["--seqs", "1", "--reps", "600"], "nothing to measure: model 'tiny-llama' holds 512"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert main(["profile", "tiny-llama", "--quick", "-o", str(tmp_path / "p"), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not (tmp_path / "p").exists()
+
+
+def test_the_grid_fits_the_model_and_the_memory():
+    from helix.errors import HelixUserError
+    from helix.models import MODEL_CATALOG
+    from worker.profile import ProfileGrid
+    spec = MODEL_CATALOG["llama-1-30b"]                       # 2048 positions, no GQA
+    grid = ProfileGrid.default("cuda").fit_to(spec.max_position_embeddings)
+    assert grid.decode_contexts == (256, 1024, 2048 - grid.decode_advance)
+    assert grid.fit_memory(spec, 2, False, 80 * 2**30).layers == 4
+    small = grid.fit_memory(spec, 2, False, 24 * 2**30)       # an L4: fewer layers, same grid
+    more = dataclasses.replace(small, layers=small.layers + 1)
+    assert small.layers < 4 and small.decode_points() == grid.decode_points()
+    assert small.bytes_needed(spec, 2, False) <= 0.9 * 24 * 2**30 < more.bytes_needed(spec, 2, False)
+    with pytest.raises(HelixUserError, match=r"GiB for one layer .* 5.0 GiB are free: lower --seqs"):
+        grid.fit_memory(spec, 2, False, 5 * 2**30)
