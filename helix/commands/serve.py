@@ -32,7 +32,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     from coordinator.runtime import RuntimeConfig
     from helix.plan import Plan
     from helix.server.guard import HttpOptions
-    from helix.server.http import run_blocking
+    from helix.server.http import bind_http, run_blocking
+    from helix.server.reaper import Watchdog
     from helix.server.stack import ServeOptions, ServeStack
     if api_key is not None and not api_key.strip():
         raise HelixUserError("--api-key must not be empty")
@@ -46,13 +47,22 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
                                             max_body_bytes=max_request_bytes,
                                             body_timeout_s=request_body_timeout))
-    stack = ServeStack(Plan.load(plan), str(model), options).start()
+    the_plan = Plan.load(plan)
+    sock = bind_http(host, port)   # before any worker starts: a port in use fails in a second
+    # Sweeps up every process this command started (a local Ray's included) once it exits, even
+    # by SIGKILL; see helix.server.reaper.
+    watchdog = Watchdog()
     try:
-        typer.echo(f"helix: {len(stack.coordinator.workers)} workers ready; OpenAI API at "
-                   f"http://{host}:{port}/v1, gRPC at {stack.grpc_address}")
-        run_blocking(stack.app, host, port)
+        stack = ServeStack(the_plan, str(model), options).start()
+        try:
+            typer.echo(f"helix: {len(stack.coordinator.workers)} workers ready; OpenAI API at "
+                       f"http://{host}:{sock.getsockname()[1]}/v1, gRPC at {stack.grpc_address}")
+            run_blocking(stack.app, sock)
+        finally:
+            stack.close()
     finally:
-        stack.close()
+        sock.close()
+        watchdog.close()
 
 
 def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOST:PORT"),

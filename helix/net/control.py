@@ -122,9 +122,13 @@ def start_server(handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
     for h in handlers:
         server.add_generic_rpc_handlers((h,))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:   # grpcio >= 1.5x raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise HelixUserError(f"cannot listen for gRPC on {host}:{port} (port in use?)")
+        raise HelixUserError(f"cannot listen for gRPC on {host}:{port}: the address is in use or "
+                             f"not this machine's")
     server.start()
     return ControlServer(server, f"{advertised_host(host)}:{bound}")
 

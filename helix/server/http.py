@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI
+
+from helix.errors import HelixUserError
 
 
 class HttpThread:
@@ -36,6 +40,25 @@ class HttpThread:
         self._thread.join(timeout=timeout_s)
 
 
-def run_blocking(app: FastAPI, host: str, port: int) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM)."""
-    uvicorn.run(app, host=host, port=port, log_level="info", lifespan="off")
+def bind_http(host: str, port: int, flag: str = "--port") -> socket.socket:
+    """The HTTP API's listening socket, bound now: a port in use is a one-line error before any
+    worker starts (not after they all loaded), and nobody can take the port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn: TIME_WAIT is no conflict
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = ("already in use" if exc.errno == errno.EADDRINUSE else
+               "not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else exc.strerror)
+        raise HelixUserError(f"{flag} {port}: cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_blocking(app: FastAPI, sock: socket.socket) -> None:
+    """Serve on an already bound socket until interrupted (Ctrl-C / SIGTERM)."""
+    config = uvicorn.Config(app, log_level="info", lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -40,6 +42,8 @@ class LaunchConfig:
     """Intra-op threads per worker (1 keeps several CPU workers on one machine from fighting)."""
     bind_host: str = "127.0.0.1"
     """Address workers bind; use the machine's reachable address on a real cluster."""
+    connect_timeout_s: float = 60.0
+    """Longest wait for ``ray.init`` (joining a cluster, or starting a local Ray)."""
 
 
 class RayLauncher:
@@ -80,13 +84,27 @@ class RayLauncher:
         if ray.is_initialized():
             pass
         elif address:
-            ray.init(address=address, logging_level=logging.WARNING)
+            _check_reachable(address, self.config.connect_timeout_s)
+            _bounded(lambda: ray.init(address=address, logging_level=logging.WARNING),
+                     self.config.connect_timeout_s, f"the Ray cluster at {address}")
         else:
-            try:
-                ray.init(resources={node_resource(n): 1 for n in nodes}, include_dashboard=False,
-                         logging_level=logging.WARNING, log_to_driver=True)
-            except (RuntimeError, ConnectionError) as exc:   # Ray's own start-up timeouts
-                raise HelixUserError(f"could not start a local Ray: {_last_line(exc)}") from None
+            # A local Ray under heavy load sometimes misses its own start-up deadline ("node timed
+            # out during startup"): one more try, then one line instead of Ray's traceback.
+            for attempt in (1, 2):
+                try:
+                    _bounded(lambda: ray.init(resources={node_resource(n): 1 for n in nodes},
+                                              include_dashboard=False, logging_level=logging.WARNING,
+                                              log_to_driver=True),
+                             self.config.connect_timeout_s, "a local Ray")
+                    break
+                except HelixUserError:
+                    raise
+                except Exception as exc:   # Ray's start-up errors have no common base class
+                    if ray.is_initialized():
+                        ray.shutdown()
+                    if attempt == 2:
+                        raise HelixUserError(f"could not start a local Ray: {_last_line(exc)}") from None
+                    log.warning("starting a local Ray failed (%s); trying once more", _last_line(exc))
             self._started_ray = True
         self._wait_for_resources(nodes)
 
@@ -118,6 +136,67 @@ class RayLauncher:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """A ``HOST:PORT`` Ray address that does not accept connections is a one-line error at once;
+    ``ray.init`` itself retries for minutes, printing C++ warnings. (``auto`` and ``ray://`` client
+    addresses are left to Ray.)"""
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout_s, 10.0)):
+            pass
+    except ValueError:
+        raise HelixUserError(f"--address {address!r}: expected HOST:PORT (e.g. 10.0.0.1:6379)") from None
+    except OSError as exc:
+        raise HelixUserError(f"cannot reach the Ray cluster at {address}: "
+                             f"{exc.strerror or type(exc).__name__}; is `ray start --head` running "
+                             f"there, and is the port open?") from None
+
+
+_PARKED = threading.Event()   # never set: threads that started Ray's processes wait on it
+
+
+def _bounded(fn, timeout_s: float, what: str) -> None:
+    """Run ``fn`` (a ``ray.init``) with a deadline: past it, a one-line error (the call itself may
+    go on in its daemon thread; the command is about to exit).
+
+    The thread never ends: a local Ray's processes get ``PR_SET_PDEATHSIG``, which the kernel ties to
+    the *thread* that started them, so a thread that returned would take GCS and the raylet with it."""
+    result: list[BaseException | None] = []
+    done = threading.Event()
+
+    def run():
+        try:
+            fn()
+            result.append(None)
+        except BaseException as exc:   # handed to the caller's thread as is
+            result.append(exc)
+        finally:
+            done.set()
+        _PARKED.wait()
+    # Ray warns that it set no SIGTERM handler outside the main thread; the server has its own.
+    quiet = _DropMessage("SIGTERM handler is not set")
+    ray_log = logging.getLogger("ray")
+    ray_log.addFilter(quiet)
+    for handler in ray_log.handlers:
+        handler.addFilter(quiet)
+    threading.Thread(target=run, name="helix-ray-init", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise HelixUserError(f"{what} did not answer within {timeout_s:.0f} s")
+    if result[0] is not None:
+        raise result[0]
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 def _last_line(exc: BaseException) -> str:
