@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import networkx as nx
-from networkx.algorithms.flow import preflow_push
+from networkx.algorithms.flow import edmonds_karp, preflow_push
 
 from planner.problem import COORDINATOR, PlacementProblem
 
@@ -96,7 +96,13 @@ def max_flow(problem: PlacementProblem, placement: Placement,
     g, names = _int_graph(problem, placement, partial_inference)
     if not nx.has_path(g, 0, 1):
         return FlowResult(0.0, {}, {name: 0.0 for name in placement})
-    value, flow = nx.maximum_flow(g, 0, 1, flow_func=preflow_push)
+    try:
+        value, flow = nx.maximum_flow(g, 0, 1, flow_func=preflow_push)
+    except (IndexError, ValueError):
+        # networkx's preflow-push can trip over floating-point residue (an excess of ~1e-11 left
+        # at a vertex with no residual arc, networkx#7775), rarely, on float capacities. Edmonds-
+        # Karp, an augmenting-path method, keeps no excess to go astray.
+        value, flow = nx.maximum_flow(g, 0, 1, flow_func=edmonds_karp)
     arcs: dict[tuple[str, str], float] = {}
     nodes: dict[str, float] = {name: 0.0 for name in placement}
     for ui, out in flow.items():

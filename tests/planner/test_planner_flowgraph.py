@@ -71,3 +71,14 @@ def test_partial_inference_lets_overlapping_ranges_serve():
     placement = {"a": (0, 3), "b": (1, 4)}
     assert max_flow(p, placement, partial_inference=False).value_tokens_per_s == 0
     assert max_flow(p, placement, partial_inference=True).value_tokens_per_s == pytest.approx(100)
+
+
+def test_float_residue_that_breaks_preflow_push_still_gives_the_max_flow():
+    """networkx's preflow-push raises IndexError on this graph (float residue, networkx#7775);
+    max_flow must still answer, equal to the LP."""
+    p = random_problem(random.Random(335), 5, 4, kmax=4, regions=1, inter_region_cap=1.0)
+    placement = {"n0": (2, 4), "n1": (1, 2), "n2": (0, 1), "n3": (0, 2), "n4": (2, 3)}
+    res = max_flow(p, placement, partial_inference=False)
+    g = build_graph(p, placement, partial_inference=False)
+    assert res.value_tokens_per_s == pytest.approx(lp_max_flow(g), rel=1e-6, abs=1e-6)
+    check_flow(p, placement, res, partial_inference=False)
