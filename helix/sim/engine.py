@@ -1,4 +1,4 @@
-"""The event loop, and the coordinator and worker logic that event handlers call.
+"""The event loop, and the coordinator and worker logic it dispatches each event type to.
 
 Request life: arrival (or, offline, pulled from the workload whenever KV allows) -> the scheduler
 gives it a pipeline -> token ids go to stage 0 -> each stage's step policy runs its tokens (prefill
@@ -16,7 +16,7 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from coordinator.pipeline import Pipeline, RequestInfo
@@ -29,7 +29,6 @@ from helix.sim.network import Network
 from helix.sim.request import SimRequest
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
-from worker.step_policy import StepPlan
 
 MODES = ("offline", "online")
 
@@ -98,6 +97,12 @@ class Simulator:
         self._seq = itertools.count()
         self.arrived = self.admitted = self.rejected = self.preemptions = self.events = 0
         self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
+        self.handlers: dict[type[Event], Callable[..., Iterable[Event]]] = {
+            RequestArrival: self.on_arrival, CoordinatorSchedule: self.on_coordinator_schedule,
+            TransferFinish: self.on_transfer_finish, LinkWake: self.on_link_wake,
+            StepStart: self.on_step_start, StepFinish: self.on_step_finish,
+            RequestFinish: self.on_request_finish}
+        """The handler of each event type: it runs the event and returns the events it causes."""
 
     # --- loop ---------------------------------------------------------------------------------------
     def push(self, event: Event) -> None:
@@ -111,7 +116,8 @@ class Simulator:
                 self.push(RequestArrival(self.workload[0].arrival_s, 0))
         else:
             self.push(CoordinatorSchedule(0.0))
-        heap, pop, push, seq = self._heap, heapq.heappop, heapq.heappush, self._seq
+        heap, pop, push, seq, handlers = (self._heap, heapq.heappop, heapq.heappush, self._seq,
+                                          self.handlers)
         until = self.config.duration_s
         events = 0
         while heap:
@@ -122,7 +128,7 @@ class Simulator:
             events += 1
             if self.event_log is not None:
                 self.event_log.append((t, type(event).__name__, event.subject()))
-            for new in event.handle(self):
+            for new in handlers[event.__class__](event):
                 push(heap, (new.time_s, next(seq), new))
         self.events = events
         end_s = until if (until is not None and heap) else self.now_s
@@ -135,7 +141,8 @@ class Simulator:
         self._schedule_pending = True
         return (CoordinatorSchedule(now_s),)
 
-    def on_arrival(self, now_s: float, index: int) -> Iterable[Event]:
+    def on_arrival(self, ev: RequestArrival) -> Iterable[Event]:
+        now_s, index = ev.time_s, ev.index
         r = self.workload[index]
         self.queue.append(SimRequest(index, now_s, r.prompt_tokens, r.output_tokens))
         self.arrived += 1
@@ -152,8 +159,9 @@ class Simulator:
             self.arrived += 1
         return self.queue[0] if self.queue else None
 
-    def on_coordinator_schedule(self, now_s: float) -> Iterable[Event]:
+    def on_coordinator_schedule(self, ev: CoordinatorSchedule) -> Iterable[Event]:
         """Admit waiting requests in FIFO order until one fits nowhere (it keeps waiting)."""
+        now_s = ev.time_s
         self._schedule_pending = False
         out: list[Event] = []
         while (req := self._next_waiting(now_s)) is not None:
@@ -195,6 +203,11 @@ class Simulator:
         return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.token_id_bytes,
                           [(req, 0, req.prompt_tokens)])
 
+    def on_transfer_finish(self, ev: TransferFinish) -> Iterable[Event]:
+        if ev.dst is None:
+            return self.on_tokens_at_coordinator(ev.time_s, ev.items)
+        return self.on_inputs_at_worker(ev.time_s, ev.dst, ev.items)
+
     def on_tokens_at_coordinator(self, now_s: float, items: list) -> Iterable[Event]:
         """Sampled tokens arrive: stream them, finish requests, feed the rest back to stage 0."""
         out: list[Event] = []
@@ -219,7 +232,8 @@ class Simulator:
             out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.token_id_bytes, its))
         return out
 
-    def on_request_finish(self, now_s: float, req: SimRequest) -> Iterable[Event]:
+    def on_request_finish(self, ev: RequestFinish) -> Iterable[Event]:
+        now_s, req = ev.time_s, ev.request
         req.finish_s = now_s
         out: list[Event] = []
         for w in req.workers:
@@ -245,7 +259,10 @@ class Simulator:
         link, wake_s = self.network.start_shared(now_s, src, dst_name, nbytes, (dst, items))
         return (LinkWake(wake_s, link, link.version),)
 
-    def on_link_wake(self, now_s: float, link) -> Iterable[Event]:
+    def on_link_wake(self, ev: LinkWake) -> Iterable[Event]:
+        now_s, link = ev.time_s, ev.link
+        if link.version != ev.version:
+            return NO_EVENTS   # the link changed since this wake-up was set
         done, wake_s = self.network.wake_shared(now_s, link)
         out: list[Event] = [TransferFinish(now_s + link.latency_s, dst, items) for dst, items in done]
         if wake_s is not None:
@@ -267,6 +284,10 @@ class Simulator:
             return NO_EVENTS
         w.start_pending = True
         return (StepStart(now_s, w),)
+
+    def on_step_start(self, ev: StepStart) -> Iterable[Event]:
+        ev.worker.start_pending = False
+        return self.start_step(ev.time_s, ev.worker)
 
     def start_step(self, now_s: float, w: SimWorker) -> Iterable[Event]:
         if w.busy:
@@ -298,9 +319,9 @@ class Simulator:
         w.busy = True
         return (StepFinish(now_s + duration_s, w, plan, duration_s),)
 
-    def on_step_finish(self, now_s: float, w: SimWorker, plan: StepPlan,
-                       duration_s: float) -> list[Event]:
+    def on_step_finish(self, ev: StepFinish) -> list[Event]:
         """Forward the hidden states of newly computed positions; the last stage samples."""
+        now_s, w, plan, duration_s = ev.time_s, ev.worker, ev.plan, ev.duration_s
         w.busy = False
         w.busy_s += duration_s
         w.num_steps += 1

@@ -1,17 +1,18 @@
-"""Simulator events. Each has a time and a handler that returns the events it causes.
+"""Simulator events: plain data, a time and a payload, dispatched by the simulator.
 
-The heap key is ``(time_s, seq)`` with ``seq`` the push order, so simultaneous events run in the
-order they were caused and a run is deterministic for a seed. Handlers delegate to the
-:class:`~helix.sim.engine.Simulator`'s coordinator and worker logic; events carry only references.
+Each event type has one handler on :class:`~helix.sim.engine.Simulator` (``Simulator.handlers``,
+by type), which runs the coordinator or worker logic and returns the events it causes; an event
+knows nothing of the simulator. The heap key is ``(time_s, seq)`` with ``seq`` the push order
+(given by the simulator when it pushes), so simultaneous events run in the order they were caused
+and a run is deterministic for a seed. Events carry only references.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from helix.sim.engine import Simulator
+    from helix.sim.network import SharedLink
     from helix.sim.request import SimRequest
     from helix.sim.worker import SimWorker
     from worker.step_policy import StepPlan
@@ -26,9 +27,6 @@ class Event:
 
     def __init__(self, time_s: float) -> None:
         self.time_s = time_s
-
-    def handle(self, sim: "Simulator") -> Iterable["Event"]:
-        raise NotImplementedError
 
     def subject(self) -> str:
         """What the event is about, for event logs (a worker, a request...)."""
@@ -52,10 +50,7 @@ class RequestArrival(Event):
 
     def __init__(self, time_s: float, index: int) -> None:
         super().__init__(time_s)
-        self.index = index
-
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        return sim.on_arrival(self.time_s, self.index)
+        self.index = index   # the request's position in the workload
 
 
 class CoordinatorSchedule(Event):
@@ -63,9 +58,6 @@ class CoordinatorSchedule(Event):
     that fits nowhere)."""
 
     __slots__ = ()
-
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        return sim.on_coordinator_schedule(self.time_s)
 
 
 class TransferFinish(Event):
@@ -80,26 +72,17 @@ class TransferFinish(Event):
         self.dst = dst
         self.items = items
 
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        if self.dst is None:
-            return sim.on_tokens_at_coordinator(self.time_s, self.items)
-        return sim.on_inputs_at_worker(self.time_s, self.dst, self.items)
-
 
 class LinkWake(Event):
-    """A fair-share link may have finished messages; ignored when the link changed since."""
+    """A fair-share link may have finished messages; stale (ignored) when the link's ``version``
+    changed since."""
 
     __slots__ = ("link", "version")
 
-    def __init__(self, time_s: float, link, version: int) -> None:
+    def __init__(self, time_s: float, link: "SharedLink", version: int) -> None:
         super().__init__(time_s)
         self.link = link
         self.version = version
-
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        if self.link.version != self.version:
-            return NO_EVENTS
-        return sim.on_link_wake(self.time_s, self.link)
 
     def subject(self) -> str:
         return "->".join(self.link.key)
@@ -115,10 +98,6 @@ class StepStart(Event):
         super().__init__(time_s)
         self.worker = worker
 
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        self.worker.start_pending = False
-        return sim.start_step(self.time_s, self.worker)
-
 
 class StepFinish(Event):
     """A worker's step ends: outputs go downstream and the worker starts its next step."""
@@ -132,9 +111,6 @@ class StepFinish(Event):
         self.plan = plan
         self.duration_s = duration_s
 
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        return sim.on_step_finish(self.time_s, self.worker, self.plan, self.duration_s)
-
 
 class RequestFinish(Event):
     """The last token of a request reached the coordinator: free its KV everywhere."""
@@ -144,6 +120,3 @@ class RequestFinish(Event):
     def __init__(self, time_s: float, request: "SimRequest") -> None:
         super().__init__(time_s)
         self.request = request
-
-    def handle(self, sim: "Simulator") -> Iterable[Event]:
-        return sim.on_request_finish(self.time_s, self.request)
