@@ -58,17 +58,22 @@ def _check_fits(spec: ClusterSpec, capacity: dict[str, int], source: Path) -> No
 
 
 def cut_off_nodes(spec: ClusterSpec) -> set[str]:
-    """Nodes with no network path to or from the coordinator (a region left unconnected)."""
+    """Nodes with no network path from the coordinator or none back to it (a region left
+    unconnected; with directed links the two can differ)."""
     from helix.plan import COORDINATOR
     names = [n.name for n in spec.nodes]
-    seen, todo = {COORDINATOR}, [COORDINATOR]
-    while todo:
-        here = todo.pop()
-        for other in names:
-            if other not in seen and spec.link(here, other) is not None:
-                seen.add(other)
-                todo.append(other)
-    return set(names) - seen
+
+    def reached(step) -> set[str]:
+        seen, todo = {COORDINATOR}, [COORDINATOR]
+        while todo:
+            here = todo.pop()
+            for other in names:
+                if other not in seen and step(here, other) is not None:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    return set(names) - (reached(spec.link) & reached(lambda a, b: spec.link(b, a)))
 
 
 def summary_table(spec: ClusterSpec) -> tuple[Table, dict[str, int]]:

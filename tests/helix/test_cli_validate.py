@@ -109,3 +109,19 @@ def test_cut_off_region_warns_and_counts_only_reachable_nodes(tmp_path, capsys):
     data["coordinator"] = {"region": "west"}
     code, err = _run_bad(tmp_path, data, capsys)
     assert code == 2 and "the cluster holds at most" in err and str(path) in err
+
+
+def test_a_node_with_no_way_back_to_the_coordinator_is_cut_off(tmp_path, capsys):
+    """Directed links: l4-0 is reached from the coordinator but cannot send back (its only
+    route, to the coordinator, is overridden one way and west has no inter-region link)."""
+    data = tiny_spec(links=[{"from": "coordinator", "to": "l4-0", "bandwidth": "1Gbps"}])
+    del data["inter_region"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no network path" in out and "l4-0" in out
+    data["links"].append({"from": "l4-0", "to": "coordinator", "bandwidth": "1Gbps"})
+    path.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(path)]) == 0
+    assert "no network path" not in capsys.readouterr().out
