@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +39,12 @@ from helix.models import ModelSpec
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from helix.profiles import ProfileRow
+from helix.serving import ServingSpec
 from worker.engine import EngineConfig, SliceEngine, torch_dtype
 from worker.kv_blocks import blocks_for_tokens
 from worker.model import LayerWeights, SliceWeights
 
-_BLOCK_TOKENS = 16
+_BLOCK_TOKENS = ServingSpec().block_size_tokens   # as a served worker's pool
 
 
 @dataclass(frozen=True)
