@@ -31,7 +31,9 @@ the workload mix (mean prompt p, mean output o) — the derivation:
 - each step yields one token for each of the D decodes; a request decodes for o steps, so new
   requests join at D / o per step, each bringing p prompt tokens: ``P = D * p / o`` per step;
 - a decoding request's context averages ``c_d = p + o / 2``; a prompt token's ``c_p = p / 2``;
-- one step passes k layers: ``step = k * t_layer(P, D)``, and ``T(k) = (P + D) / step``.
+- one step passes k layers: ``step = k * t_layer(P, D) + t_fixed(P, D)``, and
+  ``T(k) = (P + D) / step``; ``t_fixed`` is the step's cost apart from its layers (scheduling,
+  building the batch), measured by ``helix profile`` and 0 otherwise.
 
 T(k) falls with k twice: each step passes more layers, and KV per layer shrinks so batches do.
 
@@ -227,7 +229,8 @@ class CostModel:
         if decode < 1:
             return OperatingPoint(0.0, 0, 0.0)
         prompt = decode * p / o
-        step = num_layers * self.layer_time_s(node, prompt, decode, p + o / 2, p / 2)
+        step = num_layers * self.layer_time_s(node, prompt, decode, p + o / 2, p / 2) \
+            + self.step_overhead_s(node, prompt, decode, p + o / 2, p / 2)
         return OperatingPoint(prompt, decode, step)
 
     def operating_point(self, node: NodeSpec, num_layers: int) -> OperatingPoint:
@@ -255,7 +258,8 @@ class CostModel:
         prefill that joins them (``decode_seqs x p / o`` tokens), plus ``extra_prompt_tokens``."""
         p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
         prompt = decode_seqs * p / o + extra_prompt_tokens
-        return num_layers * self.layer_time_s(node, prompt, decode_seqs, p + o / 2, p / 2)
+        return num_layers * self.layer_time_s(node, prompt, decode_seqs, p + o / 2, p / 2) \
+            + self.step_overhead_s(node, prompt, decode_seqs, p + o / 2, p / 2)
 
     def resident_requests(self, node: NodeSpec, num_layers: int, first: bool = False,
                           last: bool = False) -> float:

@@ -50,10 +50,12 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
     spec = load_cluster(spec_path)
     node = spec.nodes[0]
     cost = CostModel.for_cluster(spec)
-    # The plan's node capacity comes from the measured figures, not the roofline.
+    # The plan's node capacity comes from the measured figures, not the roofline: 8 layers and
+    # the step's fixed cost.
     point = cost.operating_point(node, 8)
-    measured = profile.layer_time_s(point.prompt_tokens, point.decode_seqs, 48 + 16 / 2, 48 / 2)
-    assert point.step_s == pytest.approx(8 * measured)
+    args = (point.prompt_tokens, point.decode_seqs, 48 + 16 / 2, 48 / 2)
+    fixed = profile.step_overhead_s(*args)
+    assert fixed > 0 and point.step_s == pytest.approx(8 * profile.layer_time_s(*args) + fixed)
     plan_path = tmp_path / "plan.yaml"
     assert main(["plan", str(spec_path), "--json", "--threads", "1", "--time-limit", "5",
                  "-o", str(plan_path)]) == 0
