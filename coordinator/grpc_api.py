@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,10 +24,12 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from coordinator.requests import Delta, RequestTimeout
-from coordinator.runtime import Coordinator, QueueFull, WorkerHandle
+from coordinator.runtime import Coordinator, NoPipeline, QueueFull, WorkerHandle
 from helix.errors import HelixUserError
 from helix.net.control import COORDINATOR_SERVICE, service_handler
 from helix.net.sampling import SamplingParams
+
+log = logging.getLogger("helix.coordinator")
 
 
 class Registry:
@@ -136,13 +139,21 @@ class CoordinatorService:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
             _fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
+        except NoPipeline as exc:
+            context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
+            _fail(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
         context.add_callback(handle.cancel)   # client gone -> free KV everywhere
         try:
             for ev in handle.events(timeout_s=coord.config.request_timeout_s):
                 if isinstance(ev, Delta):
                     yield _delta(ev, with_logprobs)
                 elif ev.error is not None:
-                    _fail(context, grpc.StatusCode.INTERNAL, ev.error)
+                    unavailable = ev.retry_after_s is not None   # no pipeline left: retry later
+                    if unavailable:
+                        context.set_trailing_metadata((("retry-after", str(ev.retry_after_s)),))
+                    _fail(context, grpc.StatusCode.UNAVAILABLE if unavailable else grpc.StatusCode.INTERNAL,
+                          ev.error)
                     return
                 else:
                     yield {"finish_reason": ev.finish_reason,
@@ -157,7 +168,28 @@ class CoordinatorService:
                 "nodes": sorted(coord.workers) if coord is not None else [],
                 "ready": coord is not None}
 
+    def register(self, req: dict, ctx=None) -> dict:
+        """A worker says where it listens: before serving starts the registry collects it; after,
+        the node rejoins (a restarted worker), loading its slice in the background."""
+        reply = self.registry.register(req, ctx)
+        coord = self.coordinator
+        if coord is not None:
+            handle = WorkerHandle(str(req["node"]), str(req["control"]), str(req["data"]))
+            if handle.node not in coord.workers:
+                raise HelixUserError(f"node {handle.node!r} is not in the plan; nodes: "
+                                     f"{sorted(coord.workers)}")
+            threading.Thread(target=self._rejoin, args=(coord, handle), daemon=True,
+                             name=f"helix-rejoin-{handle.node}").start()
+        return reply
+
+    @staticmethod
+    def _rejoin(coord: Coordinator, handle: WorkerHandle) -> None:
+        try:
+            coord.rejoin(handle)
+        except Exception:   # the node stays dead; it may register again
+            log.exception("coordinator: node %s could not rejoin", handle.node)
+
     def handler(self) -> grpc.GenericRpcHandler:
         return service_handler(COORDINATOR_SERVICE,
-                               {"Register": self.registry.register, "Info": self.info},
+                               {"Register": self.register, "Info": self.info},
                                {"Generate": self.generate})

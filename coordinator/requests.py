@@ -12,6 +12,7 @@ the HTTP and the gRPC API (both go through ``Coordinator.submit``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,8 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    retry_after_s: int | None = None
+    """Set when the request failed because no pipeline can serve now (HTTP 503 with Retry-After)."""
 
 
 Event = Delta | Done
@@ -113,6 +116,22 @@ class LiveRequest:
     last_token_s: float | None = None
     num_output_tokens: int = 0
     done: bool = False
+    output_token_ids: list[int] = field(default_factory=list)
+    """Every token streamed so far: a request moved off a dead node resumes from them."""
+    moves: int = 0
+    """Times the request was moved to another pipeline (its pipeline lost a node)."""
+
+    def dispatch_token_ids(self) -> tuple[int, ...]:
+        """What the first stage prefills: the prompt, then the output so far (after a move)."""
+        return self.prompt_token_ids + tuple(self.output_token_ids)
+
+    def dispatch_params(self) -> SamplingParams:
+        """The sampling settings for what is left to generate (after a move: fewer tokens)."""
+        done = len(self.output_token_ids)
+        if not done:
+            return self.params
+        return dataclasses.replace(self.params, max_tokens=self.params.max_tokens - done,
+                                   min_tokens=max(0, self.params.min_tokens - done))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from coordinator.health import HealthConfig, NodeHealth, NodeState, Transition
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits, max_kv_tokens
@@ -72,8 +73,8 @@ class RuntimeConfig:
     configure_timeout_s: float = 180.0
     health_window_s: float = 30.0
     """``healthy()`` without a probe needs a pipeline whose every stage stepped this recently."""
-    health_stats_stale_s: float = 10.0
-    """A node whose last stats answer is older than this counts as unreachable."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """When a silent worker becomes suspect (no new requests) and dead (its requests move)."""
     engine: dict = field(default_factory=dict)
     """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
     plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
@@ -101,6 +102,14 @@ def check_serving(plan: Plan) -> ServingLimits:
             raise HelixUserError(f"the plan's serving section gives node {p.node!r} no KV pool of a "
                                  f"block or more: re-run `helix plan`")
     return serving
+
+
+class NoPipeline(Exception):
+    """No pipeline of live workers is left, and none came back within the grace period."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class QueueFull(Exception):
@@ -160,12 +169,22 @@ class Coordinator:
         self._kv_tokens: dict[frozenset[str], int] = {}   # _max_kv_tokens by excluded nodes
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        # Health, in this process's monotonic clock: when each node last answered the stats poll,
-        # when its successful-step count last grew, and the nodes whose last poll failed.
-        self._answered_s: dict[str, float] = {}
+        # Health, in this process's monotonic clock: each node's state from the stats polls
+        # (coordinator.health), when its successful-step count last grew, and since when no
+        # pipeline of usable nodes exists (None: one does).
+        self.health: NodeHealth | None = None
+        self._engine: dict = {}
         self._stepped_s: dict[str, float] = {}
-        self._unreachable: set[str] = set()
+        self._no_route_since: float | None = None
         self._probe_lock = threading.Lock()
+        self._poll_pool: ThreadPoolExecutor | None = None
+        # Failover: the current id of a request that moved (by the id its caller holds), and the
+        # old ids each dead node may still hold KV for (released when it answers again).
+        self._alias: dict[int, int] = {}
+        self._orphans: dict[str, set[int]] = {}
+        self.requests_moved = 0
+        self.moved_prefill_tokens = 0
+        """Tokens prefilled again because their request moved off a dead node."""
 
     # --- workers ----------------------------------------------------------------------------------
     def attach(self, workers: Sequence[WorkerHandle]) -> None:
@@ -176,7 +195,7 @@ class Coordinator:
         for w in workers:
             self.workers[w.node] = w
             self.clients[w.node] = ControlClient(w.control_address, WORKER_SERVICE)
-        engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
+        engine = self._engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
         with ThreadPoolExecutor(max_workers=len(workers)) as pool:
             replies = dict(zip([w.node for w in workers],
                                pool.map(lambda w: self._configure(w, engine), workers)))
@@ -185,7 +204,9 @@ class Coordinator:
             client.call("SetPeers", {"peers": peers})
         self.data.set_peers(peers)
         self.stats = {n: WorkerStats.from_dict(r) for n, r in replies.items()}
-        self._answered_s = dict.fromkeys(self.stats, time.monotonic())
+        self.health = NodeHealth(self.stats, self.config.health, time.monotonic())
+        self._poll_pool = ThreadPoolExecutor(max_workers=min(32, len(workers)),
+                                             thread_name_prefix="helix-poll")
         kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
                          self.serving.kv_high_water)
         self.scheduler = live_scheduler(self.plan, kv)
@@ -196,12 +217,40 @@ class Coordinator:
             t.start()
             self._threads.append(t)
 
-    def _configure(self, w: WorkerHandle, engine: dict) -> dict:
+    def rejoin(self, w: WorkerHandle) -> None:
+        """A worker for a plan node registered again (restarted by hand, or by Ray, at new
+        addresses): load its slice, tell every peer where it is now; the next stats polls bring it
+        back into routing (dead -> ok). Requests that moved away from the old process stay moved."""
+        if w.node not in self.workers:
+            raise HelixUserError(f"node {w.node!r} is not in the plan; nodes: {sorted(self.workers)}")
+        client = ControlClient(w.control_address, WORKER_SERVICE)
+        reply = self._configure(w, self._engine, client)
+        with self._lock:
+            old = self.clients.get(w.node)
+            self.workers[w.node] = w
+            self.clients[w.node] = client
+            self.stats[w.node] = WorkerStats.from_dict(reply)
+            peers = {n: h.data_address for n, h in self.workers.items()} | {COORDINATOR: self.data.address}
+            self.data.forget_queued(w.node)
+            self.data.set_peers(peers)
+            clients = dict(self.clients)
+        for node, c in clients.items():
+            try:
+                c.call("SetPeers", {"peers": peers}, timeout_s=5.0)
+            except ControlError as exc:   # a node that is down gets the book when it rejoins
+                log.warning("coordinator: telling %s where %s is failed: %s", node, w.node, exc)
+        if old is not None and old is not client:
+            old.close()
+        log.warning("coordinator: node %s rejoined (control %s, data %s)", w.node, w.control_address,
+                    w.data_address)
+
+    def _configure(self, w: WorkerHandle, engine: dict, client: ControlClient | None = None) -> dict:
         p = self.plan.placement_of(w.node)
         try:
             engine = {**engine, **engine_options(self.serving, w.node)}
-            return self.clients[w.node].call("Configure", {"start": p.start, "end": p.end, "engine": engine},
-                                             timeout_s=self.config.configure_timeout_s)
+            return (client or self.clients[w.node]).call(
+                "Configure", {"start": p.start, "end": p.end, "engine": engine},
+                timeout_s=self.config.configure_timeout_s)
         except ControlError as exc:
             raise HelixUserError(f"worker {w.node!r} failed to load its slice [{p.start}, {p.end}) of "
                                  f"{self.model_path}: {exc.details.strip().splitlines()[-1]}") from None
@@ -217,6 +266,7 @@ class Coordinator:
         if bad_stop:
             raise HelixUserError(f"stop must be strings, got {bad_stop[:5]!r}")
         with self._lock:
+            self._check_route()
             rid = self._next_id
             self._next_id += 1
             handle = RequestHandle(rid, self.cancel, loop)
@@ -233,7 +283,7 @@ class Coordinator:
     def cancel(self, request_id: int) -> None:
         """Abort a request: free its reservation and its KV on every stage."""
         with self._lock:
-            req = self._live.get(request_id)
+            req = self._live.get(self._alias.get(request_id, request_id))
             if req is None or req.done:
                 return
             if req in self._waiting:
@@ -243,16 +293,16 @@ class Coordinator:
     def _try_dispatch(self, req: LiveRequest) -> bool:
         """Reserve a pipeline for ``req`` and send it to the first stage; False when every pipeline
         is masked. A send that raises undoes the reservation, then re-raises."""
-        info = RequestInfo(req.request_id, len(req.prompt_token_ids), req.params.max_tokens)
+        ids, params = req.dispatch_token_ids(), req.dispatch_params()
+        info = RequestInfo(req.request_id, len(ids), params.max_tokens)
         pipeline = self.scheduler.schedule(info)
         if pipeline is None:
             return False
         try:
             route = Route(tuple(Hop(s.node, s.start) for s in pipeline.stages))
             first = pipeline.stages[0]
-            new = NewRequest(req.request_id, len(req.prompt_token_ids), req.params,
-                             req.prompt_token_ids, enter_layer=first.start)
-            item = StageInput(req.request_id, 0, token_ids=req.prompt_token_ids, new_request=new)
+            new = NewRequest(req.request_id, len(ids), params, ids, enter_layer=first.start)
+            item = StageInput(req.request_id, 0, token_ids=ids, new_request=new)
             self.data.send(first.node, InputBatch((WireInput(item, route),)))
         except BaseException:
             self.scheduler.release(req.request_id)
@@ -308,13 +358,16 @@ class Coordinator:
         self._finish(req, reason, release_stages, error)
         self._admit_waiting()
 
-    def _finish(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
+    def _finish(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None,
+                retry_after_s: int | None = None) -> None:
         """Finish ``req`` (under the lock): release KV, tell the caller."""
         req.done = True
         self._live.pop(req.request_id, None)
+        self._alias.pop(req.handle.request_id, None)
         if req.pipeline is not None:
             self.scheduler.release(req.request_id)
-        req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error))
+        req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error,
+                             retry_after_s))
         if req.pipeline is not None and release_stages:
             for node in dict.fromkeys(req.pipeline.nodes):
                 try:   # one stage we cannot reach must not keep the others' KV
@@ -379,6 +432,7 @@ class Coordinator:
         req.first_token_s = req.first_token_s or now
         req.last_token_s = now
         req.num_output_tokens += 1
+        req.output_token_ids.append(ev.token.token_id)
         text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)
         req.handle.push(Delta((ev.token.token_id,), text, (ev.token,)))
         if ev.finish_reason is not None:
@@ -395,29 +449,128 @@ class Coordinator:
                 log.exception("coordinator: stats poll failed")
 
     def poll_stats(self) -> None:
-        """Read every worker's real KV use and feed it to the estimator (drained nodes read full)."""
-        for node, client in self.clients.items():
-            try:
-                s = WorkerStats.from_dict(client.call("Stats", timeout_s=2.0))
-            except Exception as exc:   # ControlError, or a reply that does not parse
-                if not isinstance(exc, ControlError):
-                    log.exception("coordinator: stats of %s unreadable", node)
-                elif node not in self._unreachable:
-                    log.warning("coordinator: stats of %s failed: %s", node, exc)
-                self._unreachable.add(node)
+        """Poll every worker at once (the heartbeat): feed real KV use to the estimator, update each
+        node's health, and act on the changes: suspect and dead nodes get no new requests (they read
+        full to the estimator, as drained ones do), a dead node's requests move to other pipelines,
+        and a node that answers again is released of the requests that moved away from it."""
+        timeout_s = min(2.0, self.config.health.suspect_after_s)
+        nodes = list(self.clients)
+        replies = list(self._poll_pool.map(lambda n: self._poll_one(n, timeout_s), nodes))
+        now = time.monotonic()
+        with self._lock:
+            for node, reply in zip(nodes, replies):
+                if isinstance(reply, WorkerStats):
+                    self.health.answered(node, now)
+                    old = self.stats.get(node)
+                    if old is not None and reply.steps_total > old.steps_total:
+                        self._stepped_s[node] = now
+                    self.stats[node] = reply
+                else:
+                    self.health.failed(node, refused=reply)
+            for t in self.health.update(now):
+                self._on_transition(t)
+            for node in nodes:
+                s = self.stats[node]
+                usable = self.health.state(node) is NodeState.OK and not s.draining and s.configured
+                self.scheduler.kv.observe(node, s.kv_used_token_layers if usable
+                                          else 2 * s.kv_capacity_token_layers)
+            self._update_route(now)
+            self._admit_waiting()   # usage may have dropped with no request ending
+
+    def _poll_one(self, node: str, timeout_s: float) -> WorkerStats | bool:
+        """The node's stats, or whether the failure was a refusal (nothing listening there)."""
+        try:
+            return WorkerStats.from_dict(self.clients[node].call("Stats", timeout_s=timeout_s))
+        except ControlError as exc:
+            if self.health.state(node) is NodeState.OK:
+                log.warning("coordinator: stats of %s failed: %s", node, exc)
+            return exc.code.name == "UNAVAILABLE" and "refused" in exc.details.lower()
+        except Exception:   # a reply that does not parse
+            log.exception("coordinator: stats of %s unreadable", node)
+            return False
+
+    def _on_transition(self, t: Transition) -> None:
+        """Act on one node's change of state (under the lock)."""
+        log.warning("coordinator: node %s is %s (was %s)", t.node, t.new.value, t.old.value)
+        if t.new is NodeState.DEAD:
+            self.data.forget_queued(t.node)   # a restarted process must not get the old traffic
+            moving = [r for r in self._live.values()
+                      if not r.done and r.pipeline is not None and t.node in r.pipeline.nodes]
+            for req in moving:
+                self._move(req, t.node)
+        elif t.old is NodeState.DEAD:
+            orphans = self._orphans.pop(t.node, set())
+            if orphans:   # the node kept KV of requests that moved away: free it
+                try:
+                    self.data.send(t.node, Release(tuple(sorted(orphans))))
+                except Exception:
+                    log.exception("coordinator: releasing moved requests on %s failed", t.node)
+
+    def _move(self, req: LiveRequest, dead: str) -> None:
+        """``req``'s pipeline lost ``dead``: free it on the other stages and start it again, under a
+        new id, on another pipeline from its prompt and the tokens it already streamed (the caller
+        sees a pause). Greedy output is unchanged; presence / frequency penalties then also count the
+        earlier output as prompt, and a seeded draw restarts its generator."""
+        old_id = req.request_id
+        self.scheduler.release(old_id)
+        for node in dict.fromkeys(req.pipeline.nodes):
+            if node == dead:
+                self._orphans.setdefault(node, set()).add(old_id)
                 continue
-            now = time.monotonic()
-            self._unreachable.discard(node)
-            self._answered_s[node] = now
-            old = self.stats.get(node)
-            if old is not None and s.steps_total > old.steps_total:
-                self._stepped_s[node] = now
-            self.stats[node] = s
-            used = s.kv_used_token_layers if not s.draining else 2 * s.kv_capacity_token_layers
-            with self._lock:
-                self.scheduler.kv.observe(node, used)
-        with self._lock:   # usage may have dropped with no request ending: the queue may move
-            self._admit_waiting()
+            try:
+                self.data.send(node, Release((old_id,)))
+            except Exception:
+                log.exception("coordinator: releasing request %r on %s failed", old_id, node)
+        del self._live[old_id]
+        req.request_id = self._next_id
+        self._next_id += 1
+        self._alias[req.handle.request_id] = req.request_id
+        self._live[req.request_id] = req
+        req.pipeline = None
+        req.moves += 1
+        self.requests_moved += 1
+        self.moved_prefill_tokens += len(req.dispatch_token_ids())
+        # It was admitted before: it goes ahead of requests that never started.
+        self._waiting.appendleft(req)
+
+    def _update_route(self, now: float) -> None:
+        """Track since when no pipeline of usable nodes exists; past the grace, fail what waits."""
+        if self._has_pipeline(self._usable()):
+            self._no_route_since = None
+            return
+        if self._no_route_since is None:
+            self._no_route_since = now
+            log.warning("coordinator: no pipeline of live workers is left (%s); requests wait up to "
+                        "%.0f s", self._unusable_text(), self.config.health.no_route_grace_s)
+        if now - self._no_route_since >= self.config.health.no_route_grace_s:
+            message = self._no_route_message()
+            while self._waiting:
+                self._finish(self._waiting.popleft(), "error", release_stages=False, error=message,
+                             retry_after_s=self.config.retry_after_s)
+
+    def _check_route(self) -> None:
+        """Refuse a new request once no pipeline has been left for the whole grace period."""
+        grace = self.config.health.no_route_grace_s
+        if self._no_route_since is not None and time.monotonic() - self._no_route_since >= grace:
+            raise NoPipeline(self._no_route_message(), self.config.retry_after_s)
+
+    def _usable(self) -> set[str]:
+        return {n for n in self.health.usable() if not self.stats[n].draining and self.stats[n].configured}
+
+    def _unusable_text(self) -> str:
+        bad = {n: s.value for n, s in self.health.states().items() if s is not NodeState.OK}
+        return ", ".join(f"{n} {s}" for n, s in sorted(bad.items())) or "every node is draining"
+
+    def _no_route_message(self) -> str:
+        return (f"no pipeline can serve: {self._unusable_text()} (no live worker holds some layers "
+                f"for {self.config.health.no_route_grace_s:.0f} s)")
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's health (``ok`` / ``suspect`` / ``dead``, or ``draining``), for /health and
+        /metrics."""
+        with self._lock:
+            return {n: ("draining" if s is NodeState.OK and self.stats[n].draining else s.value)
+                    for n, s in self.health.states().items()}
 
     @property
     def num_running(self) -> int:
@@ -433,17 +586,16 @@ class Coordinator:
                 for n, s in self.stats.items()}
 
     def healthy(self, probe_timeout_s: float = 10.0) -> bool:
-        """True when some pipeline's every stage answers the stats poll and completed a generation
-        step within ``health_window_s``; otherwise when a one-token probe generates through a
-        pipeline now. False at once when no pipeline's stages all answer (workers gone)."""
-        now = time.monotonic()
-        stale = self.config.health_stats_stale_s
-        reachable = {n for n, t in self._answered_s.items()
-                     if now - t <= stale and n not in self._unreachable and not self.stats[n].draining}
-        if not self._has_pipeline(reachable):
+        """True when some pipeline of live (``ok``, not draining) nodes completed a generation step
+        within ``health_window_s``; otherwise when a one-token probe generates through a pipeline
+        now. False at once when no pipeline of live nodes exists (workers gone or frozen)."""
+        with self._lock:
+            usable = self._usable()
+        if not self._has_pipeline(usable):
             return False
+        now = time.monotonic()
         window = self.config.health_window_s
-        stepped = {n for n in reachable if now - self._stepped_s.get(n, -math.inf) <= window}
+        stepped = {n for n in usable if now - self._stepped_s.get(n, -math.inf) <= window}
         if self._has_pipeline(stepped):
             return True
         with self._probe_lock:   # concurrent health checks share the machine, not one probe each
@@ -474,4 +626,6 @@ class Coordinator:
                 except ControlError:
                     pass
             client.close()
+        if self._poll_pool is not None:
+            self._poll_pool.shutdown(wait=False, cancel_futures=True)
         self.data.close()

@@ -64,6 +64,14 @@ class DataPlane:
                     self._push.pop(name).close(linger=0)
                 self._peers[name] = addr
 
+    def forget_queued(self, peer: str) -> None:
+        """Drop what waits to go to ``peer`` (a dead node: a process restarted at its address must
+        not receive the old one's traffic); the next send opens a fresh socket."""
+        with self._send_lock:
+            sock = self._push.pop(peer, None)
+            if sock is not None:
+                sock.close(linger=0)
+
     @property
     def peers(self) -> dict[str, str]:
         return dict(self._peers)

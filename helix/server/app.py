@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.requests import Delta, Done, RequestHandle, RequestTimeout
-from coordinator.runtime import Coordinator, QueueFull
+from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.errors import HelixUserError
 from helix.server.guard import HttpOptions, install as install_guards
 from helix.server.logprobs import LogprobsBuilder
@@ -59,6 +59,8 @@ def _stream_error(exc: Exception) -> dict:
         return error_body(str(exc), "timeout_error", "request_timeout")
     if isinstance(exc, GenerationFailed):
         return error_body(str(exc), "server_error")
+    if isinstance(exc, NoPipeline):
+        return error_body(str(exc), "service_unavailable", "no_pipeline")
     log.exception("stream failed")   # a bug: keep the traceback in the log
     return error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
@@ -83,6 +85,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueFull)
     async def _busy(_req, exc: QueueFull):
         return error_response(503, str(exc), "service_unavailable", "queue_full",
+                              headers={"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(NoPipeline)
+    async def _no_pipeline(_req, exc: NoPipeline):
+        return error_response(503, str(exc), "service_unavailable", "no_pipeline",
                               headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(RequestTimeout)
@@ -205,6 +212,8 @@ class OpenAIServer:
                     done = ev
         finally:
             handle.cancel()   # no-op when finished; frees KV when the client went away
+        if done.error is not None and done.retry_after_s is not None:
+            raise NoPipeline(done.error, done.retry_after_s)
         if done.error is not None:
             raise GenerationFailed(done.error)
         return "".join(text), done, tokens
@@ -258,6 +267,11 @@ class OpenAIServer:
                         pending = []
                     continue
                 if ev.error is not None:
+                    # Not a silent [DONE] after partial text: a finish chunk that says it failed.
+                    yield chunk(None, pending, finish="error")
+                    pending = []
+                    if ev.retry_after_s is not None:
+                        raise NoPipeline(ev.error, ev.retry_after_s)
                     raise GenerationFailed(ev.error)
                 yield chunk(None, pending, finish=ev.finish_reason)
                 if include_usage:
@@ -289,7 +303,8 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     @app.get("/health")
     def health():
         ok = coordinator.healthy()
-        return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "nodes": coordinator.node_states()},
+                            status_code=200 if ok else 503)
 
     @app.get("/metrics")
     def metrics_text():

@@ -29,6 +29,13 @@ class ServingMetrics:
         self.waiting = Gauge("helix:num_requests_waiting", "Requests waiting for a pipeline.", registry=r)
         self.kv_usage = Gauge("helix:kv_cache_usage_perc", "Fraction of KV blocks in use per node.",
                               ["node"], registry=r)
+        self.node_state = Gauge("helix:node_state", "1 for each node's current health state "
+                                "(ok, suspect, dead, draining), 0 for the others.", ["node", "state"],
+                                registry=r)
+        self.requests_moved = Gauge("helix:requests_moved", "Requests moved to another pipeline "
+                                    "because theirs lost a node (since start).", registry=r)
+        self.moved_prefill_tokens = Gauge("helix:moved_prefill_tokens", "Tokens prefilled again for "
+                                          "moved requests (since start).", registry=r)
         self.prompt_tokens = Counter("helix:prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generation_tokens = Counter("helix:generation_tokens", "Tokens generated.", registry=r)
 
@@ -48,6 +55,19 @@ class ServingMetrics:
         """The text exposition, with gauges read from ``coordinator`` now."""
         self.running.set(coordinator.num_running)
         self.waiting.set(coordinator.num_waiting)
+        states = coordinator.node_states()
         for node, frac in coordinator.kv_usage_fraction().items():
-            self.kv_usage.labels(node=node).set(frac)
+            # A node that does not answer has no known KV use: its series is dropped, not frozen.
+            if states.get(node, "ok") in ("ok", "draining"):
+                self.kv_usage.labels(node=node).set(frac)
+            else:
+                try:
+                    self.kv_usage.remove(node)
+                except KeyError:
+                    pass
+        for node, state in states.items():
+            for name in ("ok", "suspect", "dead", "draining"):
+                self.node_state.labels(node=node, state=name).set(1.0 if state == name else 0.0)
+        self.requests_moved.set(coordinator.requests_moved)
+        self.moved_prefill_tokens.set(coordinator.moved_prefill_tokens)
         return generate_latest(self.registry)

@@ -1,0 +1,103 @@
+"""Which workers are alive: each node's state from the coordinator's heartbeats (its stats polls).
+
+Pure bookkeeping over a clock the caller passes (the live coordinator passes ``time.monotonic()``,
+a test any numbers):
+
+- ``ok``: the node answered its last poll, within ``suspect_after_s``;
+- ``suspect``: its last poll failed, or it has not answered for ``suspect_after_s``: it gets no new
+  requests and keeps the ones it holds (a node that answers again continues them, so no request is
+  ever served twice);
+- ``dead``: no answer for ``dead_after_s``, or ``dead_after_refusals`` polls in a row refused outright
+  (nothing listens on its port: the process is gone). Its requests move to other pipelines. A dead
+  node stays dead until it answers again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class NodeState(str, enum.Enum):
+    OK = "ok"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """When a silent node becomes suspect and then dead (``helix serve --suspect-after`` ...)."""
+
+    suspect_after_s: float = 2.0
+    """No answer for this long: no new requests (a frozen or overloaded node)."""
+    dead_after_s: float = 10.0
+    """No answer for this long: its requests move to other pipelines."""
+    dead_after_refusals: int = 2
+    """Polls in a row refused outright (connection refused: the process is gone) that make it dead."""
+    no_route_grace_s: float = 10.0
+    """With no pipeline left, requests wait this long (a restart may be under way), then fail (503)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.suspect_after_s <= self.dead_after_s:
+            raise ValueError(f"need 0 < suspect_after_s ({self.suspect_after_s}) <= dead_after_s "
+                             f"({self.dead_after_s})")
+        if self.dead_after_refusals < 1 or self.no_route_grace_s < 0:
+            raise ValueError("dead_after_refusals must be >= 1 and no_route_grace_s >= 0")
+
+
+@dataclass(frozen=True)
+class Transition:
+    node: str
+    old: NodeState
+    new: NodeState
+
+
+class NodeHealth:
+    """Every node's state; feed it poll outcomes, read transitions from :meth:`update`."""
+
+    def __init__(self, nodes: Iterable[str], config: HealthConfig, now_s: float) -> None:
+        self.config = config
+        self._state = {n: NodeState.OK for n in nodes}
+        self._answered_s = dict.fromkeys(self._state, now_s)
+        self._failed = dict.fromkeys(self._state, False)
+        self._refusals = dict.fromkeys(self._state, 0)
+
+    def answered(self, node: str, now_s: float) -> None:
+        self._answered_s[node] = now_s
+        self._failed[node] = False
+        self._refusals[node] = 0
+
+    def failed(self, node: str, refused: bool) -> None:
+        """A poll of ``node`` failed; ``refused``: nothing listens at its address."""
+        self._failed[node] = True
+        self._refusals[node] = self._refusals[node] + 1 if refused else 0
+
+    def update(self, now_s: float) -> list[Transition]:
+        """Re-derive every state at ``now_s``; the nodes whose state changed."""
+        out = []
+        for node, old in self._state.items():
+            new = self._derive(node, now_s, old)
+            if new is not old:
+                self._state[node] = new
+                out.append(Transition(node, old, new))
+        return out
+
+    def _derive(self, node: str, now_s: float, old: NodeState) -> NodeState:
+        silent_s = now_s - self._answered_s[node]
+        c = self.config
+        if not self._failed[node] and silent_s <= c.suspect_after_s:
+            return NodeState.OK
+        if old is NodeState.DEAD or silent_s > c.dead_after_s or self._refusals[node] >= c.dead_after_refusals:
+            return NodeState.DEAD
+        return NodeState.SUSPECT
+
+    def state(self, node: str) -> NodeState:
+        return self._state[node]
+
+    def states(self) -> dict[str, NodeState]:
+        return dict(self._state)
+
+    def usable(self) -> set[str]:
+        """Nodes that may get new requests."""
+        return {n for n, s in self._state.items() if s is NodeState.OK}

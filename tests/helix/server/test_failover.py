@@ -1,0 +1,221 @@
+"""Workers die and freeze while requests run (issue 13): the coordinator notices, routes around the
+node, moves the requests that crossed it to a surviving pipeline, and takes the node back when it
+returns. Real processes: cpu-2 is a ``helix worker`` subprocess that the test kills (SIGKILL) or freezes
+(SIGSTOP); cpu-0 and cpu-1 are WorkerServers in this process; the plan's pipelines are cpu-0 -> cpu-1
+and cpu-0 -> cpu-2, so a route always remains."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from coordinator.health import HealthConfig
+from coordinator.runtime import RuntimeConfig
+from helix.net.control import COORDINATOR_SERVICE, ControlClient
+from helix.net.sampling import SamplingParams
+from helix.server.stack import ServeOptions, ServeStack
+from worker.server import WorkerServer
+
+from tests.builders.serving import PROMPTS, hf_greedy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals")]
+
+MAX_TOKENS = 24
+VIA_2 = ("cpu-0", "cpu-2")
+VIA_1 = ("cpu-0", "cpu-1")
+
+
+class Cluster:
+    """The stack with cpu-2 in a subprocess; ``start_cpu2`` (re)starts that process."""
+
+    def __init__(self, ckpt, plan, health: HealthConfig) -> None:
+        self.ckpt = ckpt
+        runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60, health=health)
+        self.stack = ServeStack(plan, str(ckpt), ServeOptions(
+            external_nodes=("cpu-0", "cpu-1", "cpu-2"), register_timeout_s=120, runtime=runtime))
+        self.local: list[WorkerServer] = []
+        self.procs: list[subprocess.Popen] = []
+        errors: list[BaseException] = []
+        starter = threading.Thread(target=lambda: self._start(errors), daemon=True)
+        starter.start()
+        deadline = time.monotonic() + 30
+        while self.stack.grpc is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.start_cpu2()
+        self.local = [WorkerServer(n, str(ckpt), torch_threads=1) for n in ("cpu-0", "cpu-1")]
+        reg = ControlClient(self.stack.grpc.address, COORDINATOR_SERVICE)
+        for w in self.local:
+            reg.call("Register", w.addresses)
+        reg.close()
+        starter.join(timeout=150)
+        assert not starter.is_alive() and not errors, errors
+        self.coord = self.stack.coordinator
+
+    def _start(self, errors):
+        try:
+            self.stack.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def start_cpu2(self) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "helix.cli", "worker", "--coordinator",
+                                 self.stack.grpc.address, "--node", "cpu-2", "--model", str(self.ckpt)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.wait(timeout=30)
+        self.stack.close()
+        for w in self.local:
+            w.shutdown()
+
+
+@pytest.fixture
+def reference(tiny_model):
+    ckpt, model = tiny_model
+    ids = [tuple(_encode(ckpt, p)) for p in PROMPTS]
+    return {i: hf_greedy(model, i, MAX_TOKENS) for i in ids}
+
+
+def _encode(ckpt, text):
+    from coordinator.textcodec import TextCodec
+    return TextCodec(str(ckpt)).encode(text)
+
+
+def _submit_all(coord, prompts, n: int) -> list:
+    """Submit ``n`` greedy requests (prompts round robin); a thread per request collects its events."""
+    results: list = [None] * n
+
+    def collect(k, handle):
+        tokens, done = [], None
+        for ev in handle.events(timeout_s=90):
+            if hasattr(ev, "token_ids"):
+                tokens.extend(ev.token_ids)
+            else:
+                done = ev
+        results[k] = (tokens, done)
+    threads = []
+    for k in range(n):
+        handle = coord.submit(list(prompts[k % len(prompts)]),
+                              SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+        t = threading.Thread(target=collect, args=(k, handle), daemon=True)
+        t.start()
+        threads.append(t)
+    return [results, threads]
+
+
+def _finish(pending, prompts, reference):
+    results, threads = pending
+    for t in threads:
+        t.join(timeout=120)
+    for k, res in enumerate(results):
+        assert res is not None, f"request {k} never finished"
+        tokens, done = res
+        assert done.error is None, done.error
+        assert tokens == reference[prompts[k % len(prompts)]], k
+
+
+def _until(predicate, timeout_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+def _in_flight_on(coord, node: str) -> bool:
+    with coord._lock:
+        return any(r.pipeline is not None and node in r.pipeline.nodes and r.num_output_tokens >= 1
+                   for r in coord._live.values() if not r.done)
+
+
+def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model, plan3, reference):
+    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
+    prompts = list(reference)
+    try:
+        coord = cluster.coord
+        pending = _submit_all(coord, prompts, 64)
+        _until(lambda: _in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+        cluster.procs[0].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _until(lambda: coord.node_states()["cpu-2"] == "dead", 10, "cpu-2 reported dead")
+        detect_s = time.monotonic() - killed
+        _finish(pending, prompts, reference)      # 64/64, each equal to transformers' greedy output
+        assert coord.requests_moved >= 1
+        assert detect_s < 5   # refused polls: dead without waiting out dead_after_s
+        before = coord.pipeline_counts[VIA_2]
+        _finish(_submit_all(coord, prompts, 64), prompts, reference)   # the 64 after it
+        assert coord.pipeline_counts[VIA_2] == before                  # none through the dead node
+        with coord._lock:
+            assert not coord._live and not coord._waiting               # nothing leaked
+        # A new process for cpu-2 registers: it loads its slice, rejoins and gets traffic again.
+        cluster.start_cpu2()
+        _until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 back")
+        _finish(_submit_all(coord, prompts, 24), prompts, reference)
+        assert coord.pipeline_counts[VIA_2] > before
+    finally:
+        cluster.close()
+
+
+def test_frozen_node_gets_no_new_requests_and_its_requests_move(tiny_model, plan3, reference):
+    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=4.0))
+    prompts = list(reference)
+    try:
+        coord = cluster.coord
+        stuck = _submit_all(coord, prompts, 16)
+        _until(lambda: _in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+        cluster.procs[0].send_signal(signal.SIGSTOP)
+        _until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
+        before = coord.pipeline_counts[VIA_2]
+        _finish(_submit_all(coord, prompts, 16), prompts, reference)   # new ones avoid cpu-2
+        assert coord.pipeline_counts[VIA_2] == before
+        _finish(stuck, prompts, reference)   # the frozen node's requests move once it is dead
+        assert coord.node_states()["cpu-2"] == "dead" and coord.requests_moved >= 1
+        cluster.procs[0].send_signal(signal.SIGCONT)
+        _until(lambda: coord.node_states()["cpu-2"] == "ok", 10, "cpu-2 answers again")
+        _finish(_submit_all(coord, prompts, 24), prompts, reference)
+        assert coord.pipeline_counts[VIA_2] > before   # back in routing, same process
+    finally:
+        cluster.close()
+
+
+def test_no_pipeline_left_fails_with_503_after_the_grace(tiny_model, plan3):
+    pytest.importorskip("httpx")
+    import httpx
+
+    from helix.server.http import HttpThread
+    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=0.5, dead_after_s=2.0,
+                                                         no_route_grace_s=2.0))
+    try:
+        coord = cluster.coord
+        http = HttpThread(cluster.stack.app)
+        try:
+            for w in cluster.local:   # cpu-0 holds layer 0 for every pipeline: nothing is left
+                w.shutdown()
+            _until(lambda: coord.node_states()["cpu-0"] == "dead", 10, "cpu-0 dead")
+            t0 = time.monotonic()
+            r = httpx.post(http.url + "/v1/completions", timeout=60,
+                           json={"model": cluster.stack.model_name, "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 503 and "Retry-After" in r.headers
+            assert "no pipeline can serve" in r.json()["error"]["message"]
+            assert time.monotonic() - t0 < 30
+            h = httpx.get(http.url + "/health", timeout=30)
+            assert h.status_code == 503 and h.json()["nodes"]["cpu-0"] == "dead"
+        finally:
+            http.stop()
+    finally:
+        cluster.close()
