@@ -31,7 +31,7 @@ from helix.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.serving import ServingSpec
 from worker.kv_blocks import KVBlockManager
-from worker.kv_cache import PagedKVCache, num_blocks_for_budget
+from worker.kv_cache import PagedKVCache, kv_bytes_per_block, num_blocks_for_budget
 from worker.model import SliceModel, SliceWeights
 from worker.sampling import Sampler, SamplingState
 from worker.step_batch import RowSpan, build_step_batch, plan_rows
@@ -77,6 +77,16 @@ class EngineConfig:
     see :class:`worker.model.Linear`."""
 
 
+def check_pool_fits(pool_bytes: float, free_bytes: float, num_blocks: int, device: str) -> None:
+    """HelixUserError when the KV pool the plan gives this worker is more than the device has
+    free after the weights (the plan sized it from the spec's memory for the node)."""
+    if pool_bytes > free_bytes:
+        raise HelixUserError(f"the plan's KV pool ({num_blocks} blocks, {pool_bytes / 2**30:.2f} GiB) "
+                             f"does not fit in the {free_bytes / 2**30:.2f} GiB free on {device} "
+                             f"after the weights: lower serving.gpu_memory_utilization or the "
+                             f"node's memory in the cluster spec, and plan again")
+
+
 @dataclass(frozen=True)
 class RequestFailure:
     """A request the engine dropped (its state and KV are gone from this engine)."""
@@ -110,6 +120,10 @@ class SliceEngine:
         num_blocks = config.num_kv_blocks or num_blocks_for_budget(
             config.kv_budget_bytes, n_layers, config.block_size_tokens, spec.num_kv_heads,
             spec.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            pool = num_blocks * kv_bytes_per_block(n_layers, config.block_size_tokens,
+                                                   spec.num_kv_heads, spec.head_dim, self.dtype)
+            check_pool_fits(pool, torch.cuda.mem_get_info(self.device)[0], num_blocks, str(self.device))
         self.blocks = KVBlockManager(num_blocks, config.block_size_tokens)
         self.policy = StepPolicy(PolicyConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                               config.chunked_prefill, self_feeding=False), self.blocks)

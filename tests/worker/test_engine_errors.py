@@ -147,3 +147,11 @@ def test_hidden_states_of_the_wrong_width_fail_only_their_request(tiny_ckpt, pro
     [failure] = last.take_failures()
     assert failure.request_id == "r0" and "expected [num_tokens, 64]" in failure.message
     assert [t.request_id for t in tokens] == ["r1"]
+
+
+def test_a_kv_pool_larger_than_the_free_device_memory_is_one_clear_line():
+    from worker.engine import check_pool_fits
+    check_pool_fits(2 * 2**30, 3 * 2**30, 1000, "cuda:0")
+    with pytest.raises(HelixUserError, match=r"KV pool \(1000 blocks, 4.00 GiB\) does not fit in the "
+                                             r"3.00 GiB free on cuda:0 .*gpu_memory_utilization"):
+        check_pool_fits(4 * 2**30, 3 * 2**30, 1000, "cuda:0")
