@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from helix.pipelines import hop_usable
 from helix.plan import COORDINATOR, Plan
 
 Pick = Callable[[int], int] | int
@@ -145,22 +146,10 @@ class Topology:
         self._paths: dict[int, Pipeline] = {}
 
     def usable(self, src: str, dst: str) -> bool:
-        """Whether a request may hop ``src -> dst`` given the layer ranges."""
-        if src == dst:
-            return False
-        at_layer = 0 if src == COORDINATOR else self.ranges[src][1]
-        if dst == COORDINATOR:
-            return src != COORDINATOR and at_layer == self.num_layers
-        if dst not in self.ranges:
-            return False
-        start, end = self.ranges[dst]
-        if src == COORDINATOR:
-            return start == 0
-        if start == 0:   # a layer-0 node is a first stage only (see the class docstring)
-            return False
-        if self.partial_inference:
-            return start <= at_layer < end
-        return start == at_layer
+        """Whether a request may hop ``src -> dst`` given the layer ranges (the rule lives in
+        :func:`helix.pipelines.hop_usable`, which the planner's prediction shares; a layer-0 node
+        is a first stage only, see the class docstring)."""
+        return hop_usable(self.ranges, self.num_layers, self.partial_inference, src, dst)
 
     @classmethod
     def from_plan(cls, plan: Plan, connected: Callable[[str, str], bool] | None = None,

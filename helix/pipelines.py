@@ -5,9 +5,10 @@ throughput prediction (:mod:`helix.prediction`) and the coordinator can all use 
 A request's pipeline is drawn hop by hop: at every vertex the coordinator's scheduler picks the next
 node by interleaved weighted round robin over the out-arcs that carry flow, weighted by those flows
 (Helix section 5). Over many requests a path's share is therefore the product, over its hops, of
-the arc's flow divided by the vertex's out-flow. Stages follow the coordinator's rule
-(``coordinator.pipeline.Topology``): a node holding layer 0 is only ever a first stage, and with
-partial inference the next stage starts where the previous one stopped, inside its node's range.
+the arc's flow divided by the vertex's out-flow. Which hops a request may take is decided here, for
+the coordinator too (:func:`hop_usable`, used by ``coordinator.pipeline.Topology``): a node
+holding layer 0 is only ever a first stage, and with partial inference the next stage starts where
+the previous one stopped, inside its node's range.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class PlanPipeline:
 
 def hop_usable(ranges: dict[str, tuple[int, int]], num_layers: int, partial_inference: bool,
                src: str, dst: str) -> bool:
-    """Whether a request may go ``src -> dst`` given the layer ranges (the coordinator's rule)."""
+    """Whether a request may go ``src -> dst`` given the layer ranges (vertices: node names and
+    :data:`~helix.plan.COORDINATOR`, which is the source and the sink)."""
     if src == dst:
         return False
     at = 0 if src == COORDINATOR else ranges[src][1]

@@ -122,11 +122,14 @@ class _Model:
             N = in_flight_of(stay)
             rate = N / stay                               # requests/s per pipeline
             decode_rate = self.incidence.T @ (rate * o)   # decode tokens/s per node
-            waves = self.incidence.T @ np.where(N > 0, DECODE_WAVES / R, 0.0)   # steps/s
-            new = np.clip(np.divide(decode_rate, waves, out=np.ones_like(waves), where=waves > 0),
+            # Steps/s: one per wave of each pipeline through the node, but never more than back to
+            # back (then each step takes what arrived during the previous one).
+            waves = self.incidence.T @ (np.minimum(DECODE_WAVES, N) / R)
+            steps = np.minimum(waves, 1.0 / step)
+            new = np.clip(np.divide(decode_rate, steps, out=np.ones_like(steps), where=steps > 0),
                           1.0, self.cost.serving.max_batch_seqs)
-            busy = np.minimum(0.95, np.divide(decode_rate * step, new,
-                                              out=np.zeros_like(new), where=new > 0))
+            busy = np.minimum(1.0, np.divide(decode_rate * step, new,
+                                             out=np.zeros_like(new), where=new > 0))
             done = np.allclose(new, batch, rtol=1e-3)
             batch = 0.5 * batch + 0.5 * new
             if done:

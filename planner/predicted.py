@@ -29,8 +29,10 @@ from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.prediction import PipelineState, predict
 from helix.spec import ClusterSpec
+from helix.plan import COORDINATOR, ArcFlow
 from planner.build import build_problem
-from planner.problem import PlacementProblem
+from planner.flowgraph import max_flow
+from planner.problem import Link, PlacementProblem
 from planner.search.baselines import HEURISTICS
 from planner.solve import solve
 
@@ -76,6 +78,50 @@ def pipeline_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostMod
     return dataclasses.replace(problem, nodes=tuple(nodes))
 
 
+def _with_flows(plan: Plan, flows: dict[tuple[str, str], float], routing: str) -> Plan:
+    arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(flows.items()) if f > 1e-9)
+    return dataclasses.replace(plan, arc_flows=arcs, extras={
+        **plan.extras, "routing": routing,
+        "routed_tokens_per_s": sum(f for (u, _), f in flows.items() if u == COORDINATOR)})
+
+
+def routings(problem: PlacementProblem, found: Plan) -> list[Plan]:
+    """``found`` with its max-flow arcs, and with flows that keep pipelines within one GPU kind
+    (and region).
+
+    Any max flow is as good as another to the flow graph, but not to users: a pipeline is as slow
+    as its slowest stages and holds KV on all of them, so an A100 that passes tokens to L4s serves
+    at the L4s' pace. The second routing is a max flow over links between nodes of the same kind in
+the same region only (kind chains);
+    the third adds what flows over the remaining capacity with every link. The sum is a flow of
+    the placement, at most its max flow."""
+    placement = {p.node: (p.start, p.end) for p in found.placements}
+    label = {n.name: (n.gpu, n.region) for n in problem.nodes}
+    same = {k: v for k, v in problem.links.items()
+            if COORDINATOR in k or label.get(k[0]) == label.get(k[1])}
+    chains = max_flow(dataclasses.replace(problem, links=same), placement, found.partial_inference)
+    if chains.value_tokens_per_s <= 0:
+        return [found]
+    out = [found, _with_flows(found, dict(chains.arc_flows), "kind chains")]
+    nodes = []
+    for n in problem.nodes:
+        k = placement[n.name][1] - placement[n.name][0] if n.name in placement else 0
+        used = chains.node_flows.get(n.name, 0.0)
+        table = tuple(max(0.0, t - used) if i + 1 == k else t
+                      for i, t in enumerate(n.throughput_tokens_per_s))
+        nodes.append(dataclasses.replace(n, throughput_tokens_per_s=table))
+    links = {k: Link(max(0.0, v.capacity_tokens_per_s - chains.arc_flows.get(k, 0.0)), v.latency_s)
+             for k, v in problem.links.items()}
+    rest = max_flow(dataclasses.replace(problem, nodes=tuple(nodes), links=links), placement,
+                    found.partial_inference)
+    if rest.value_tokens_per_s > 0:
+        both = dict(chains.arc_flows)
+        for k, f in rest.arc_flows.items():
+            both[k] = both.get(k, 0.0) + f
+        out.append(_with_flows(found, both, "kind chains + the rest"))
+    return out
+
+
 def _key(plan: Plan) -> tuple:
     return tuple((p.node, p.start, p.end) for p in plan.placements)
 
@@ -96,10 +142,17 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
     inner = problem
     history = []
     for i in range(rounds):
-        found = solve(inner, method, time_limit_s=share, **solve_kwargs)
-        prediction, states = predict(spec, found, cost)
-        found = dataclasses.replace(found, prediction=prediction, extras={
-            **found.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
+        solved = solve(inner, method, time_limit_s=share, **solve_kwargs)
+        solved = dataclasses.replace(solved, extras={
+            **solved.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
+        # The routing users get the most from, of those below (ties: the solver's own flows).
+        found, states = None, ()
+        for routed in routings(problem, solved):
+            prediction, routed_states = predict(spec, routed, cost)
+            if found is None or prediction.prompt_decode_tokens_per_s > \
+                    found.prediction.prompt_decode_tokens_per_s * (1 + 1e-9):
+                found, states = dataclasses.replace(routed, prediction=prediction), routed_states
+        prediction = found.prediction
         history.append(round(prediction.prompt_decode_tokens_per_s, 1))
         if best is None or prediction.prompt_decode_tokens_per_s > \
                 best.prediction.prompt_decode_tokens_per_s:  # type: ignore[union-attr]

@@ -42,13 +42,10 @@ def simulate(
                                   help="helix | swarm | random | shortest-queue"),
     mode: str = typer.Option("offline", "--mode", help="offline (saturated) | online (timed arrivals)"),
     load: float = typer.Option(0.75, "--load", help="Online: arrival rate in requests/s = LOAD x "
-                               "the plan's max flow (prompt + output tokens/s, from the cost "
-                               "model's T(k)) / the trace's mean prompt + output tokens per "
-                               "request. T(k) assumes a node batches every request its KV holds "
-                               "in each step; in an S-stage pipeline a stage sees about 1/S of "
-                               "them, so the simulated cluster serves several times less than "
-                               "max flow (single24: ~10x) and the default 0.75 overloads it: use "
-                               "a lower --load or --rate."),
+                               "the plan's predicted request rate at saturation (helix plan's "
+                               "'predicted' line); a plan without a prediction: LOAD x its max "
+                               "flow / the trace's mean prompt + output tokens (max flow "
+                               "overstates what the cluster serves several times)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Online: arrival rate in requests/s "
                                          "(overrides --load)."),
     trace: str = typer.Option("conv", "--trace", help="conv | code | path to an Azure-format CSV."),

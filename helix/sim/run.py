@@ -38,16 +38,20 @@ class WorkloadOptions:
     num_requests: int | None = None
     """Use only the first N requests (None: all)."""
     load: float = 0.75
-    """Online: arrival rate as a fraction of the plan's max flow, converted to requests/s (see
-    :func:`online_rate_per_s`). Max flow comes from the cost model's T(k), which assumes a node
-    batches all its KV-resident requests each step; a stage of an S-stage pipeline sees about 1/S
-    of them, so the simulator serves several times less than max flow and 0.75 overloads it."""
+    """Online: arrival rate as a fraction of the plan's predicted request rate at saturation
+    (:func:`online_rate_per_s`; plans without a prediction: of the max flow, which overstates
+    what the cluster serves several times)."""
     rate_per_s: float | None = None
     """Online: explicit arrival rate (requests/s); overrides ``load``."""
 
 
 def online_rate_per_s(plan: Plan, requests: tuple[TraceRequest, ...], load: float) -> float:
-    """``load`` x max flow in requests/s: the flow counts prompt + output tokens of each request."""
+    """``load`` x the plan's predicted request rate at saturation (``plan.prediction``, what the
+    cluster delivers inside its pipelines); for a plan without a prediction, ``load`` x max flow in
+    requests/s (the flow counts prompt + output tokens of each request; it overstates what the
+    cluster serves several times)."""
+    if plan.prediction is not None and plan.prediction.requests_per_s > 0:
+        return load * plan.prediction.requests_per_s
     mean_prompt, mean_output = mean_lengths(requests)
     if plan.max_flow_tokens_per_s <= 0:
         raise HelixUserError(f"plan {plan.method!r} has zero max flow: nothing can be served")
@@ -77,10 +81,10 @@ def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0,
 
 
 def make_plan(spec: ClusterSpec, method: str, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
-    """Ask the planner for ``method``'s placement of ``spec``."""
-    from planner.build import build_problem
-    from planner.solve import solve
-    return solve(build_problem(spec), method=method, time_limit_s=time_limit_s, seed=seed)
+    """Ask the planner for ``method``'s placement of ``spec`` (the one ``helix plan`` gives: the
+    highest predicted throughput, ``planner.predicted``)."""
+    from planner.predicted import plan
+    return plan(spec, method, time_limit_s=time_limit_s, seed=seed)
 
 
 def simulate(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,

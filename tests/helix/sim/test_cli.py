@@ -188,9 +188,22 @@ nodes:
 
 
 def test_load_help_says_what_the_rate_is_based_on(capsys):
-    # --load 0.75 overloads every run; the help must say why, not just "fraction of max flow".
+    # --load is a fraction of what the plan predicts users get, not of the max flow (which
+    # overstates it several times and made the default 0.75 overload every run).
     assert main(["simulate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
-    assert "LOAD x the plan's max flow (prompt + output tokens/s" in text
-    assert "/ the trace's mean prompt + output tokens per request" in text
-    assert "1/S" in text and "overloads" in text
+    assert "LOAD x the plan's predicted request rate at saturation" in text
+    assert "a plan without a prediction: LOAD x its max flow" in text
+
+
+def test_online_rate_follows_the_prediction():
+    from helix.plan import Plan, Prediction
+    from helix.sim.run import online_rate_per_s
+    from helix.sim.workload import TraceRequest
+    plan = Plan(model="m", num_layers=2, placements=(), arc_flows=(), max_flow_tokens_per_s=1000.0)
+    requests = (TraceRequest(0.0, 80, 20),)
+    assert online_rate_per_s(plan, requests, 0.5) == pytest.approx(5.0)   # 0.5 x 1000 / 100
+    predicted = dataclasses.replace(plan, prediction=Prediction(
+        prompt_decode_tokens_per_s=200.0, decode_tokens_per_s=40.0, requests_per_s=2.0,
+        pipelines=1, requests_in_flight=10.0, online_load=0.75, ttft_p50_s=1.0, tpot_p50_s=0.1))
+    assert online_rate_per_s(predicted, requests, 0.5) == pytest.approx(1.0)

@@ -1,0 +1,156 @@
+"""Plan vs simulator (issue 12): does ``helix plan``'s prediction hold in ``helix simulate``?
+
+For each case (LLaMA-2 70B on single24, geo24, hetero42; LLaMA-1 30B on single24):
+
+1. plan it as ``helix plan`` does (``planner.predicted.plan``: the placement with the highest
+   predicted throughput) and read its prediction;
+2. offline simulation (saturated, Azure conversation trace in order): prompt + decode and decode
+   tokens/s against the prediction (target: within 15 %);
+3. online simulation at 75 % of the predicted request rate, Poisson arrivals with lengths drawn
+   from the trace: TTFT and time per output token p50 against the prediction (target: within 25 %).
+
+Then Helix placement + scheduler against Swarm placement + scheduler, offline, same trace (targets:
+single24 >= 1.8x, geo24 >= 2.5x in decode tokens/s).
+
+Usage: ``python scripts/bench_fidelity.py [--duration 600] [--time-limit 60] [--cases single24,...]
+[--no-append]``. Prints a table and appends it to BENCHMARKS.md with the command, machine and load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from helix.sim import run as simrun  # noqa: E402
+from helix.sim.engine import SimConfig  # noqa: E402
+from helix.spec import load_cluster  # noqa: E402
+from planner.predicted import plan as plan_for_users  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_sim import machine  # noqa: E402
+
+#: name -> (cluster spec, model, or None for the spec's own)
+CASES = {"single24": ("single24", None), "geo24": ("geo24", None),
+         "hetero42": ("hetero42", None), "single24-30b": ("single24", "llama-1-30b")}
+
+
+def spec_of(cluster: str, model: str | None):
+    """The example cluster's spec, with another catalog ``model`` when given (the simulator reads
+    the spec's model, so the spec itself is rewritten)."""
+    path = ROOT / "cluster_specs" / f"{cluster}.yaml"
+    if model is None:
+        return load_cluster(path)
+    data = yaml.safe_load(path.read_text())
+    data["model"] = model
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        yaml.safe_dump(data, fh)
+    try:
+        return load_cluster(Path(fh.name))
+    finally:
+        os.unlink(fh.name)
+
+
+def run_sim(spec, plan, mode: str, duration_s: float, scheduler: str = "helix",
+            rate: float | None = None):
+    """(SimResult, prompt tokens admitted per s)."""
+    opts = simrun.WorkloadOptions(poisson=mode == "online", rate_per_s=rate)
+    workload = simrun.make_workload(opts, mode, plan, 0, window_s=duration_s)
+    sim = simrun.build_simulator(spec, plan, workload, SimConfig(mode=mode, duration_s=duration_s),
+                                 scheduler)
+    result = sim.run()
+    return result, sim.metrics.prompt_tokens_admitted / result.duration_s
+
+
+def _err(pred: float | None, got: float | None) -> str:
+    if pred is None or got is None or got == 0:
+        return "-"
+    return f"{(pred - got) / got * 100:+.0f} %"
+
+
+def fidelity(name: str, duration_s: float, time_limit_s: float) -> tuple[list[str], dict]:
+    cluster, model = CASES[name]
+    spec = spec_of(cluster, model)
+    t0 = time.perf_counter()
+    plan = plan_for_users(spec, "milp", time_limit_s=time_limit_s, threads=1)
+    plan_s = time.perf_counter() - t0
+    pr = plan.prediction
+    off, prompt_rate = run_sim(spec, plan, "offline", duration_s)
+    sim_total = off.decode_throughput_tokens_per_s + prompt_rate
+    rate = pr.online_load * pr.requests_per_s
+    on, _ = run_sim(spec, plan, "online", duration_s, rate=rate)
+    row = (f"| {name} | {plan.max_flow_tokens_per_s:,.0f} | {plan_s:.0f} s | "
+           f"{pr.prompt_decode_tokens_per_s:,.0f} / {sim_total:,.0f} ({_err(pr.prompt_decode_tokens_per_s, sim_total)}) | "
+           f"{pr.decode_tokens_per_s:,.1f} / {off.decode_throughput_tokens_per_s:,.1f} "
+           f"({_err(pr.decode_tokens_per_s, off.decode_throughput_tokens_per_s)}) | {rate:.3f} | "
+           f"{pr.ttft_p50_s:.2f} / {on.ttft.p50_s:.2f} ({_err(pr.ttft_p50_s, on.ttft.p50_s)}) | "
+           f"{pr.tpot_p50_s:.3f} / {on.request_decode_latency.p50_s:.3f} "
+           f"({_err(pr.tpot_p50_s, on.request_decode_latency.p50_s)}) | "
+           f"{on.requests_completed}/{on.requests_arrived} |")
+    return [row], {"spec": spec, "plan": plan, "offline": off}
+
+
+def versus_swarm(cluster: str, helix_plan, spec, helix_offline, duration_s: float,
+                 time_limit_s: float) -> str:
+    swarm_plan = plan_for_users(spec, "swarm", time_limit_s=time_limit_s)
+    swarm, _ = run_sim(spec, swarm_plan, "offline", duration_s, scheduler="swarm")
+    h, s = helix_offline.decode_throughput_tokens_per_s, swarm.decode_throughput_tokens_per_s
+    return (f"| {cluster} | {h:,.1f} | {s:,.1f} | {h / s:.2f}x | "
+            f"{helix_plan.prediction.decode_tokens_per_s:,.1f} | "
+            f"{swarm_plan.prediction.decode_tokens_per_s:,.1f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=600.0, help="simulated s per run")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="planner time limit per case")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
+    args = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    cases = [c for c in args.cases.split(",") if c]
+    rows, runs = [], {}
+    for name in cases:
+        print(f"[{time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
+        r, runs[name] = fidelity(name, args.duration, args.time_limit)
+        rows += r
+    swarm_rows = []
+    for cluster in ("single24", "geo24"):
+        if cluster in runs:
+            print(f"[{time.strftime('%H:%M:%S')}] swarm on {cluster}", file=sys.stderr, flush=True)
+            run = runs[cluster]
+            swarm_rows.append(versus_swarm(cluster, run["plan"], run["spec"], run["offline"],
+                                           args.duration, args.time_limit))
+    out = [f"`python scripts/bench_fidelity.py --duration {args.duration:g} --time-limit "
+           f"{args.time_limit:g} --cases {','.join(cases)}` on {datetime.date.today()} "
+           f"({machine()}; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at "
+           "the end). Each cell: predicted by `helix plan` / measured by `helix simulate` "
+           "(error of the prediction). Offline: saturated, trace in order; online: Poisson at "
+           "75 % of the predicted request rate, lengths from the trace. Targets: throughput "
+           "within 15 %, TTFT/TPOT p50 within 25 %.", "",
+           "| case | max flow | plan time | prompt+decode tok/s | decode tok/s | online req/s | "
+           "TTFT p50 s | TPOT p50 s | online done/arrived |",
+           "|---|---|---|---|---|---|---|---|---|", *rows]
+    if swarm_rows:
+        out += ["", "Helix placement + scheduler vs Swarm placement + scheduler, offline, same "
+                "trace (targets: single24 >= 1.8x, geo24 >= 2.5x):", "",
+                "| cluster | Helix decode tok/s | Swarm decode tok/s | ratio | Helix predicted | "
+                "Swarm predicted |", "|---|---|---|---|---|---|", *swarm_rows]
+    text = "\n".join(out)
+    print(text)
+    if not args.no_append:
+        with (ROOT / "BENCHMARKS.md").open("a") as fh:
+            fh.write("\n## Plan vs simulator (`scripts/bench_fidelity.py`, issue 12)\n\n" + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
