@@ -28,6 +28,7 @@ from planner.search.bounds import fixed_point_bound, layer_counts
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.cover import cover_search
+from planner.search.region_chain import region_chain
 from planner.latency import path_stats
 from planner.milp.linear import LinearModel
 from planner.problem import PlacementProblem
@@ -163,7 +164,8 @@ def _best_warm_start(problem, seed, partial, min_k) -> Candidate:
     best = Candidate({}, FlowResult(0.0, {}, {}), "none")
     starts = {**WARM_STARTS, "sweep": lambda p, s: construct.sweep(p, s, partial),
               "regional": lambda p, s: construct.regional(p, s, partial),
-              "stages": lambda p, s: construct.stages(p, s, partial)}
+              "stages": lambda p, s: construct.stages(p, s, partial),
+              "region-chain": lambda p, s: region_chain(p, s, partial)}
     for name, heuristic in starts.items():
         placement = heuristic(problem, seed)
         if any(e - s < min_k for s, e in placement.values()):
@@ -280,7 +282,13 @@ def _class_milp(problem, adapter, best, bound, t0, time_limit_s, threads, seed, 
         inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
         return inc > 0 and min(bound, dual) <= inc * (1 + gap)
 
-    res = adapter.solve(model.lp, _options(time_limit_s, threads, seed, gap, progress, t0, warm, stop))
+    def shown(elapsed, primal, dual):
+        # The live line shows real flows and valid bounds: a relaxed model's primal is neither.
+        if progress is not None:
+            inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
+            progress(elapsed, inc, min(bound, dual))
+
+    res = adapter.solve(model.lp, _options(time_limit_s, threads, seed, gap, shown, t0, warm, stop))
     extras.update(solver_used=res.solver, warm_start=best.source, warm_start_tokens_per_s=best.value,
                   classes=len(model.classes), class_model_exact=exact, milp_seconds=res.seconds,
                   milp_status=res.status)
