@@ -9,13 +9,45 @@ outside Ray with ``helix worker`` is driven.
 from __future__ import annotations
 
 
+import logging
+import os
+import time
+
+log = logging.getLogger("helix.worker")
+
+
 class WorkerActor:
-    """One worker process: binds its data plane and control service on ``host``."""
+    """One worker process: binds its data plane and control service on ``host``.
+
+    With ``coordinator_address`` it also registers there (as ``helix worker`` does). At the first
+    start the coordinator only notes it (the launcher hands it the addresses anyway); when Ray
+    restarts a worker whose process died, the new process's registration makes the node rejoin:
+    the coordinator loads its slice and routes to it again."""
 
     def __init__(self, node: str, model_path: str, host: str = "127.0.0.1",
-                 torch_threads: int | None = 1) -> None:
+                 torch_threads: int | None = 1, coordinator_address: str | None = None) -> None:
         from worker.server import WorkerServer
         self.server = WorkerServer(node, model_path, host=host, torch_threads=torch_threads)
+        if coordinator_address:
+            self._register(coordinator_address)
+
+    def _register(self, address: str, attempts: int = 5) -> None:
+        from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError
+        client = ControlClient(address, COORDINATOR_SERVICE)
+        try:
+            for attempt in range(attempts):
+                try:
+                    client.call("Register", self.server.addresses, timeout_s=10.0)
+                    return
+                except ControlError as exc:
+                    log.warning("worker %s: registering with %s failed (%s)", self.server.node,
+                                address, exc)
+                    time.sleep(min(8.0, 0.5 * 2 ** attempt))
+        finally:
+            client.close()
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def addresses(self) -> dict[str, str]:
         """``{"node", "control", "data"}``: where the coordinator reaches this worker."""

@@ -42,6 +42,8 @@ class LaunchConfig:
     """Intra-op threads per worker (1 keeps several CPU workers on one machine from fighting)."""
     bind_host: str = "127.0.0.1"
     """Address workers bind; use the machine's reachable address on a real cluster."""
+    max_restarts: int = 3
+    """Times Ray restarts a worker whose process died (it then registers and rejoins)."""
     connect_timeout_s: float = 60.0
     """Longest wait for ``ray.init`` (joining a cluster, or starting a local Ray)."""
 
@@ -54,8 +56,10 @@ class RayLauncher:
         self._actors: dict[str, object] = {}
         self._started_ray = False
 
-    def start(self, nodes: Sequence[str], model_path: str) -> list[WorkerHandle]:
-        """Start a worker for each node; their addresses once all are up."""
+    def start(self, nodes: Sequence[str], model_path: str,
+              coordinator_address: str | None = None) -> list[WorkerHandle]:
+        """Start a worker for each node; their addresses once all are up. With
+        ``coordinator_address`` a worker that Ray restarts registers there and rejoins."""
         import ray
         self._connect(nodes)
         from worker.actor import WorkerActor
@@ -64,7 +68,8 @@ class RayLauncher:
         for node in nodes:
             self._actors[node] = remote_cls.options(
                 name=f"helix-worker-{node}-{tag}", num_cpus=0, resources={node_resource(node): 1},
-                max_restarts=0).remote(node, model_path, self.config.bind_host, self.config.torch_threads)
+                max_restarts=self.config.max_restarts).remote(
+                    node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address)
         handles = []
         for node, actor in self._actors.items():
             try:
@@ -122,6 +127,11 @@ class RayLauncher:
                     f"machine with: ray start --address=HEAD --resources='{{\"helix_node:<name>\": 1}}'")
             time.sleep(0.5)
 
+    def worker_pid(self, node: str) -> int:
+        """The PID of ``node``'s worker process now (tests kill it)."""
+        import ray
+        return ray.get(self._actors[node].pid.remote(), timeout=30)
+
     def shutdown(self) -> None:
         """Kill the actors; stop Ray only if this launcher started it."""
         import ray
@@ -129,7 +139,7 @@ class RayLauncher:
             return
         for actor in self._actors.values():
             try:
-                ray.kill(actor)
+                ray.kill(actor, no_restart=True)
             except Exception as exc:  # already dead: nothing to free
                 log.debug("kill failed: %s", exc)
         self._actors.clear()

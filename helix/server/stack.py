@@ -90,7 +90,8 @@ class ServeStack:
         self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port)
         codec = TextCodec(self.model_path)   # fail fast on a checkpoint without a tokenizer
         ray_nodes = [p.node for p in self.plan.placements if p.node not in self.options.external_nodes]
-        handles = self.launcher.start(ray_nodes, self.model_path) if ray_nodes else []
+        handles = (self.launcher.start(ray_nodes, self.model_path, self.grpc.address)
+                   if ray_nodes else [])
         if self.options.external_nodes:
             log.info("waiting for external workers %s to register at %s", self.options.external_nodes,
                      self.grpc.address)

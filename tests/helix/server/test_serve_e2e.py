@@ -257,3 +257,39 @@ def test_helix_demo_runs(ray_local, tmp_path, capsys):
     assert main(["demo", "--cache", str(tmp_path / "ckpt"), "--requests", "12"]) == 0
     out = capsys.readouterr().out
     assert "match the single-process reference" in out and "TTFT" in out
+
+
+def test_a_killed_ray_worker_is_restarted_and_rejoins(stack, tiny_model, codec):
+    """kill -9 of cpu-2's Ray worker process while greedy requests run: every request still ends with
+    transformers' output (those that crossed cpu-2 move to cpu-0 -> cpu-1), Ray restarts the actor,
+    the new process registers and rejoins, and requests reach cpu-2 again. Last in the module: it
+    restarts a worker."""
+    import signal
+
+    from helix.net.sampling import SamplingParams
+    s, _ = stack
+    _, model = tiny_model
+    coord = s.coordinator
+    ids = codec.encode(PROMPTS[2])
+    want = hf_greedy(model, ids, 24)
+    old_pid = s.launcher.worker_pid("cpu-2")
+    handles = [coord.submit(ids, SamplingParams(temperature=0, max_tokens=24)) for _ in range(24)]
+    deadline = time.monotonic() + 60
+    while not any(r.pipeline is not None and "cpu-2" in r.pipeline.nodes and r.num_output_tokens
+                  for r in list(coord._live.values())):
+        assert time.monotonic() < deadline, "no request generated through cpu-2"
+        time.sleep(0.01)
+    os.kill(old_pid, signal.SIGKILL)
+    for h in handles:
+        events = list(h.events(timeout_s=120))
+        assert events[-1].error is None, events[-1].error
+        assert [t for ev in events[:-1] for t in ev.token_ids] == want
+    deadline = time.monotonic() + 180
+    while coord.node_states()["cpu-2"] != "ok" or s.launcher.worker_pid("cpu-2") == old_pid:
+        assert time.monotonic() < deadline, coord.node_states()
+        time.sleep(0.2)
+    before = coord.pipeline_counts[("cpu-0", "cpu-2")]
+    for _ in range(9):
+        h = coord.submit(ids, SamplingParams(temperature=0, max_tokens=4))
+        assert list(h.events(timeout_s=60))[-1].error is None
+    assert coord.pipeline_counts[("cpu-0", "cpu-2")] > before
