@@ -20,7 +20,8 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
 
 Offline: saturation (the KV fills). Online: requests at ``load`` x the predicted request rate,
 Poisson; each pipeline gets that fraction of its saturated rate; TTFT and time per output token
-p50 are the medians over requests of F (plus the wait at the first stage) and R.
+p50 are the medians over requests of F (its prompt part scaled by the request's prompt length,
+:data:`PROMPT_CV`) and of R.
 
 Pure and fast (milliseconds to a second for 40 nodes): no simulation, numbers only.
 """
@@ -45,6 +46,12 @@ DECODE_WAVES = 2.0
 ONLINE_LOAD = 0.75
 
 MAX_ITERATIONS = 60
+
+#: Spread of prompt lengths (coefficient of variation) for latency percentiles: the spec gives
+#: means only, so prompts are taken as lognormal with the Azure conversation trace's CV (0.58,
+#: filtered to <= 2048 tokens). A request's TTFT grows with its prompt, so the median over
+#: requests sits well above the TTFT of a mean prompt when fast pipelines take most requests.
+PROMPT_CV = 0.58
 
 
 @dataclass(frozen=True)
@@ -116,8 +123,8 @@ class _Model:
             step, prompt_step = self.step_times(batch)
             visit = step * (1.0 + 0.5 * busy)   # its own step, and half the one in progress
             R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min()
-            F = self.incidence @ (prompt_step + 0.5 * busy * step) + self.link_latency \
-                + self.link_s_per_token * self.p
+            F0 = self.incidence @ (step + 0.5 * busy * step) + self.link_latency
+            F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
             rate = N / stay                               # requests/s per pipeline
@@ -134,7 +141,7 @@ class _Model:
             batch = 0.5 * batch + 0.5 * new
             if done:
                 break
-        return N, rate, R, F, batch, busy
+        return N, rate, R, F, F0, batch, busy
 
     def fill(self, stay: np.ndarray) -> np.ndarray:
         """Requests in flight per pipeline at saturation (progressive filling, see the module)."""
@@ -164,6 +171,26 @@ class _Model:
         return N
 
 
+def _ttft_median(fixed_s: np.ndarray, mean_prompt_s: np.ndarray, weights: np.ndarray
+                 ) -> float | None:
+    """Median TTFT over requests: on pipeline i a prompt of p tokens takes
+    ``fixed_s[i] + mean_prompt_s[i] x p / mean p``, p lognormal with CV :data:`PROMPT_CV`."""
+    if weights.sum() <= 0:
+        return None
+    sigma = math.sqrt(math.log(1.0 + PROMPT_CV ** 2))
+    w = weights / weights.sum()
+
+    def below(x: float) -> float:   # fraction of requests with TTFT <= x
+        ratio = np.maximum((x - fixed_s) / np.maximum(mean_prompt_s, 1e-12), 1e-300)
+        z = (np.log(ratio) + sigma ** 2 / 2) / (sigma * math.sqrt(2))   # ln(p / mean p) = ln ratio
+        return float(np.sum(w * 0.5 * (1 + np.vectorize(math.erf)(z)) * (x > fixed_s)))
+    lo, hi = float(fixed_s.min()), float((fixed_s + 20 * mean_prompt_s).max())
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if below(mid) < 0.5 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def _median(values: np.ndarray, weights: np.ndarray) -> float | None:
     if weights.sum() <= 0:
         return None
@@ -180,16 +207,14 @@ def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
     m = _Model(spec, plan, cost)
     if not m.paths:
         return Prediction(0.0, 0.0, 0.0, 0, 0.0, load, None, None), ()
-    N, rate, R, F, batch, _ = m.solve(m.fill)
+    N, rate, R, F, _, batch, _ = m.solve(m.fill)
     states = tuple(PipelineState(q, float(n), float(r), float(rt), float(f))
                    for q, n, r, rt, f in zip(m.paths, N, rate, R, F))
     target = load * rate
-    n_on, rate_on, R_on, F_on, _, busy = m.solve(lambda stay: target * stay)
-    first = np.array([m.nodes.index(q.stages[0].node) for q in m.paths])
-    step, _ = m.step_times(np.ones(len(m.nodes)))
-    ttft = F_on + 0.5 * busy[first] * step[first]
+    n_on, rate_on, R_on, F_on, F0_on, _, _ = m.solve(lambda stay: target * stay)
     total = float(rate.sum())
     return Prediction(
         prompt_decode_tokens_per_s=total * (m.p + m.o), decode_tokens_per_s=total * m.o,
         requests_per_s=total, pipelines=len(m.paths), requests_in_flight=float(N.sum()),
-        online_load=load, ttft_p50_s=_median(ttft, rate_on), tpot_p50_s=_median(R_on, rate_on)), states
+        online_load=load, ttft_p50_s=_ttft_median(F0_on, F_on - F0_on, rate_on),
+        tpot_p50_s=_median(R_on, rate_on)), states
