@@ -103,3 +103,28 @@ def test_prediction_in_plan_json_and_yaml(tmp_path, capsys):
     assert pred["ttft_p50_s"] > 0 and pred["tpot_p50_s"] > 0 and pred["online_load"] == 0.75
     assert Plan.load(out).prediction.prompt_decode_tokens_per_s == \
         pytest.approx(pred["prompt_decode_tokens_per_s"])
+
+
+def test_kind_chain_routing_keeps_pipelines_within_a_kind():
+    """single24: the max flow of the 'separate' placement sends A100 tokens through L4s; the
+    kind-chain routing does not, and the prediction prefers it (an A100 chain is ~5x faster)."""
+    from helix.spec import load_cluster
+    from planner.build import build_problem
+    from planner.predicted import plan, routings
+    from planner.solve import solve
+    spec = load_cluster(REPO / "cluster_specs" / "single24.yaml")
+    problem = build_problem(spec)
+    found = solve(problem, "separate")
+    kind = {n.name: n.gpu for n in problem.nodes}
+    crossing = [a for a in found.arc_flows if a.flow_tokens_per_s > 0 and "coordinator" not in
+                (a.src, a.dst) and kind[a.src] != kind[a.dst]]
+    assert crossing   # the solver's flows mix kinds
+    candidates = routings(problem, found)
+    chains = [c for c in candidates if c.extras.get("routing") == "kind chains"]
+    assert len(chains) == 1
+    assert all(kind[a.src] == kind[a.dst] for a in chains[0].arc_flows
+               if "coordinator" not in (a.src, a.dst))
+    assert chains[0].extras["routed_tokens_per_s"] <= found.max_flow_tokens_per_s * (1 + 1e-9)
+    best = plan(spec, "separate")
+    assert best.extras["routing"] == "kind chains"
+    assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.3
