@@ -145,9 +145,10 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
         solved = solve(inner, method, time_limit_s=share, **solve_kwargs)
         solved = dataclasses.replace(solved, extras={
             **solved.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
-        # The routing users get the most from, of those below (ties: the solver's own flows).
+        # The routing users get the most from (ties: the solver's own flows), on the capacities
+        # this round solved with.
         found, states = None, ()
-        for routed in routings(problem, solved):
+        for routed in routings(inner, solved):
             prediction, routed_states = predict(spec, routed, cost)
             if found is None or prediction.prompt_decode_tokens_per_s > \
                     found.prediction.prompt_decode_tokens_per_s * (1 + 1e-9):
