@@ -50,9 +50,11 @@ output, p the mean prompt):
   around it (stages, links, coordinator, back to stage 0) in about W waves, and a node steps once
   per wave, so ``steps/s = sum over its pipelines of W / R`` and its decode batch is
   ``D_v = decode tokens/s through v / steps/s``. Each step also carries prefill: requests join at
-  the rate they finish, ``D_v / o`` per step, each bringing p prompt tokens, so a step takes
-  ``t_v = k x t_layer(P = D_v p / o, D_v)`` (:meth:`CostModel.stage_step_s`: T(k)'s operating
-  point with D_v instead of every KV-resident request);
+  the rate they finish, ``D_v / o`` per step, each bringing p prompt tokens whole; with fewer
+  than one per step a step takes ``t_v = k x [t_layer(0, D_v) + D_v / o x (t_layer(p, D_v) -
+  t_layer(0, D_v))]``, else ``k x t_layer(D_v p / o, D_v)`` (:meth:`CostModel.stage_step_s`:
+  T(k)'s operating point with D_v instead of every KV-resident request; a layer's time is a max
+  of compute and memory time, so a prompt spread thinly over every step would cost too little);
 - *round trip*: a token visits every stage; at each it waits for the step in progress (half a
   step times the stage's busy fraction ``u_v = steps/s x t_v``) and rides the next:
   ``R = sum_v t_v (1 + u_v / 2) + link latencies + bytes / bandwidth``, coordinator hop included;
@@ -254,12 +256,21 @@ class CostModel:
     # --- inside a pipeline (module docstring) -----------------------------------------------------
     def stage_step_s(self, node: NodeSpec, num_layers: int, decode_seqs: float,
                      extra_prompt_tokens: float = 0.0) -> float:
-        """One step of a stage of ``num_layers`` layers with ``decode_seqs`` decodes and the
-        prefill that joins them (``decode_seqs x p / o`` tokens), plus ``extra_prompt_tokens``."""
+        """Mean step of a stage of ``num_layers`` layers with ``decode_seqs`` decodes and the
+        prompts that join them (``decode_seqs / o`` per step, whole), plus ``extra_prompt_tokens``."""
         p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
-        prompt = decode_seqs * p / o + extra_prompt_tokens
-        return num_layers * self.layer_time_s(node, prompt, decode_seqs, p + o / 2, p / 2) \
-            + self.step_overhead_s(node, prompt, decode_seqs, p + o / 2, p / 2)
+        d, ctx = decode_seqs, p + o / 2
+        joining = d / o   # prompts per step
+
+        def step(prompt_tokens: float) -> float:   # k layers and the step's fixed cost
+            return num_layers * self.layer_time_s(node, prompt_tokens, d, ctx, p / 2) \
+                + self.step_overhead_s(node, prompt_tokens, d, ctx, p / 2)
+        if joining >= 1:
+            return step(joining * p + extra_prompt_tokens)
+        # Prompts come whole: a fraction of the steps carries one (a layer's time is a max of
+        # compute and memory time, so spreading the prompt over every step would undercount it).
+        base = step(extra_prompt_tokens)
+        return base + joining * (step(p + extra_prompt_tokens) - base)
 
     def resident_requests(self, node: NodeSpec, num_layers: int, first: bool = False,
                           last: bool = False) -> float:
