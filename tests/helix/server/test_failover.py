@@ -18,18 +18,16 @@ import pytest
 from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
 from helix.net.control import COORDINATOR_SERVICE, ControlClient
-from helix.net.sampling import SamplingParams
 from helix.server.stack import ServeOptions, ServeStack
 from worker.server import WorkerServer
 
 from tests.builders.serving import PROMPTS, hf_greedy
+from tests.builders.traffic import (MAX_TOKENS, VIA_2, finish, in_flight_on, submit_all,
+                                    until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals")]
 
-MAX_TOKENS = 24
-VIA_2 = ("cpu-0", "cpu-2")
-VIA_1 = ("cpu-0", "cpu-1")
 
 
 class Cluster:
@@ -95,77 +93,29 @@ def _encode(ckpt, text):
     return TextCodec(str(ckpt)).encode(text)
 
 
-def _submit_all(coord, prompts, n: int) -> list:
-    """Submit ``n`` greedy requests (prompts round robin); a thread per request collects its events."""
-    results: list = [None] * n
-
-    def collect(k, handle):
-        tokens, done = [], None
-        for ev in handle.events(timeout_s=90):
-            if hasattr(ev, "token_ids"):
-                tokens.extend(ev.token_ids)
-            else:
-                done = ev
-        results[k] = (tokens, done)
-    threads = []
-    for k in range(n):
-        handle = coord.submit(list(prompts[k % len(prompts)]),
-                              SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
-        t = threading.Thread(target=collect, args=(k, handle), daemon=True)
-        t.start()
-        threads.append(t)
-    return [results, threads]
-
-
-def _finish(pending, prompts, reference):
-    results, threads = pending
-    for t in threads:
-        t.join(timeout=120)
-    for k, res in enumerate(results):
-        assert res is not None, f"request {k} never finished"
-        tokens, done = res
-        assert done.error is None, done.error
-        assert tokens == reference[prompts[k % len(prompts)]], k
-
-
-def _until(predicate, timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if predicate():
-            return time.monotonic() - t0
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
-def _in_flight_on(coord, node: str) -> bool:
-    with coord._lock:
-        return any(r.pipeline is not None and node in r.pipeline.nodes and r.num_output_tokens >= 1
-                   for r in coord._live.values() if not r.done)
-
-
 def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model, plan3, reference):
     cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
     prompts = list(reference)
     try:
         coord = cluster.coord
-        pending = _submit_all(coord, prompts, 64)
-        _until(lambda: _in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+        pending = submit_all(coord, prompts, 64)
+        until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
         cluster.procs[0].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        _until(lambda: coord.node_states()["cpu-2"] == "dead", 10, "cpu-2 reported dead")
+        until(lambda: coord.node_states()["cpu-2"] == "dead", 10, "cpu-2 reported dead")
         detect_s = time.monotonic() - killed
-        _finish(pending, prompts, reference)      # 64/64, each equal to transformers' greedy output
+        finish(pending, prompts, reference)      # 64/64, each equal to transformers' greedy output
         assert coord.requests_moved >= 1
         assert detect_s < 5   # refused polls: dead without waiting out dead_after_s
         before = coord.pipeline_counts[VIA_2]
-        _finish(_submit_all(coord, prompts, 64), prompts, reference)   # the 64 after it
+        finish(submit_all(coord, prompts, 64), prompts, reference)   # the 64 after it
         assert coord.pipeline_counts[VIA_2] == before                  # none through the dead node
         with coord._lock:
             assert not coord._live and not coord._waiting               # nothing leaked
         # A new process for cpu-2 registers: it loads its slice, rejoins and gets traffic again.
         cluster.start_cpu2()
-        _until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 back")
-        _finish(_submit_all(coord, prompts, 24), prompts, reference)
+        until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 back")
+        finish(submit_all(coord, prompts, 24), prompts, reference)
         assert coord.pipeline_counts[VIA_2] > before
     finally:
         cluster.close()
@@ -176,18 +126,18 @@ def test_frozen_node_gets_no_new_requests_and_its_requests_move(tiny_model, plan
     prompts = list(reference)
     try:
         coord = cluster.coord
-        stuck = _submit_all(coord, prompts, 16)
-        _until(lambda: _in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+        stuck = submit_all(coord, prompts, 16)
+        until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
         cluster.procs[0].send_signal(signal.SIGSTOP)
-        _until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
+        until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
         before = coord.pipeline_counts[VIA_2]
-        _finish(_submit_all(coord, prompts, 16), prompts, reference)   # new ones avoid cpu-2
+        finish(submit_all(coord, prompts, 16), prompts, reference)   # new ones avoid cpu-2
         assert coord.pipeline_counts[VIA_2] == before
-        _finish(stuck, prompts, reference)   # the frozen node's requests move once it is dead
+        finish(stuck, prompts, reference)   # the frozen node's requests move once it is dead
         assert coord.node_states()["cpu-2"] == "dead" and coord.requests_moved >= 1
         cluster.procs[0].send_signal(signal.SIGCONT)
-        _until(lambda: coord.node_states()["cpu-2"] == "ok", 10, "cpu-2 answers again")
-        _finish(_submit_all(coord, prompts, 24), prompts, reference)
+        until(lambda: coord.node_states()["cpu-2"] == "ok", 10, "cpu-2 answers again")
+        finish(submit_all(coord, prompts, 24), prompts, reference)
         assert coord.pipeline_counts[VIA_2] > before   # back in routing, same process
     finally:
         cluster.close()
@@ -206,7 +156,7 @@ def test_no_pipeline_left_fails_with_503_after_the_grace(tiny_model, plan3):
         try:
             for w in cluster.local:   # cpu-0 holds layer 0 for every pipeline: nothing is left
                 w.shutdown()
-            _until(lambda: coord.node_states()["cpu-0"] == "dead", 10, "cpu-0 dead")
+            until(lambda: coord.node_states()["cpu-0"] == "dead", 10, "cpu-0 dead")
             t0 = time.monotonic()
             r = httpx.post(http.url + "/v1/completions", timeout=60,
                            json={"model": cluster.stack.model_name, "prompt": "hi", "max_tokens": 2})

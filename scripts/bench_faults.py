@@ -1,0 +1,237 @@
+"""Failure benchmark for ``helix serve`` (issue 13): what a worker's death or freeze costs users.
+
+The live stack in this process (coordinator, cpu-0 and cpu-1 as in-process workers) with cpu-2 a
+``helix worker`` subprocess, serving the demo's tiny checkpoint on the branching plan (pipelines
+cpu-0 -> cpu-1 and cpu-0 -> cpu-2). A steady stream of greedy requests (each one thread that records
+every token's arrival) runs; after ``--before`` seconds cpu-2 is SIGKILLed (or SIGSTOPped), and the
+stream goes on for ``--after`` seconds. Reported per event, median and worst over ``--runs``:
+
+- detection: kill -> the coordinator reports the node dead (SIGSTOP: suspect, then dead);
+- pause of a moved request: its last token before the event -> its first token on the new route,
+  p50 / p99 over the moved requests;
+- prompt tokens prefilled again for moved requests;
+- decode tokens/s before the event, during (the event to 2 s after detection) and after;
+- requests that failed (the target is 0).
+
+    python scripts/bench_faults.py [--runs 3] [--before 6] [--after 10] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SECTION = "## Failures (`scripts/bench_faults.py`)"
+
+
+def branching_plan(kv_tokens: int = 8192):
+    """cpu-0 [0,4) -> cpu-1 [2,8) (twice the flow) or cpu-2 [4,8): the demo model's 8 layers, float32,
+    ``kv_tokens`` of KV per worker (the serving tests' plan)."""
+    from helix.plan import ArcFlow, NodePlacement, Plan
+    from helix.serving import ServingLimits, ServingSpec
+    plan = Plan(model="tiny-llama", num_layers=8,
+                placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 2, 8),
+                            NodePlacement("cpu-2", 4, 8)),
+                arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 200.0),
+                           ArcFlow("cpu-0", "cpu-2", 100.0), ArcFlow("cpu-1", "coordinator", 200.0),
+                           ArcFlow("cpu-2", "coordinator", 100.0)),
+                max_flow_tokens_per_s=300.0, method="bench")
+    pools = {p.node: kv_tokens for p in plan.placements}
+    return dataclasses.replace(plan, serving=ServingLimits.of(ServingSpec(), "float32", pools))
+
+
+class Stack:
+    """The serving stack with cpu-2 in a subprocess."""
+
+    def __init__(self, ckpt: Path, plan, health) -> None:
+        from coordinator.runtime import RuntimeConfig
+        from helix.net.control import COORDINATOR_SERVICE, ControlClient
+        from helix.server.stack import ServeOptions, ServeStack
+        from worker.server import WorkerServer
+        runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=120, health=health,
+                                max_waiting_requests=10_000)
+        self.stack = ServeStack(plan, str(ckpt), ServeOptions(
+            external_nodes=("cpu-0", "cpu-1", "cpu-2"), register_timeout_s=120, runtime=runtime))
+        errors: list[BaseException] = []
+
+        def start():
+            try:
+                self.stack.start()
+            except BaseException as exc:
+                errors.append(exc)
+        starter = threading.Thread(target=start, daemon=True)
+        starter.start()
+        while self.stack.grpc is None:
+            time.sleep(0.02)
+        self.proc = subprocess.Popen([sys.executable, "-m", "helix.cli", "worker", "--coordinator",
+                                      self.stack.grpc.address, "--node", "cpu-2", "--model", str(ckpt)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.local = [WorkerServer(n, str(ckpt), torch_threads=1) for n in ("cpu-0", "cpu-1")]
+        reg = ControlClient(self.stack.grpc.address, COORDINATOR_SERVICE)
+        for w in self.local:
+            reg.call("Register", w.addresses)
+        reg.close()
+        starter.join(timeout=300)
+        if errors or starter.is_alive():
+            raise RuntimeError(f"stack did not start: {errors}")
+        self.coord = self.stack.coordinator
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.stack.close()
+        for w in self.local:
+            w.shutdown()
+
+
+def _one_run(ckpt: Path, plan, sig: int, before_s: float, after_s: float, rate_per_s: float,
+             max_tokens: int) -> dict:
+    from coordinator.health import HealthConfig
+    from helix.net.sampling import SamplingParams
+    st = Stack(ckpt, plan, HealthConfig())
+    coord = st.coord
+    prompt = coord.codec.encode("Helix serves one large language model over mixed GPUs")
+    records: list[dict] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def collect(handle, rec):
+        for ev in handle.events(timeout_s=120):
+            if hasattr(ev, "token_ids"):
+                rec["token_s"].extend([time.monotonic()] * len(ev.token_ids))
+            else:
+                rec["done"] = ev
+
+    def feed():
+        while not stop.is_set():
+            rec = {"token_s": [], "done": None, "sent_s": time.monotonic()}
+            handle = coord.submit(prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+            rec["rid"] = handle.request_id
+            threading.Thread(target=collect, args=(handle, rec), daemon=True).start()
+            with lock:
+                records.append(rec)
+            stop.wait(1.0 / rate_per_s)
+    feeder = threading.Thread(target=feed, daemon=True)
+    t0 = time.monotonic()
+    feeder.start()
+    try:
+        time.sleep(before_s)
+        event_s = time.monotonic()
+        st.proc.send_signal(sig)
+        suspect_s = dead_s = None
+        while time.monotonic() - event_s < 60 and dead_s is None:
+            state = coord.node_states()["cpu-2"]
+            now = time.monotonic()
+            if state in ("suspect", "dead") and suspect_s is None:
+                suspect_s = now
+            if state == "dead":
+                dead_s = now
+            time.sleep(0.005)
+        time.sleep(0.3)   # the poll that saw it dead moved its requests; their original ids:
+        with coord._lock:
+            moved_ids = set(coord._alias)
+        time.sleep(max(0.0, event_s + after_s - time.monotonic()))
+        stop.set()
+        feeder.join()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(r["done"] is None for r in records):
+            time.sleep(0.1)
+        moved_prefill = coord.moved_prefill_tokens
+        moved = coord.requests_moved
+    finally:
+        st.close()
+    end_s = event_s + after_s
+    during_end = (dead_s or event_s) + 2.0
+
+    def rate(a, b):
+        return sum(1 for r in records for t in r["token_s"] if a <= t < b) / max(b - a, 1e-9)
+    pauses = []
+    for r in records:
+        if r["rid"] not in moved_ids:
+            continue
+        ts = r["token_s"]
+        before = [t for t in ts if t < event_s]
+        later = [t for t in ts if t >= event_s]
+        if later:   # from its last token before the event (or the event) to its first on the new route
+            pauses.append(later[0] - (before[-1] if before else event_s))
+    failed = sum(1 for r in records if r["done"] is None or r["done"].error is not None)
+    return {"detect_suspect_s": None if suspect_s is None else suspect_s - event_s,
+            "detect_dead_s": None if dead_s is None else dead_s - event_s,
+            "pauses": pauses, "moved": moved, "moved_prefill": moved_prefill,
+            "before": rate(t0 + 1.0, event_s), "during": rate(event_s, during_end),
+            "after": rate(during_end, end_s), "requests": len(records), "failed": failed}
+
+
+def _fmt(xs, q=None):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    if q is None:
+        return f"{statistics.median(xs):.2f} (max {max(xs):.2f})"
+    xs = sorted(xs)
+    return f"{xs[min(len(xs) - 1, int(q * len(xs)))]:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--before", type=float, default=6.0, help="seconds of load before the event")
+    ap.add_argument("--after", type=float, default=14.0, help="seconds of load after it")
+    ap.add_argument("--rate", type=float, default=8.0, help="requests per second")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    args = ap.parse_args()
+    from helix.commands.demo_checkpoint import write_tiny_checkpoint
+    load0 = os.getloadavg()[0]
+    ckpt = Path(tempfile.mkdtemp(prefix="helix-bench-faults-"))
+    write_tiny_checkpoint(ckpt)
+    plan = branching_plan()
+    rows = []
+    for name, sig in (("kill -9", signal.SIGKILL), ("kill -STOP", signal.SIGSTOP)):
+        runs = [_one_run(ckpt, plan, sig, args.before, args.after, args.rate, args.max_tokens)
+                for _ in range(args.runs)]
+        pauses = [p for r in runs for p in r["pauses"]]
+        rows.append((name, _fmt([r["detect_suspect_s"] for r in runs]),
+                     _fmt([r["detect_dead_s"] for r in runs]), _fmt(pauses, 0.5), _fmt(pauses, 0.99),
+                     f"{statistics.median(r['moved'] for r in runs):.0f}",
+                     f"{statistics.median(r['moved_prefill'] for r in runs):.0f}",
+                     f"{statistics.median(r['before'] for r in runs):.0f}",
+                     f"{statistics.median(r['during'] for r in runs):.0f}",
+                     f"{statistics.median(r['after'] for r in runs):.0f}",
+                     f"{sum(r['failed'] for r in runs)} / {sum(r['requests'] for r in runs)}"))
+    head = ("| event | suspect after (s) | dead after (s) | pause p50 (s) | pause p99 (s) | moved | "
+            "prefilled again (tokens) | decode tok/s before | during | after | failed |")
+    table = "\n".join([head, "|" + "---|" * 11] + ["| " + " | ".join(r) + " |" for r in rows])
+    print(table)
+    if not args.no_write:
+        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_faults.py --runs {args.runs} "
+                 f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
+                 f"{args.max_tokens}`\n\n{platform.node() or 'this machine'}, {os.cpu_count()} cores, "
+                 f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. Default "
+                 f"health settings (suspect 2 s, dead 10 s or 2 refused polls). Medians over the runs, "
+                 f"max in brackets.\n\n{table}\n")
+        path = ROOT / "BENCHMARKS.md"
+        text = path.read_text()
+        if SECTION not in text:
+            text += f"\n{SECTION}\n"
+        path.write_text(text + entry)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""A lost link (issue 13): cpu-2 runs as a ``helix worker`` inside a network namespace this test
+creates, joined to this one by a veth pair; setting the veth down cuts it off like a region's link
+going away (no process dies, polls just time out). Its requests move and finish elsewhere; when the
+link comes back the same process answers again and gets traffic. Traffic stays on the veth pair
+(addresses in 10.213.0.0/16 exist only on it). Skipped where network namespaces cannot be made."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coordinator.health import HealthConfig
+from coordinator.runtime import RuntimeConfig
+from helix.net.control import COORDINATOR_SERVICE, ControlClient
+from helix.server.stack import ServeOptions, ServeStack
+from worker.server import WorkerServer
+
+from tests.builders.serving import PROMPTS
+from tests.builders.traffic import MAX_TOKENS, VIA_2, finish, in_flight_on, submit_all, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def netns():
+    """(namespace, host-side veth, host address, namespace address); torn down even on failure."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    tag = os.getpid() % 100_000
+    ns, host_if, ns_if = f"hxns{tag}", f"hxh{tag}", f"hxn{tag}"
+    subnet = f"10.213.{tag % 250}"
+    if _ip("netns", "add", ns, check=False).returncode != 0:
+        pytest.skip("cannot create a network namespace here")
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _ip("link", "set", ns_if, "netns", ns)
+        _ip("addr", "add", f"{subnet}.1/30", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/30", "dev", ns_if)
+        _ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield ns, host_if, f"{subnet}.1", f"{subnet}.2"
+    finally:
+        _ip("link", "del", host_if, check=False)   # also removes its peer
+        _ip("netns", "del", ns, check=False)
+
+
+def test_cut_link_moves_requests_and_the_node_rejoins_when_it_is_back(tiny_model, plan3, netns):
+    ns, host_if, host_addr, ns_addr = netns
+    ckpt, model = tiny_model
+    from coordinator.textcodec import TextCodec
+    from tests.builders.serving import hf_greedy
+    codec = TextCodec(str(ckpt))
+    prompts = [tuple(codec.encode(p)) for p in PROMPTS]
+    reference = {p: hf_greedy(model, p, MAX_TOKENS) for p in prompts}
+    runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60,
+                            health=HealthConfig(suspect_after_s=1.0, dead_after_s=4.0))
+    stack = ServeStack(plan3, str(ckpt), ServeOptions(host=host_addr, external_nodes=("cpu-0", "cpu-1", "cpu-2"),
+                                                      register_timeout_s=120, runtime=runtime))
+    import threading
+    errors: list[BaseException] = []
+    starter = threading.Thread(target=lambda: _safe_start(stack, errors), daemon=True)
+    starter.start()
+    deadline = time.monotonic() + 30
+    while stack.grpc is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "helix.cli", "worker",
+                               "--coordinator", stack.grpc.address, "--node", "cpu-2", "--model", str(ckpt),
+                               "--host", ns_addr], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    local = [WorkerServer(n, str(ckpt), host=host_addr, torch_threads=1) for n in ("cpu-0", "cpu-1")]
+    try:
+        reg = ControlClient(stack.grpc.address, COORDINATOR_SERVICE)
+        for w in local:
+            reg.call("Register", w.addresses)
+        reg.close()
+        starter.join(timeout=150)
+        assert not starter.is_alive() and not errors, errors
+        coord = stack.coordinator
+        assert coord.workers["cpu-2"].data_address.startswith(f"tcp://{ns_addr}")
+        pending = submit_all(coord, prompts, 32)
+        until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+        _ip("link", "set", host_if, "down")                            # the link is cut
+        until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
+        finish(pending, prompts, reference)                          # moved once dead, all correct
+        assert coord.node_states()["cpu-2"] == "dead" and coord.requests_moved >= 1
+        assert worker.poll() is None                                  # nobody died: only the link
+        before = coord.pipeline_counts[VIA_2]
+        _ip("link", "set", host_if, "up")                             # the link is back
+        until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 answers again")
+        finish(submit_all(coord, prompts, 24), prompts, reference)
+        assert coord.pipeline_counts[VIA_2] > before
+    finally:
+        stack.close()
+        for w in local:
+            w.shutdown()
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(timeout=30)
+
+
+def _safe_start(stack, errors):
+    try:
+        stack.start()
+    except BaseException as exc:
+        errors.append(exc)
