@@ -55,9 +55,11 @@ output, p the mean prompt):
   t_layer(0, D_v))]``, else ``k x t_layer(D_v p / o, D_v)`` (:meth:`CostModel.stage_step_s`:
   T(k)'s operating point with D_v instead of every KV-resident request; a layer's time is a max
   of compute and memory time, so a prompt spread thinly over every step would cost too little);
-- *round trip*: a token visits every stage; at each it waits for the step in progress (half a
-  step times the stage's busy fraction ``u_v = steps/s x t_v``) and rides the next:
-  ``R = sum_v t_v (1 + u_v / 2) + link latencies + bytes / bandwidth``, coordinator hop included;
+- *round trip*: a token visits every stage; at each it waits for the step in progress (with
+  the stage's busy fraction ``u_v = steps/s x t_v``, the step's residual ``E[t^2] / (2 E[t])``:
+  the rare prompt-carrying steps are long and weigh in) and rides the next:
+  ``R = sum_v (t_v + u_v E[t_v^2] / (2 t_v)) + link latencies + bytes / bandwidth``, coordinator
+  hop included;
   the prompt's pass ``F`` is the same with one prompt more in each step;
 - *Little's law*: a request stays ``T = F + (o - 1) R``; a pipeline with N requests in flight
   serves ``N / T`` requests/s, ``o N / T`` decode tokens/s, ``(p + o) N / T`` tokens/s;
@@ -258,6 +260,12 @@ class CostModel:
                      extra_prompt_tokens: float = 0.0) -> float:
         """Mean step of a stage of ``num_layers`` layers with ``decode_seqs`` decodes and the
         prompts that join them (``decode_seqs / o`` per step, whole), plus ``extra_prompt_tokens``."""
+        return self.stage_step_moments(node, num_layers, decode_seqs, extra_prompt_tokens)[0]
+
+    def stage_step_moments(self, node: NodeSpec, num_layers: int, decode_seqs: float,
+                           extra_prompt_tokens: float = 0.0) -> tuple[float, float]:
+        """(E[t], E[t^2]) of :meth:`stage_step_s`'s steps: the few that carry a prompt are long,
+        and a token arriving at a busy stage waits out the step in progress, E[t^2] / (2 E[t])."""
         p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
         d, ctx = decode_seqs, p + o / 2
         joining = d / o   # prompts per step
@@ -266,11 +274,12 @@ class CostModel:
             return num_layers * self.layer_time_s(node, prompt_tokens, d, ctx, p / 2) \
                 + self.step_overhead_s(node, prompt_tokens, d, ctx, p / 2)
         if joining >= 1:
-            return step(joining * p + extra_prompt_tokens)
+            t = step(joining * p + extra_prompt_tokens)
+            return t, t * t
         # Prompts come whole: a fraction of the steps carries one (a layer's time is a max of
         # compute and memory time, so spreading the prompt over every step would undercount it).
-        base = step(extra_prompt_tokens)
-        return base + joining * (step(p + extra_prompt_tokens) - base)
+        base, full = step(extra_prompt_tokens), step(p + extra_prompt_tokens)
+        return base + joining * (full - base), (1 - joining) * base ** 2 + joining * full ** 2
 
     def resident_requests(self, node: NodeSpec, num_layers: int, first: bool = False,
                           last: bool = False) -> float:

@@ -105,14 +105,16 @@ class _Model:
                 self.link_latency[i] += link.latency_s
                 self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
 
-    def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(decode step, step carrying one more prompt) of every node at its decode batch."""
+    def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean step, its residual seen by an arrival E[t^2] / (2 E[t]), step carrying one more
+        prompt) of every node at its decode batch."""
         cost, p = self.cost, self.p
-        decode = np.array([cost.stage_step_s(n, int(k), d)
-                           for n, k, d in zip(self.spec_nodes, self.layers, batch)])
+        moments = np.array([cost.stage_step_moments(n, int(k), d)
+                            for n, k, d in zip(self.spec_nodes, self.layers, batch)])
+        decode, residual = moments[:, 0], moments[:, 1] / (2 * moments[:, 0])
         prompt = np.array([cost.stage_step_s(n, int(k), d, extra_prompt_tokens=p)
                            for n, k, d in zip(self.spec_nodes, self.layers, batch)])
-        return decode, prompt
+        return decode, residual, prompt
 
     def solve(self, in_flight_of) -> tuple[np.ndarray, ...]:
         """Iterate to the fixed point; ``in_flight_of(stay_s)`` gives requests per pipeline."""
@@ -120,10 +122,10 @@ class _Model:
         batch = np.ones(len(self.nodes))
         busy = np.zeros(len(self.nodes))
         for _ in range(MAX_ITERATIONS):
-            step, prompt_step = self.step_times(batch)
-            visit = step * (1.0 + 0.5 * busy)   # its own step, and half the one in progress
+            step, residual, prompt_step = self.step_times(batch)
+            visit = step + busy * residual   # its own step, and what is left of the one running
             R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min()
-            F0 = self.incidence @ (step + 0.5 * busy * step) + self.link_latency
+            F0 = self.incidence @ visit + self.link_latency
             F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
