@@ -6,6 +6,7 @@ and cpu-0 -> cpu-2, so a route always remains."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,9 +16,12 @@ import time
 
 import pytest
 
+httpx = pytest.importorskip("httpx")
+
 from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
 from helix.net.control import COORDINATOR_SERVICE, ControlClient
+from helix.server.http import HttpThread
 from helix.server.stack import ServeOptions, ServeStack
 from worker.server import WorkerServer
 
@@ -98,15 +102,20 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
     prompts = list(reference)
     try:
         coord = cluster.coord
-        pending = submit_all(coord, prompts, 64)
+        http = HttpThread(cluster.stack.app)
+        texts = {p: coord.codec.decode(reference[p]) for p in prompts}
+        streams = stream_all(http.url, cluster.stack.model_name, prompts, 64)   # 64 SSE streams
         until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
         cluster.procs[0].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        until(lambda: coord.node_states()["cpu-2"] == "dead", 10, "cpu-2 reported dead")
+        until(lambda: httpx.get(http.url + "/health", timeout=30).json()["nodes"]["cpu-2"] == "dead",
+              10, "/health reporting cpu-2 dead")
         detect_s = time.monotonic() - killed
-        finish(pending, prompts, reference)      # 64/64, each equal to transformers' greedy output
+        for k, (text, finish_reason) in enumerate(join_streams(streams)):   # 64/64 finish, as without
+            assert finish_reason in ("length", "stop") and text == texts[prompts[k % len(prompts)]], k
         assert coord.requests_moved >= 1
         assert detect_s < 5   # refused polls: dead without waiting out dead_after_s
+        http.stop()
         before = coord.pipeline_counts[VIA_2]
         finish(submit_all(coord, prompts, 64), prompts, reference)   # the 64 after it
         assert coord.pipeline_counts[VIA_2] == before                  # none through the dead node
@@ -119,6 +128,38 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         assert coord.pipeline_counts[VIA_2] > before
     finally:
         cluster.close()
+
+
+def stream_all(url: str, model: str, prompts: list, n: int) -> list:
+    """``n`` concurrent streamed completions (token-id prompts, greedy); a thread each collects the
+    text and the finish reason."""
+    out: list = [None] * n
+
+    def one(k):
+        text, finish_reason = [], None
+        body = {"model": model, "prompt": list(prompts[k % len(prompts)]), "max_tokens": MAX_TOKENS,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk
+                    text.append(chunk["choices"][0]["text"])
+                    finish_reason = chunk["choices"][0]["finish_reason"] or finish_reason
+        out[k] = ("".join(text), finish_reason)
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    return [out, threads]
+
+
+def join_streams(streams) -> list:
+    out, threads = streams
+    for t in threads:
+        t.join(timeout=120)
+    assert all(o is not None for o in out), "a stream did not finish"
+    return out
 
 
 def test_frozen_node_gets_no_new_requests_and_its_requests_move(tiny_model, plan3, reference):
