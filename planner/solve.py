@@ -1,14 +1,18 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
 For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
-(``planner.search.baselines``, ``planner.search.construct``) as a warm start, the best kept; stop at once if it is
-already within ``gap`` of the bound -> multi-region clusters: each region's exact class MILP, unioned
--> local search on the exact max flow (to 30 % of the time) -> the class MILP
-(``planner.milp.class_model``) with node capacities capped at the bound, warm-started, stopped as soon
-as the proven gap is within ``gap`` (until 75 % of the time) -> local search again -> exact max flow
--> independent verification (``planner.verify``) -> Plan. ``milp-paper`` runs the paper's
-node-level formulation (``planner.milp.paper_model``) as the baseline. Heuristic methods return their
-placement with the fixed-point bound.
+(``planner.search.baselines``, ``planner.search.construct``, ``planner.search.region_chain``, a
+caller's ``start``) as a warm start, the best kept; stop at once if it is already within ``gap`` of
+the bound -> the cover bound (``planner.search.cover``, to 20 % of the time) -> multi-region
+clusters: each region's exact class MILP, unioned -> local search on the exact max flow (to 30 %)
+-> the class MILP (``planner.milp.class_model``) with node capacities capped at the bound,
+warm-started, stopped as soon as the proven gap is within ``gap`` (until 75 %) -> on clusters of
+at most ``PAPER_MILP_NODES`` nodes, the paper MILP (exact on every link), warm-started (until 90 %)
+-> local search again -> exact max flow -> independent verification (``planner.verify``) -> Plan.
+Every bound found is kept; the plan reports the least and a status that speaks of the exact
+problem (``exact_status``). ``milp-paper`` runs the paper's node-level formulation
+(``planner.milp.paper_model``) as the baseline. Heuristic methods return their placement with the
+fixed-point bound.
 """
 
 from __future__ import annotations
@@ -237,6 +241,10 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
     else:  # recorded, not warned: per-region sub-solves of short runs hit this routinely
         extras["milp_skipped"] = (f"no time left after the warm starts "
                                   f"({time.perf_counter() - t0:.1f} s of {time_limit_s:.1f} s)")
+    if len(problem.nodes) <= PAPER_MILP_NODES and bound() > cand.value * (1 + max(gap, 1e-6)) \
+            and time.perf_counter() < t0 + 0.9 * time_limit_s:
+        cand = _exact_milp(problem, adapter, cand, bounds, t0, 0.9 * time_limit_s, threads, seed,
+                           gap, partial, min_k, extras)
     report(cand.value)
     # Leave ~5 % of the time for extraction, verification and path statistics.
     cand = _polish(problem, cand, partial, t0 + 0.95 * time_limit_s, seed, bound() / (1 + gap), min_k)
@@ -244,6 +252,36 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
                               "(is a region or the coordinator cut off?)")
     return cand
+
+
+#: Clusters up to this many nodes also get the paper MILP (exact on every link), warm-started.
+PAPER_MILP_NODES = 8
+
+
+def _exact_milp(problem, adapter, best: Candidate, bounds, t0, time_limit_s, threads, seed, gap,
+                partial, min_k, extras) -> Candidate:
+    """The paper MILP, exact on every node, link, source and sink arc, warm-started from ``best``
+    and capped at the best bound, ending ``time_limit_s`` after ``t0``: on small clusters it finds
+    and proves what the relaxed class MILP cannot where links bind. Its dual bound joins
+    ``bounds``; its incumbent is measured and kept when better."""
+    U = min(bounds.values())
+    lp, v = paper_model.build_paper_model(problem, partial, min_k, flow_bound=U)
+    opts = _options(time_limit_s, threads, seed, gap, None, t0)
+    fixed = paper_model.integer_values(problem, lp, v, best.placement, partial)
+    warm = _complete(lp, fixed, opts) if fixed else None
+
+    def stop(primal, dual):
+        return min(U, dual) <= max(best.value, primal) * (1 + max(gap, 1e-6))
+
+    res = adapter.solve(lp, _options(time_limit_s, threads, seed, gap, None, t0, warm, stop))
+    extras.update(paper_milp_status=res.status, paper_milp_seconds=res.seconds)
+    if res.bound is not None:
+        bounds["paper_milp"] = res.bound
+    if res.values is not None:
+        cand = _evaluate(problem, paper_model.extract(problem, v, res.values), "paper-milp", partial)
+        if cand.value > best.value:
+            return cand
+    return best
 
 
 def _cover(problem, adapter, best: Candidate, bounds, gap, deadline_s, time_limit_s, threads, seed,

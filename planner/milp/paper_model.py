@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 from planner.search.bounds import layer_counts
-from planner.flowgraph import Placement
+from planner.flowgraph import Placement, arc_valid
 from planner.milp.linear import LinearModel
 from planner.problem import COORDINATOR, PlacementProblem
 from planner.milp.solvers import SolveOptions, SolverAdapter
@@ -99,7 +99,7 @@ def _arc_vars(lp, v, problem, U):
         elif b == COORDINATOR:
             on = v["last", a]
         else:
-            on = lp.var(f"on[{a},{b}]", ub=1, integer=True)
+            on = v["on", a, b] = lp.var(f"on[{a},{b}]", ub=1, integer=True)
         lp.row(f"arc_cap[{a},{b}]", [(f, 1.0), (on, -cap)], hi=0.0)
         arcs.append((a, b, f, on))
     v["F"] = lp.var("F", obj=1.0, ub=U)
@@ -134,6 +134,32 @@ def _validity_rows(lp, v, problem, arcs, partial, L):
                    hi=M - 1.0)
         else:  # end_a - start_b <= M (1 - on)
             lp.row(f"valid[{a},{b},meet]", _end_terms(v, a) + [(v["start", b], -1.0), (on, M)], hi=M)
+
+
+def integer_values(problem: PlacementProblem, lp, v, placement: Placement,
+                   partial: bool = True) -> dict[int, float]:
+    """Variable index -> value of every integer variable for ``placement`` (for warm starts);
+    {} when the placement uses a layer count the model does not offer."""
+    L = problem.num_layers
+    out: dict[int, float] = {}
+    for n in problem.nodes:
+        i = n.name
+        s, e = placement.get(i, (0, 0))
+        used = i in placement
+        if used and e - s not in v["ks", i]:
+            return {}
+        out[v["start", i]] = float(s)
+        for k in v["ks", i]:
+            out[v["hold", i, k]] = 1.0 if used and e - s == k else 0.0
+        out[v["first", i]] = 1.0 if used and s == 0 else 0.0
+        out[v["last", i]] = 1.0 if used and e == L else 0.0
+        out[v["both", i]] = 1.0 if used and s == 0 and e == L else 0.0
+    for (a, b), link in problem.links.items():
+        if ("on", a, b) in v:
+            ok = a in placement and b in placement and placement[a][1] < L and \
+                arc_valid(placement[a][1], *placement[b], partial)
+            out[v["on", a, b]] = 1.0 if ok else 0.0
+    return out
 
 
 def extract(problem: PlacementProblem, v, values) -> Placement:
