@@ -192,7 +192,9 @@ def _fmt_gap(plan) -> str:
 def _bound_label(plan) -> str:
     """How far the bound reaches: every placement, or only those --max-depth allows."""
     scope = plan.extras.get("bound_scope")
-    return "proven" if scope is None else f"proven only for {scope}"
+    source = plan.extras.get("bound_source")
+    label = "proven" if scope is None else f"proven only for {scope}"
+    return label if source is None else f"{label}; {source.replace('_', ' ')} bound"
 
 
 def _prediction_lines(plan) -> list[str]:
