@@ -176,6 +176,7 @@ class SliceModel:
         self.device = device
         self.rope = RotaryTable(self.spec, device, dtype)
         self.scale = self.spec.head_dim ** -0.5
+        self._kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows_run = [0] * len(weights.layers)
         """Rows (tokens) each layer of the slice has processed so far: a work counter."""
 
@@ -283,8 +284,10 @@ class SliceModel:
         kv_heads, bs_d = self.spec.num_kv_heads, self.kv.block_size_tokens * self.spec.head_dim
         if batch.decode_kv_buffers is None:
             numel = kv_heads * max(x.blocks.numel() for x in batch.decode_groups) * bs_d
-            batch.decode_kv_buffers = (torch.empty(numel, dtype=self.kv.keys.dtype, device=self.device),
-                                       torch.empty(numel, dtype=self.kv.keys.dtype, device=self.device))
+            if self._kv_buffers is None or self._kv_buffers[0].numel() < numel:
+                self._kv_buffers = (torch.empty(numel, dtype=self.kv.keys.dtype, device=self.device),
+                                    torch.empty(numel, dtype=self.kv.keys.dtype, device=self.device))
+            batch.decode_kv_buffers = self._kv_buffers
         shape = (kv_heads, g.blocks.numel(), bs_d)
         n = kv_heads * g.blocks.numel() * bs_d
         return tuple(buf[:n].view(shape) for buf in batch.decode_kv_buffers)
