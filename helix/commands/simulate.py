@@ -69,6 +69,12 @@ def simulate(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
     event_log: Optional[Path] = typer.Option(None, "--event-log", help="Write every processed "
                                              "event (time, type, subject) to this CSV (single run)."),
+    fail: list[str] = typer.Option([], "--fail", help="NODE@T or NODE@T+DOWN: the node dies T "
+                                   "simulated seconds in (and comes back empty DOWN s later); its "
+                                   "requests move to other pipelines as in helix serve. Repeatable."),
+    detect: float = typer.Option(0.3, "--detect", min=0.0, help="Seconds until the coordinator "
+                                 "declares a failed node dead (helix serve: ~0.3 s for a killed "
+                                 "process, 10 s for a frozen or cut-off one)."),
 ) -> None:
     """Simulate serving a trace on a cluster with a plan: throughput, latencies, utilization.
 
@@ -95,7 +101,8 @@ def simulate(
     spec = load_cluster(cluster)
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
                        kv_high_water=high_water, seed=seed, link_sharing=link_sharing,
-                       record_events=event_log is not None)
+                       record_events=event_log is not None,
+                       failures=tuple(_failure(f, detect, spec) for f in fail))
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
@@ -107,6 +114,25 @@ def simulate(
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
                     json_out, event_log)
+
+
+def _failure(text: str, detect_s: float, spec):
+    """``NODE@T`` or ``NODE@T+DOWN`` as a :class:`~helix.sim.engine.NodeFailure`."""
+    from helix.sim.engine import NodeFailure
+    node, at, rest = text.partition("@")[0], text.partition("@")[2], None
+    at, _, rest = at.partition("+")
+    try:
+        at_s = float(at)
+        down_s = float(rest) if rest else None
+        failure = NodeFailure(node, at_s, down_s, detect_s)
+    except ValueError:
+        raise HelixUserError(f"--fail {text!r}: expected NODE@SECONDS or NODE@SECONDS+DOWN_SECONDS "
+                             f"(times >= 0, down time > 0)") from None
+    names = [n.name for n in spec.nodes]
+    if node not in names:
+        raise HelixUserError(f"--fail {text!r}: no node {node!r} in the cluster; nodes: "
+                             f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+    return failure
 
 
 def _load_plan(spec, path: Path):
@@ -155,7 +181,9 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                                  f"(max flow {the_plan.max_flow_tokens_per_s:.0f} tokens/s)"))
     console.print(f"simulated {result.duration_s:.0f} s in {result.wall_s:.1f} s wall "
                   f"({result.sim_s_per_wall_s:.1f} sim s / wall s, {result.events} events); "
-                  f"{result.requests_arrived} arrived, {result.requests_rejected} rejected")
+                  f"{result.requests_arrived} arrived, {result.requests_rejected} rejected"
+                  + (f", {result.requests_moved} moved off failed nodes ({result.moved_prefill_tokens} "
+                     f"tokens prefilled again)" if config.failures else ""))
     if plot is not None:
         from helix.sim.plots import plot_results
         paths = plot_results([result], plot)

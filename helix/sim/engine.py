@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
 from helix.plan import COORDINATOR
-from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, LinkWake, RequestArrival,
+from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, LinkWake, NodeDetected, NodeDown,
+                              NodeUp, RequestArrival,
                               RequestFinish, StepFinish, StepStart, TransferFinish)
 from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
 from helix.sim.network import Network
@@ -65,6 +66,25 @@ class SimConfig:
     record_events: bool = False
     """Keep ``(time_s, event type, subject)`` of every processed event in ``Simulator.event_log``
     (debugging; off by default so memory stays bounded)."""
+    failures: tuple["NodeFailure", ...] = ()
+    """Workers that go down during the run (``helix simulate --fail NODE@T[+DOWN]``)."""
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """``node`` goes down at ``at_s`` (its process dies or its link is cut) and, after
+    ``down_for_s`` (None: never), comes back empty. The coordinator declares it dead ``detect_s``
+    after it went down, as the live one does (two refused heartbeats: ~0.3 s; a frozen or cut-off
+    node: ``dead_after_s``, 10 s by default), and moves its requests, as the live one does."""
+
+    node: str
+    at_s: float
+    down_for_s: float | None = None
+    detect_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.detect_s < 0 or (self.down_for_s is not None and self.down_for_s <= 0):
+            raise ValueError(f"failure of {self.node}: times must be >= 0 (down time > 0)")
 
 
 class Simulator:
@@ -96,12 +116,19 @@ class Simulator:
         self._heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
         self.arrived = self.admitted = self.rejected = self.preemptions = self.events = 0
+        self.active: dict[int, SimRequest] = {}
+        """Requests with a pipeline (admitted, not finished), by id."""
+        self.requests_moved = self.moved_prefill_tokens = 0
+        unknown = sorted({f.node for f in config.failures} - set(self.workers))
+        if unknown:
+            raise ValueError(f"failures name unknown node(s) {unknown}")
         self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
         self.handlers: dict[type[Event], Callable[..., Iterable[Event]]] = {
             RequestArrival: self.on_arrival, CoordinatorSchedule: self.on_coordinator_schedule,
             TransferFinish: self.on_transfer_finish, LinkWake: self.on_link_wake,
             StepStart: self.on_step_start, StepFinish: self.on_step_finish,
-            RequestFinish: self.on_request_finish}
+            RequestFinish: self.on_request_finish, NodeDown: self.on_node_down,
+            NodeDetected: self.on_node_detected, NodeUp: self.on_node_up}
         """The handler of each event type: it runs the event and returns the events it causes."""
 
     # --- loop ---------------------------------------------------------------------------------------
@@ -116,6 +143,8 @@ class Simulator:
                 self.push(RequestArrival(self.workload[0].arrival_s, 0))
         else:
             self.push(CoordinatorSchedule(0.0))
+        for f in self.config.failures:
+            self.push(NodeDown(f.at_s, self.workers[f.node], f.detect_s, f.down_for_s))
         heap, pop, push, seq, handlers = (self._heap, heapq.heappop, heapq.heappush, self._seq,
                                           self.handlers)
         until = self.config.duration_s
@@ -186,7 +215,7 @@ class Simulator:
 
     def _fits_workers(self, req: SimRequest, pipeline: Pipeline) -> bool:
         """The worker refuses a request that could never fit its whole KV pool (policy.add)."""
-        need = req.prompt_tokens + req.output_tokens
+        need = req.prompt_tokens + req.output_tokens - req.received   # a moved one has streamed some
         return all(self.workers[s.node].kv_capacity_tokens >= need for s in pipeline.stages)
 
     def _start(self, now_s: float, req: SimRequest, pipeline: Pipeline) -> Iterable[Event]:
@@ -194,14 +223,16 @@ class Simulator:
         req.workers = tuple(self.workers[s.node] for s in pipeline.stages)
         req.sent_upto = [0] * len(pipeline.stages)
         req.sent_at_s = [now_s] * len(pipeline.stages)
-        req.admitted_s = now_s
-        if self.config.mode == "offline":
-            req.arrival_s = now_s  # offline latency counts from admission, not from time 0
-        self.admitted += 1
-        self.metrics.prompt_tokens_admitted += req.prompt_tokens
+        self.active[req.request_id] = req
+        if req.admitted_s is None:   # not a request that moved off a dead node
+            req.admitted_s = now_s
+            if self.config.mode == "offline":
+                req.arrival_s = now_s  # offline latency counts from admission, not from time 0
+            self.admitted += 1
+            self.metrics.prompt_tokens_admitted += req.prompt_tokens
         first = req.workers[0]
         return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.token_id_bytes,
-                          [(req, 0, req.prompt_tokens)])
+                          [(req, 0, req.prompt_tokens, req.epoch)])
 
     def on_transfer_finish(self, ev: TransferFinish) -> Iterable[Event]:
         if ev.dst is None:
@@ -213,9 +244,9 @@ class Simulator:
         out: list[Event] = []
         feeds: dict[SimWorker, list] = {}
         metrics = self.metrics
-        for req, _, _ in items:
-            if req.finish_s is not None:
-                continue
+        for req, _, _, epoch in items:
+            if req.finish_s is not None or epoch != req.epoch:
+                continue   # finished, or sampled on a pipeline the request has left
             req.received += 1
             first = req.received == 1
             metrics.on_token(now_s, first, req.arrival_s if first else req.last_token_s)
@@ -225,9 +256,9 @@ class Simulator:
             if req.received >= req.output_tokens:
                 out.append(RequestFinish(now_s, req))
             else:
-                feeds.setdefault(req.workers[0], []).append((req, 0, 1))
+                feeds.setdefault(req.workers[0], []).append((req, 0, 1, req.epoch))
         for w, its in feeds.items():
-            for req, _, _ in its:
+            for req, _, _, _ in its:
                 req.sent_at_s[0] = now_s
             out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.token_id_bytes, its))
         return out
@@ -235,6 +266,7 @@ class Simulator:
     def on_request_finish(self, ev: RequestFinish) -> Iterable[Event]:
         now_s, req = ev.time_s, ev.request
         req.finish_s = now_s
+        self.active.pop(req.request_id, None)
         out: list[Event] = []
         for w in req.workers:
             w.drop(req.request_id)
@@ -271,9 +303,11 @@ class Simulator:
 
     # --- workers ------------------------------------------------------------------------------------
     def on_inputs_at_worker(self, now_s: float, w: SimWorker, items: list) -> Iterable[Event]:
+        if w.down:
+            return NO_EVENTS   # lost with the node
         requests = w.requests
-        for req, idx, n in items:
-            if req.finish_s is not None:
+        for req, idx, n, epoch in items:
+            if req.finish_s is not None or epoch != req.epoch:
                 continue
             if req.request_id in requests:
                 w.policy.feed(req.request_id, n)
@@ -290,7 +324,7 @@ class Simulator:
         return self.start_step(ev.time_s, ev.worker)
 
     def start_step(self, now_s: float, w: SimWorker) -> Iterable[Event]:
-        if w.busy:
+        if w.busy or w.down:
             return NO_EVENTS
         if not w.maybe_ready:
             if CHECK_SKIPPED_STEPS:
@@ -317,11 +351,13 @@ class Simulator:
             w.peak_used_blocks = used
         duration_s = w.step_time_s(plan)
         w.busy = True
-        return (StepFinish(now_s + duration_s, w, plan, duration_s),)
+        return (StepFinish(now_s + duration_s, w, plan, duration_s, w.epoch),)
 
     def on_step_finish(self, ev: StepFinish) -> list[Event]:
         """Forward the hidden states of newly computed positions; the last stage samples."""
         now_s, w, plan, duration_s = ev.time_s, ev.worker, ev.plan, ev.duration_s
+        if ev.epoch != w.epoch:
+            return []   # the worker went down during this step: it never finished
         w.busy = False
         w.busy_s += duration_s
         w.num_steps += 1
@@ -346,23 +382,77 @@ class Simulator:
                     batch = outs.get(nxt)
                     if batch is None:
                         batch = outs[nxt] = []
-                    batch.append((req, idx + 1, end - sent))
+                    batch.append((req, idx + 1, end - sent, req.epoch))
             elif end == req.prompt_tokens + req.generated:
                 req.generated += 1  # the last stage samples a new token from its newest position
-                outs.setdefault(None, []).append((req, idx, 1))
+                outs.setdefault(None, []).append((req, idx, 1, req.epoch))
         out: list[Event] = []
         for dst, items in outs.items():
             if dst is None:
                 nbytes = len(items) * self.token_id_bytes
             else:
                 nbytes = 0
-                for req, idx, n in items:
+                for req, idx, n, _ in items:
                     nbytes += n
                     req.sent_at_s[idx] = now_s
                 nbytes *= self.activation_bytes_per_token
             out.extend(self._send(now_s, w.name, dst, nbytes, items))
         out.extend(self.start_step(now_s, w))
         return out
+
+    # --- failures -----------------------------------------------------------------------------------
+    def on_node_down(self, ev: NodeDown) -> Iterable[Event]:
+        w = ev.worker
+        if w.down:
+            return NO_EVENTS
+        w.go_down()
+        out: list[Event] = [NodeDetected(ev.time_s + ev.detect_s, w)]
+        if ev.down_for_s is not None:
+            out.append(NodeUp(ev.time_s + ev.down_for_s, w))
+        return out
+
+    def on_node_detected(self, ev: NodeDetected) -> Iterable[Event]:
+        """As the live coordinator on a dead node: mask it (it reads full), and move every request
+        whose pipeline crossed it: freed on the other stages, then queued first to prefill its prompt
+        and the tokens already streamed on another pipeline (what was sampled but not yet delivered
+        is generated again)."""
+        w = ev.worker
+        if not w.down:
+            return NO_EVENTS   # back before anyone noticed
+        self.scheduler.kv.observe(w.name, 2 * self.scheduler.kv.capacity(w.name))
+        moving = [r for r in self.active.values() if w in r.workers]
+        for req in reversed(moving):   # appendleft: the oldest ends up first
+            for x in req.workers:
+                x.drop(req.request_id)
+                x.maybe_ready = True
+            self.scheduler.release(req.request_id)
+            del self.active[req.request_id]
+            req.prompt_tokens = self._prompt_of(req) + req.received
+            req.generated = 0
+            req.epoch += 1
+            req.moves += 1
+            req.pipeline, req.workers = None, ()
+            self.requests_moved += 1
+            self.moved_prefill_tokens += req.prompt_tokens
+            self.queue.appendleft(req)
+        out = list(self._kick_coordinator(ev.time_s))
+        for x in self.workers.values():   # dropped requests freed KV that may unblock others
+            if not x.down and not x.busy and not x.start_pending and x.policy.has_work():
+                x.start_pending = True
+                out.append(StepStart(ev.time_s, x))
+        return out
+
+    def _prompt_of(self, req: SimRequest) -> int:
+        """The request's original prompt length (its workload entry)."""
+        return self.workload[req.request_id].prompt_tokens
+
+    def on_node_up(self, ev: NodeUp) -> Iterable[Event]:
+        w = ev.worker
+        if not w.down:
+            return NO_EVENTS
+        w.down = False
+        self.scheduler.kv.observe(w.name, 0.0)
+        return self._kick_coordinator(ev.time_s)
 
     # --- summary ------------------------------------------------------------------------------------
     def _result(self, end_s: float, wall_s: float) -> SimResult:
@@ -383,5 +473,6 @@ class Simulator:
             request_decode_latency=LatencyStats.of(m.request_decode_s),
             node_utilization={n: w.busy_s / span for n, w in self.workers.items()},
             link_utilization=links, throughput_timeline_tokens_per_s=timeline, bucket_s=m.bucket_s,
-            wall_s=wall_s, events=self.events,
+            wall_s=wall_s, events=self.events, requests_moved=self.requests_moved,
+            moved_prefill_tokens=self.moved_prefill_tokens,
             samples={"ttft_s": m.ttft_s, "itl_s": m.itl_s, "request_decode_s": m.request_decode_s})

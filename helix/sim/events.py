@@ -100,16 +100,53 @@ class StepStart(Event):
 
 
 class StepFinish(Event):
-    """A worker's step ends: outputs go downstream and the worker starts its next step."""
+    """A worker's step ends: outputs go downstream and the worker starts its next step. Stale (no
+    effect) when the worker went down since it started (``epoch`` changed)."""
 
-    __slots__ = ("worker", "plan", "duration_s")
+    __slots__ = ("worker", "plan", "duration_s", "epoch")
 
     def __init__(self, time_s: float, worker: "SimWorker", plan: "StepPlan",
-                 duration_s: float) -> None:
+                 duration_s: float, epoch: int = 0) -> None:
         super().__init__(time_s)
         self.worker = worker
         self.plan = plan
         self.duration_s = duration_s
+        self.epoch = epoch
+
+
+class NodeDown(Event):
+    """A worker's process dies (or its link is cut): it stops stepping and receiving, its KV is lost.
+    The coordinator learns of it ``detect_s`` later; ``down_for_s`` later it comes back (None: never)."""
+
+    __slots__ = ("worker", "detect_s", "down_for_s")
+
+    def __init__(self, time_s: float, worker: "SimWorker", detect_s: float,
+                 down_for_s: float | None) -> None:
+        super().__init__(time_s)
+        self.worker = worker
+        self.detect_s = detect_s
+        self.down_for_s = down_for_s
+
+
+class NodeDetected(Event):
+    """The coordinator declares a down worker dead: no more requests to it, and the requests whose
+    pipeline crossed it start again on other pipelines from their prompt and streamed tokens."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, time_s: float, worker: "SimWorker") -> None:
+        super().__init__(time_s)
+        self.worker = worker
+
+
+class NodeUp(Event):
+    """A worker that was down answers again, empty (a restarted process): it rejoins routing."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, time_s: float, worker: "SimWorker") -> None:
+        super().__init__(time_s)
+        self.worker = worker
 
 
 class RequestFinish(Event):

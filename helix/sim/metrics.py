@@ -106,6 +106,10 @@ class SimResult:
     bucket_s: float
     wall_s: float
     events: int
+    requests_moved: int = 0
+    """Requests moved to another pipeline because theirs lost a node (``SimConfig.failures``)."""
+    moved_prefill_tokens: int = 0
+    """Tokens prefilled again for them."""
     samples: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """Raw latency samples for plots (not written to JSON)."""
 

@@ -15,7 +15,8 @@ class SimRequest:
 
     __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "pipeline",
                  "workers", "admitted_s", "first_token_s", "last_token_s", "finish_s",
-                 "generated", "received", "sent_upto", "sent_at_s", "decode_latency_sum_s")
+                 "generated", "received", "sent_upto", "sent_at_s", "decode_latency_sum_s",
+                 "epoch", "moves")
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int,
                  output_tokens: int) -> None:
@@ -36,6 +37,10 @@ class SimRequest:
         self.sent_upto: list[int] = []
         self.sent_at_s: list[float] = []
         self.decode_latency_sum_s = 0.0
+        self.epoch = 0
+        """Which pipeline the request is on (it changes when the request moves off a dead node):
+        messages of an older epoch are stale."""
+        self.moves = 0
 
     @property
     def done(self) -> bool:

@@ -23,7 +23,7 @@ class SimWorker:
 
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
-                 "_num_partial", "peak_used_blocks")
+                 "_num_partial", "peak_used_blocks", "down", "epoch")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
@@ -49,6 +49,23 @@ class SimWorker:
         self.num_preemptions = 0
         self._num_partial = 0
         self.peak_used_blocks = 0
+        self.down = False
+        """Dead (or cut off): it neither steps nor receives until it comes back."""
+        self.epoch = 0
+        """Bumped when the worker goes down: a step it had started never finishes."""
+
+    def go_down(self) -> None:
+        """The process is gone: every request and all KV with it; a step in progress never ends."""
+        self.down = True
+        self.epoch += 1
+        self.busy = self.start_pending = False
+        blocks = self.policy.blocks
+        self.policy = StepPolicy(self.policy.config, KVBlockManager(blocks.num_blocks,
+                                                                    blocks.block_size_tokens))
+        self.requests.clear()
+        self.entry.clear()
+        self._num_partial = 0
+        self.maybe_ready = True
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -61,7 +78,8 @@ class SimWorker:
         self.entry[rid] = entry_layer
         if entry_layer != self.start:
             self._num_partial += 1
-        self.policy.add(rid, request.prompt_tokens, request.output_tokens,
+        # A request moved off a dead node prefills what it already streamed: only the rest is output.
+        self.policy.add(rid, request.prompt_tokens, request.output_tokens - request.received,
                         num_available_tokens=num_available)
 
     def drop(self, request_id: int) -> None:
