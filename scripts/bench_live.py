@@ -189,13 +189,27 @@ def table(rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def describe_prediction(plan) -> str:
+    """The plan's prediction in one line (B's analytic model: what `helix plan` prints)."""
+    p = plan.prediction
+    if p is None:
+        return "no prediction"
+    lat = "" if p.ttft_p50_s is None else (f"; at {p.online_load:.0%}: TTFT p50 "
+                                           f"{p.ttft_p50_s * 1000:.0f} ms, TPOT p50 "
+                                           f"{p.tpot_p50_s * 1000:.0f} ms")
+    return (f"predicted {p.requests_per_s:.3f} req/s, {p.decode_tokens_per_s:.1f} decode tok/s at "
+            f"saturation{lat}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="quick profile grid, one 20 s run per load")
     ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
     ap.add_argument("--runs", type=int, default=3, help="live runs per load (median reported)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per run (live and simulated)")
-    ap.add_argument("--loads", default="0.5,0.9", help="fractions of the measured capacity")
+    ap.add_argument("--loads", default="0.5,0.9", help="fractions of the capacity")
+    ap.add_argument("--capacity", choices=("measured", "predicted"), default="measured",
+                    help="100 %%: the live closed loop's requests/s, or the plan's prediction")
     ap.add_argument("--max-prompt", type=int, default=512, help="trace slice: prompt <= this")
     ap.add_argument("--max-output", type=int, default=128, help="trace slice: output <= this")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "helix" / "small-llama-v1")
@@ -215,7 +229,11 @@ def main() -> None:
         spec_path, plan_path = plan_with_profile(work, profile(work, args.quick))
         spec, plan = load_cluster(spec_path), Plan.load(plan_path)
         placement = ", ".join(f"{p.node} [{p.start},{p.end})" for p in plan.placements)
-        print(f"plan: {placement}; max flow {plan.max_flow_tokens_per_s:.0f} tok/s", flush=True)
+        predicted = describe_prediction(plan)
+        print(f"plan: {placement}; max flow {plan.max_flow_tokens_per_s:.0f} tok/s; {predicted}",
+              flush=True)
+        if args.capacity == "predicted" and plan.prediction is None:
+            raise SystemExit("--capacity predicted: the plan carries no prediction")
         base = load_azure_trace(resolve_trace("conv"), args.max_prompt, args.max_output)
         mean_prompt, mean_output = mean_lengths(base)
         stack = LiveStack(plan_path, ckpt, [p.node for p in plan.placements], work)
@@ -224,8 +242,11 @@ def main() -> None:
             concurrency = spec.serving.max_batch_seqs
             capacity_rps, sat = measure_capacity(stack.url, base, concurrency,
                                                  concurrency if args.quick else 3 * concurrency)
-            print(f"capacity: {capacity_rps:.3f} req/s ({sat.decode_throughput_tokens_per_s:.1f} "
-                  f"decode tok/s, {concurrency} in flight)", flush=True)
+            print(f"measured capacity: {capacity_rps:.3f} req/s ({sat.decode_throughput_tokens_per_s:.1f}"
+                  f" decode tok/s, {concurrency} in flight)", flush=True)
+            measured_rps = capacity_rps
+            if args.capacity == "predicted":
+                capacity_rps = plan.prediction.requests_per_s
             rows = run_loads(stack.url, spec, plan, base, capacity_rps, loads, args.runs,
                              args.duration)
         finally:
@@ -237,15 +258,17 @@ def main() -> None:
     if not args.no_write:
         from bench_runtime import append_to_section
         cmd = "python scripts/bench_live.py" + (" --quick" if args.quick else
-                                                 f" --runs {args.runs} --duration {args.duration:g}")
+                                                 f" --runs {args.runs} --duration {args.duration:g}") \
+            + (" --capacity predicted" if args.capacity == "predicted" else "")
         machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {load_at_start:.1f} at "
                    f"start, {os.getloadavg()[0]:.1f} at the end")
         entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}` on "
                  f"{machine}. {MODEL} on local2 ({placement}), profiled on one pinned core; conv "
                  f"trace, prompt <= {args.max_prompt}, output <= {args.max_output} (mean "
                  f"{mean_prompt:.0f} / {mean_output:.0f}); {args.duration:g} s windows; measured "
-                 f"capacity {capacity_rps:.3f} req/s; live: median (min-max) of {args.runs} runs; "
-                 f"sim: the same workload, ratio to the live median.\n\n{text}\n")
+                 f"capacity {measured_rps:.3f} req/s ({args.capacity} capacity is 100 %); plan: "
+                 f"{predicted}; live: median (min-max) of {args.runs} runs; sim: the same "
+                 f"workload, ratio to the live median.\n\n{text}\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 
 
