@@ -51,6 +51,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from helix.errors import HelixUserError
+from helix.serving import ServingSpec
 from worker.kv_blocks import KVBlockManager
 
 
@@ -58,8 +59,8 @@ from worker.kv_blocks import KVBlockManager
 class PolicyConfig:
     """Limits of one step."""
 
-    max_num_seqs: int = 256
-    """Most requests in one step (decodes + prefill chunks)."""
+    max_num_seqs: int = ServingSpec().max_batch_seqs
+    """Most requests in one step (decodes + prefill chunks): the plan's ``max_batch_seqs``."""
     max_num_batched_tokens: int = 512
     """Token budget of one step (decode tokens + prefill chunk tokens)."""
     chunked_prefill: bool = True
