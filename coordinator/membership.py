@@ -1,0 +1,231 @@
+"""The coordinator's side of its workers: heartbeats, each node's health, failover and rejoin.
+
+A mixin of :class:`coordinator.runtime.Coordinator` (it reads and writes the coordinator's state
+under the coordinator's lock): the stats poller feeds :class:`coordinator.health.NodeHealth`, a
+suspect or dead node is masked in the scheduler's KV estimator, a dead node's requests move to
+another pipeline (:meth:`Membership._move`), a node that registers again rejoins
+(:meth:`Membership.rejoin`), and with no pipeline left requests wait a grace period, then fail
+(:class:`NoPipeline`, HTTP 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from coordinator.health import NodeState, Transition
+from coordinator.requests import Done, LiveRequest
+from helix.errors import HelixUserError
+from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
+from helix.net.sampling import SamplingParams
+from helix.net.stats import WorkerStats
+from helix.net.wire import Release
+from helix.plan import COORDINATOR
+
+if TYPE_CHECKING:
+    from coordinator.runtime import WorkerHandle
+
+log = logging.getLogger("helix.coordinator")
+
+
+class NoPipeline(Exception):
+    """No pipeline of live workers is left, and none came back within the grace period."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Membership:
+    """Worker health and failover for :class:`~coordinator.runtime.Coordinator` (see the module)."""
+
+    def rejoin(self, w: WorkerHandle) -> None:
+        """A worker for a plan node registered again (restarted by hand, or by Ray, at new
+        addresses): load its slice, tell every peer where it is now; the next stats polls bring it
+        back into routing (dead -> ok). Requests that moved away from the old process stay moved."""
+        if w.node not in self.workers:
+            raise HelixUserError(f"node {w.node!r} is not in the plan; nodes: {sorted(self.workers)}")
+        client = ControlClient(w.control_address, WORKER_SERVICE)
+        reply = self._configure(w, self._engine, client)
+        with self._lock:
+            old = self.clients.get(w.node)
+            self.workers[w.node] = w
+            self.clients[w.node] = client
+            self.stats[w.node] = WorkerStats.from_dict(reply)
+            peers = {n: h.data_address for n, h in self.workers.items()} | {COORDINATOR: self.data.address}
+            self.data.forget_queued(w.node)
+            self.data.set_peers(peers)
+            clients = dict(self.clients)
+        for node, c in clients.items():
+            try:
+                c.call("SetPeers", {"peers": peers}, timeout_s=5.0)
+            except ControlError as exc:   # a node that is down gets the book when it rejoins
+                log.warning("coordinator: telling %s where %s is failed: %s", node, w.node, exc)
+        if old is not None and old is not client:
+            old.close()
+        log.warning("coordinator: node %s rejoined (control %s, data %s)", w.node, w.control_address,
+                    w.data_address)
+
+    # --- worker stats, health -----------------------------------------------------------------------
+    def _stats_loop(self) -> None:
+        while not self._stop.wait(self.config.stats_interval_s):
+            try:   # the queue and /health depend on this thread: it must outlive any one poll
+                self.poll_stats()
+            except Exception:
+                log.exception("coordinator: stats poll failed")
+
+    def poll_stats(self) -> None:
+        """Poll every worker at once (the heartbeat): feed real KV use to the estimator, update each
+        node's health, and act on the changes: suspect and dead nodes get no new requests (they read
+        full to the estimator, as drained ones do), a dead node's requests move to other pipelines,
+        and a node that answers again is released of the requests that moved away from it."""
+        timeout_s = min(2.0, self.config.health.suspect_after_s)
+        nodes = list(self.clients)
+        replies = list(self._poll_pool.map(lambda n: self._poll_one(n, timeout_s), nodes))
+        now = time.monotonic()
+        with self._lock:
+            for node, reply in zip(nodes, replies):
+                if isinstance(reply, WorkerStats):
+                    self.health.answered(node, now)
+                    old = self.stats.get(node)
+                    if old is not None and reply.steps_total > old.steps_total:
+                        self._stepped_s[node] = now
+                    self.stats[node] = reply
+                else:
+                    self.health.failed(node, refused=reply)
+            for t in self.health.update(now):
+                self._on_transition(t)
+            for node in nodes:
+                s = self.stats[node]
+                usable = self.health.state(node) is NodeState.OK and not s.draining and s.configured
+                self.scheduler.kv.observe(node, s.kv_used_token_layers if usable
+                                          else 2 * s.kv_capacity_token_layers)
+            self._update_route(now)
+            self._admit_waiting()   # usage may have dropped with no request ending
+
+    def _poll_one(self, node: str, timeout_s: float) -> WorkerStats | bool:
+        """The node's stats, or whether the failure was a refusal (nothing listening there)."""
+        try:
+            return WorkerStats.from_dict(self.clients[node].call("Stats", timeout_s=timeout_s))
+        except ControlError as exc:
+            if self.health.state(node) is NodeState.OK:
+                log.warning("coordinator: stats of %s failed: %s", node, exc)
+            return exc.code.name == "UNAVAILABLE" and "refused" in exc.details.lower()
+        except Exception:   # a reply that does not parse
+            log.exception("coordinator: stats of %s unreadable", node)
+            return False
+
+    def _on_transition(self, t: Transition) -> None:
+        """Act on one node's change of state (under the lock)."""
+        log.warning("coordinator: node %s is %s (was %s)", t.node, t.new.value, t.old.value)
+        if t.new is NodeState.DEAD:
+            self.data.forget_queued(t.node)   # a restarted process must not get the old traffic
+            moving = [r for r in self._live.values()
+                      if not r.done and r.pipeline is not None and t.node in r.pipeline.nodes]
+            for req in moving:
+                self._move(req, t.node)
+        elif t.old is NodeState.DEAD:
+            orphans = self._orphans.pop(t.node, set())
+            if orphans:   # the node kept KV of requests that moved away: free it
+                try:
+                    self.data.send(t.node, Release(tuple(sorted(orphans))))
+                except Exception:
+                    log.exception("coordinator: releasing moved requests on %s failed", t.node)
+
+    def _move(self, req: LiveRequest, dead: str) -> None:
+        """``req``'s pipeline lost ``dead``: free it on the other stages and start it again, under a
+        new id, on another pipeline from its prompt and the tokens it already streamed (the caller
+        sees a pause). Greedy output is unchanged; presence / frequency penalties then also count the
+        earlier output as prompt, and a seeded draw restarts its generator."""
+        old_id = req.request_id
+        self.scheduler.release(old_id)
+        for node in dict.fromkeys(req.pipeline.nodes):
+            if node == dead:
+                self._orphans.setdefault(node, set()).add(old_id)
+                continue
+            try:
+                self.data.send(node, Release((old_id,)))
+            except Exception:
+                log.exception("coordinator: releasing request %r on %s failed", old_id, node)
+        del self._live[old_id]
+        req.request_id = self._next_id
+        self._next_id += 1
+        self._alias[req.handle.request_id] = req.request_id
+        self._live[req.request_id] = req
+        req.pipeline = None
+        req.moves += 1
+        self.requests_moved += 1
+        self.moved_prefill_tokens += len(req.dispatch_token_ids())
+        # It was admitted before: it goes ahead of requests that never started.
+        self._waiting.appendleft(req)
+
+    def _update_route(self, now: float) -> None:
+        """Track since when no pipeline of usable nodes exists; past the grace, fail what waits."""
+        if self._has_pipeline(self._usable()):
+            self._no_route_since = None
+            return
+        if self._no_route_since is None:
+            self._no_route_since = now
+            log.warning("coordinator: no pipeline of live workers is left (%s); requests wait up to "
+                        "%.0f s", self._unusable_text(), self.config.health.no_route_grace_s)
+        if now - self._no_route_since >= self.config.health.no_route_grace_s:
+            message = self._no_route_message()
+            while self._waiting:
+                self._finish(self._waiting.popleft(), "error", release_stages=False, error=message,
+                             retry_after_s=self.config.retry_after_s)
+
+    def _check_route(self) -> None:
+        """Refuse a new request once no pipeline has been left for the whole grace period."""
+        grace = self.config.health.no_route_grace_s
+        if self._no_route_since is not None and time.monotonic() - self._no_route_since >= grace:
+            raise NoPipeline(self._no_route_message(), self.config.retry_after_s)
+
+    def _usable(self) -> set[str]:
+        return {n for n in self.health.usable() if not self.stats[n].draining and self.stats[n].configured}
+
+    def _unusable_text(self) -> str:
+        bad = {n: s.value for n, s in self.health.states().items() if s is not NodeState.OK}
+        return ", ".join(f"{n} {s}" for n, s in sorted(bad.items())) or "every node is draining"
+
+    def _no_route_message(self) -> str:
+        return (f"no pipeline can serve: {self._unusable_text()} (no live worker holds some layers "
+                f"for {self.config.health.no_route_grace_s:.0f} s)")
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's health (``ok`` / ``suspect`` / ``dead``, or ``draining``), for /health and
+        /metrics."""
+        with self._lock:
+            return {n: ("draining" if s is NodeState.OK and self.stats[n].draining else s.value)
+                    for n, s in self.health.states().items()}
+
+    def healthy(self, probe_timeout_s: float = 10.0) -> bool:
+        """True when some pipeline of live (``ok``, not draining) nodes completed a generation step
+        within ``health_window_s``; otherwise when a one-token probe generates through a pipeline
+        now. False at once when no pipeline of live nodes exists (workers gone or frozen)."""
+        with self._lock:
+            usable = self._usable()
+        if not self._has_pipeline(usable):
+            return False
+        now = time.monotonic()
+        window = self.config.health_window_s
+        stepped = {n for n in usable if now - self._stepped_s.get(n, -math.inf) <= window}
+        if self._has_pipeline(stepped):
+            return True
+        with self._probe_lock:   # concurrent health checks share the machine, not one probe each
+            return self._probe(probe_timeout_s)
+
+    def _has_pipeline(self, nodes: set[str]) -> bool:
+        topology = self.scheduler.fallback or self.scheduler.topology
+        # No lock: a Topology may be walked from any thread (see its docstring).
+        return topology.has_path(topology.mask_of(n for n in topology.nodes if n in nodes))
+
+    def _probe(self, timeout_s: float) -> bool:
+        try:
+            handle = self.submit(self.codec.encode("health") or [0],
+                                 SamplingParams(temperature=0, max_tokens=1))
+            return any(isinstance(ev, Done) and ev.error is None and ev.finish_reason != "abort"
+                       for ev in handle.events(timeout_s=timeout_s))
+        except Exception:   # QueueFull, a timeout, a failed step: all mean "not healthy now"
+            return False
