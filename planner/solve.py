@@ -248,6 +248,9 @@ def _run_class_milp(problem, adapter, best, bounds, t0, time_limit_s, threads, s
     report(cand.value)
     # Leave ~5 % of the time for extraction, verification and path statistics.
     cand = _polish(problem, cand, partial, t0 + 0.95 * time_limit_s, seed, bound() / (1 + gap), min_k)
+    if cand.value > 0 and bound() > cand.value * (1 + max(gap, 1e-6)):  # time the search left over
+        cand = _cover(problem, adapter, cand, bounds, gap, t0 + 0.95 * time_limit_s, time_limit_s,
+                      threads, seed, partial, min_k, extras)
     if cand.value <= 0:
         raise InfeasibleError(f"no placement of {problem.model} serves any tokens "
                               "(is a region or the coordinator cut off?)")
@@ -290,10 +293,13 @@ def _cover(problem, adapter, best: Candidate, bounds, gap, deadline_s, time_limi
     that cover a target are measured and kept when they beat the incumbent."""
     if best.value <= 0:
         return best
-    res = cover_search(problem, adapter, best.value * (1 + max(gap, 1e-6)), min(bounds.values()),
-                       deadline_s, step_s=max(0.5, 0.05 * time_limit_s), threads=threads,
-                       seed=seed, min_layers=min_k, optimal_at=best.value * (1 + 1e-7))
-    extras["cover_targets"] = [(round(x, 3), verdict) for x, verdict in res.tried]
+    target, known = best.value * (1 + max(gap, 1e-6)), min(bounds.values())
+    again = "cover_targets" in extras  # a second pass: the gap target was tried already
+    res = cover_search(problem, adapter, target, known, deadline_s,
+                       step_s=max(0.5, 0.05 * time_limit_s), threads=threads, seed=seed,
+                       min_layers=min_k, optimal_at=best.value * (1 + 1e-7),
+                       first=known - 0.25 * (known - target) if again else None)
+    extras.setdefault("cover_targets", []).extend((round(x, 3), verdict) for x, verdict in res.tried)
     if res.bound is not None:
         bounds["cover"] = res.bound
     for placement in res.placements:

@@ -4,7 +4,9 @@
 
 Cases: the reference case (cluster_specs/reference/helix-single24-70b.yaml: the reference planner's
 own throughput tables, 1 GB/s links), then single24 / geo24 / hetero42 with LLaMA-2 70B and
-LLaMA-1 30B under our cost model. Every method's max flow, proven bound, gap, depth and seconds go
+LLaMA-1 30B under our cost model, then the reference artifact's published cases
+(../shared/data/reference_cases: 3cluster24, cluster42, cluster10, read as `helix convert
+--throughput-tables` reads them; cluster42 also with --max-depth 12). Every method's max flow, proven bound, gap, depth and seconds go
 to a table on stdout and into this script's section of BENCHMARKS.md (replaced on each run).
 HiGHS runs with one thread so that runs on the shared 2-core machine stay comparable.
 """
@@ -32,7 +34,23 @@ START, END = "<!-- bench_planner:start -->", "<!-- bench_planner:end -->"
 CASES = [("reference", "cluster_specs/reference/helix-single24-70b.yaml", None)] + [
     (name, f"cluster_specs/{name}.yaml", model)
     for name in ("single24", "geo24", "hetero42") for model in ("llama-2-70b", "llama-1-30b")] + [
-    ("hetero210", "cluster_specs/hetero42.yaml", "x5")]
+    ("hetero210", "cluster_specs/hetero42.yaml", "x5")] + [
+    (f"ref-{case}", case, "ini") for case in ("3cluster24", "cluster42", "cluster10")] + [
+    ("ref-cluster42-depth12", "cluster42", "ini")]
+REFERENCE_CASES = REPO.parent / "shared" / "data" / "reference_cases"
+#: The reference artifact's published best max flow per case (README of reference_cases).
+PUBLISHED = {"ref-3cluster24": 1212.18, "ref-cluster42": 4892.24, "ref-cluster10": 286.5874}
+
+
+def reference_problem(case: str):
+    """A published case through ``helix convert --throughput-tables`` (the same function)."""
+    from helix.helix_ini import convert_ini, load_throughput_tables
+    model = "llama-1-30b" if case == "cluster10" else "llama-2-70b"
+    tables = load_throughput_tables(REFERENCE_CASES / "throughput_tables.yaml", case)
+    conv = convert_ini(REFERENCE_CASES / f"{case}.ini",
+                       REFERENCE_CASES / f"machine_profiles_{case}.ini", model,
+                       throughput_tables=tables)
+    return build_problem(conv.spec)
 
 
 def replicate(problem, times: int):
@@ -68,9 +86,13 @@ def cpu_model() -> str:
 
 
 def run_case(name, path, model, args):
+    depth = 12 if name.endswith("-depth12") else None
     if model == "x5":
         problem = replicate(build_problem(load_cluster(REPO / path)), 5)
         runs = [("milp", True), ("separate", True)]
+    elif model == "ini":
+        problem = reference_problem(path)
+        runs = [("milp", True)] if depth else [(m, True) for m in METHODS]
     else:
         problem = build_problem(load_cluster(REPO / path), resolve_model(model) if model else None)
         runs = [(m, True) for m in METHODS] + ([("milp", False)] if name == "reference" else [])
@@ -79,36 +101,84 @@ def run_case(name, path, model, args):
         limit = args.paper_time_limit if method == "milp-paper" else args.time_limit
         try:
             plan = solve(problem, method, time_limit_s=limit, threads=1, seed=0, gap=args.gap,
-                         warm_starts=warm)
+                         warm_starts=warm, max_depth=depth)
         except Exception as exc:  # an infeasible heuristic is a row, not a crash
             rows.append((name, problem.model, method if warm else "milp (no warm start)",
-                         None, None, None, None, None, type(exc).__name__, "-"))
+                         None, None, None, None, None, None, type(exc).__name__, "-", "-"))
             print(_fmt_row(rows[-1]), flush=True)
             continue
         label = method if warm else "milp (no warm start)"
+        e = plan.extras
         rows.append((name, plan.model, label, plan.max_flow_tokens_per_s,
-                     plan.upper_bound_tokens_per_s, plan.gap, plan.extras.get("depth_max"),
-                     plan.solve_seconds, plan.extras.get("status", "heuristic"),
-                     plan.extras.get("found_by", "-")))
+                     plan.upper_bound_tokens_per_s, plan.gap, e.get("depth_max"),
+                     e.get("latency_mean_s", 0.0) * 1e3, plan.solve_seconds,
+                     e.get("status", "heuristic"), e.get("bound_source", "-"),
+                     e.get("found_by", "-")))
         print(_fmt_row(rows[-1]), flush=True)
     return rows
 
 
 def _fmt_row(r) -> str:
-    name, model, method, flow, bound, gap, depth, secs, status, found = r
+    name, model, method, flow, bound, gap, depth, latency_ms, secs, status, source, found = r
     if flow is None:
-        return f"| {name} | {model} | {method} | infeasible | - | - | - | - | {status} | - |"
+        return f"| {name} | {model} | {method} | infeasible | - | - | - | - | - | {status} | - | - |"
     return (f"| {name} | {model} | {method} | {flow:,.1f} | {bound:,.1f} | {gap * 100:.2f} % | "
-            f"{depth} | {secs:.1f} | {status} | {found} |")
+            f"{depth} | {latency_ms:,.0f} | {secs:.1f} | {status} | {source} | {found} |")
+
+
+def _widen(line: str) -> str:
+    """A row kept from a run before the latency and bound-source columns: '-' in both."""
+    cells = line.strip().strip("|").split("|")
+    if len(cells) != 10:
+        return line
+    cells = cells[:7] + [" - "] + cells[7:9] + [" - "] + cells[9:]
+    return "|" + "|".join(cells) + "|"
+
+
+def acceptance(rows) -> list[str]:
+    """Issue 11's targets, read from the rows of this run."""
+    milp = {r[0]: r for r in rows if r[2] == "milp" and r[3] is not None}
+    out = []
+
+    def line(case, text, ok):
+        out.append(f"- {case}: {text} ({'met' if ok else 'NOT met'})")
+
+    for case, floor, max_gap in (("ref-3cluster24", 1576, 0.10), ("ref-cluster42", 5870, 0.10)):
+        if case in milp:
+            r = milp[case]
+            line(case, f"{r[3]:,.1f} tokens/s = {r[3] / PUBLISHED[case]:.2f} x the best published "
+                 f"{PUBLISHED[case]:,}, gap {r[5]:.1%}; target >= {floor} with gap <= {max_gap:.0%}",
+                 r[3] >= floor and r[5] <= max_gap)
+    if "ref-cluster10" in milp:
+        r = milp["ref-cluster10"]
+        line("ref-cluster10", f"{r[3]:,.2f} tokens/s, gap {r[5]:.2%} in {r[8]:.1f} s; target: the "
+             "optimum proved (gap <= 1 %) within 10 s", r[5] <= 0.01 and r[8] <= 10)
+    if "reference" in milp:
+        r = milp["reference"]
+        line("reference (single-region 24)", f"{r[3]:,.1f} tokens/s, gap {r[5]:.2%}",
+             r[3] >= 2045 and r[5] <= 1e-6)
+    for case in ("geo24", "hetero42"):
+        for r in (r for r in rows if r[0] == case and r[2] == "milp" and r[3] is not None):
+            line(f"{case} {r[1]}", f"gap {r[5]:.2%}; target <= 3 %", r[5] <= 0.03)
+    if "ref-cluster42-depth12" in milp and "ref-cluster42" in milp:
+        a, b = milp["ref-cluster42"], milp["ref-cluster42-depth12"]
+        out.append(f"- --max-depth 12 on cluster42: {b[3]:,.1f} tokens/s (depth {b[6]}, latency "
+                   f"{b[7]:,.0f} ms) vs {a[3]:,.1f} (depth {a[6]}, {a[7]:,.0f} ms) unrestricted: "
+                   f"{1 - b[3] / a[3]:.1%} less flow; its bound {b[4]:,.1f} holds only for "
+                   "placements with >= 7 layers a node and no partial inference")
+    return out
 
 
 NOTES = [
     "",
     "How to read it. *max flow* is the exact max flow (networkx preflow-push, re-checked with",
     "Edmonds-Karp) of the returned placement; *bound* is a proven upper bound on every placement's",
-    "max flow: the fixed point F <= (1/L) sum_i max_k k min(F, T_i(k), links_i) with region cuts,",
-    "tightened by the class MILP's dual bound (`milp`), or the paper MILP's own dual bound",
-    "(`milp-paper`, as the reference reported it); *gap* = (bound - max flow) / max flow; *depth* =",
+    "max flow, the least of those found (*bound from*): `fixed_point` (F <= (1/L) sum_i max_k k",
+    "min(F, T_i(k), links_i), with region cuts), `cover` (no placement gives every layer nodes worth",
+    "that much: the cover MILP refuted it), `class_milp` (the class MILP's dual bound; a relaxation",
+    "where links bind), `paper_milp` (the paper MILP's dual bound); *status* speaks of the exact",
+    "problem: `optimal` / `gap` only when such a bound proves it, else `feasible`; *gap* = (bound -",
+    "max flow) / max flow; *latency* = mean time of one pass through a pipeline; *depth* =",
     "most nodes on a flow-carrying path; *found by* = which stage produced the placement (a heuristic",
     "warm start, `+local` after local search, `regional-milp` = per-region exact class MILPs, `milp` =",
     "the class MILP's own incumbent). `milp-paper` falls back to the best heuristic (with a warning)",
@@ -142,10 +212,11 @@ def write_section(rows, args, command: str) -> None:
         "",
         f"`{command}` on {datetime.date.today()} ({machine}); HiGHS, 1 thread, "
         f"gap target {args.gap:.0%}, MILP time limit {args.time_limit:.0f} s "
-        f"(paper MILP {args.paper_time_limit:.0f} s). Machine shared with other work: seconds are noisy.",
+        f"(paper MILP {args.paper_time_limit:.0f} s), load average {args.load:.2f} at the start. "
+        "Machine shared with other work: seconds are noisy.",
         "",
-        "| cluster | model | method | max flow (tokens/s) | bound | gap | depth | seconds | status | found by |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cluster | model | method | max flow (tokens/s) | bound | gap | depth | latency (ms) | seconds | status | bound from | found by |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     tail = ["", "hetero210: five copies of hetero42 (210 nodes, 7 GPU kinds), LLaMA-2 70B, all copies "
             "linked like the original."]
@@ -153,14 +224,14 @@ def write_section(rows, args, command: str) -> None:
         r = ref[0]
         tail = ["", f"Reference case: {r[3]:,.1f} tokens/s = {r[3] / REFERENCE_MAX_FLOW:.2f} x the "
                 f"reference planner's {REFERENCE_MAX_FLOW} (target >= 2000 with gap <= 2 % in <= 60 s: "
-                f"{'met' if r[3] >= 2000 and r[5] <= 0.02 and r[7] <= 60 else 'NOT met'})."]
+                f"{'met' if r[3] >= 2000 and r[5] <= 0.02 and r[8] <= 60 else 'NOT met'})."]
     path = REPO / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = [_fmt_row(r) for r in rows]
     if args.cases and START in text:  # keep the rows of cases not re-run this time
         run = {r[0] for r in rows}
         old = text[text.index(START):text.index(END)].splitlines()
-        kept = [ln for ln in old if ln.startswith("| ") and not ln.startswith("| cluster")
+        kept = [_widen(ln) for ln in old if ln.startswith("| ") and not ln.startswith("| cluster")
                 and ln.split("|")[1].strip() not in run]
         lines = kept + lines
         order = [c[0] for c in CASES]
@@ -172,6 +243,15 @@ def write_section(rows, args, command: str) -> None:
                        f"{datetime.date.today()} ({machine}).")
         if not ref:
             tail += [""] + [ln for ln in old if ln.startswith("Reference case:")]
+    goals = acceptance(rows)
+    if args.cases and START in text:  # targets of cases not re-run keep their earlier lines
+        run = {r[0] for r in rows}
+        old = text[text.index(START):text.index(END)].splitlines()
+        fresh = {ln[2:].split(":")[0].split()[0] for ln in goals}
+        goals = [ln for ln in old if ln.startswith("- ") and ln[2:].split(":")[0].split()[0]
+                 not in run | fresh] + goals
+    if goals:
+        tail += ["", "Issue 11 targets (each from its case's latest rows):", ""] + goals
     body = "\n".join([START] + head + lines + tail + NOTES + ANALYSIS + [END])
     if START in text and END in text:
         text = text[:text.index(START)] + body + text[text.index(END) + len(END):]
@@ -189,6 +269,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", help="only these cases (others' rows are kept)")
     ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
     args = ap.parse_args()
+    args.load = os.getloadavg()[0]
     rows = []
     chosen = CASES[:1] if args.quick else [c for c in CASES if not args.cases or c[0] in args.cases]
     for name, path, model in chosen:

@@ -31,12 +31,14 @@ class CoverResult:
 
 def cover_search(problem: PlacementProblem, adapter: SolverAdapter, target: float, known: float,
                  deadline_s: float, *, step_s: float, threads: int = 1, seed: int = 0,
-                 min_layers: int = 1, optimal_at: float | None = None) -> CoverResult:
+                 min_layers: int = 1, optimal_at: float | None = None,
+                 first: float | None = None) -> CoverResult:
     """Bisect between ``target`` (the first X tried) and ``known`` (a proven bound) until
     ``time.perf_counter() >= deadline_s`` or the target is refuted; then ``optimal_at`` (the
-    incumbent's flow, a hair above) is tried once."""
+    incumbent's flow, a hair above) is tried once. ``first``: the first X instead of ``target``
+    (a second pass starts where targets are refuted fastest)."""
     out = CoverResult()
-    lo, hi, x = target, known, target
+    lo, hi, x = target, known, target if first is None else first
     while time.perf_counter() < deadline_s - 0.05 and x < hi * (1 - 1e-4):
         verdict, placement = _try(problem, adapter, x, min(step_s, deadline_s - time.perf_counter()),
                                   threads, seed, min_layers)
