@@ -13,7 +13,12 @@ stream goes on for ``--after`` seconds. Reported per event, median and worst ove
 - decode tokens/s before the event, during (the event to 2 s after detection) and after;
 - requests that failed (the target is 0).
 
-    python scripts/bench_faults.py [--runs 3] [--before 6] [--after 10] [--no-write]
+And the simulator's view of the same event on geo24 (LLaMA-2 70B, the planner's placement, online
+at 75 % of the predicted capacity): one node that is not on every pipeline dies at 300 s (declared
+dead 0.3 s later, as a killed process is live), once for good and once back after 120 s; decode
+tokens/s before, in the minute after and for the rest, beside the same run without the failure.
+
+    python scripts/bench_faults.py [--runs 3] [--before 6] [--after 14] [--no-write] [--no-sim]
 """
 
 from __future__ import annotations
@@ -178,6 +183,41 @@ def _one_run(ckpt: Path, plan, sig: int, before_s: float, after_s: float, rate_p
             "after": rate(during_end, end_s), "requests": len(records), "failed": failed}
 
 
+def simulated_view(duration_s: float = 900.0, fail_at_s: float = 300.0) -> str:
+    """The geo24 table of the simulator's view (see the module docstring)."""
+    from coordinator.pipeline import Topology
+    from helix.sim import run as simrun
+    from helix.sim.engine import NodeFailure, SimConfig
+    from helix.spec import load_cluster
+    spec = load_cluster(ROOT / "cluster_specs" / "geo24.yaml")
+    plan = simrun.make_plan(spec, "milp", time_limit_s=60.0)
+    topo = Topology.from_plan(plan)
+    nodes = sorted(topo.nodes, key=lambda n: -sum(a.flow_tokens_per_s for a in plan.arc_flows if a.src == n))
+    node = next(n for n in nodes if topo.has_path(topo.mask_of(m for m in topo.nodes if m != n)))
+    opts = simrun.WorkloadOptions(load=0.75)
+    workload = simrun.make_workload(opts, "online", plan, 0, duration_s)
+    rows = []
+    for label, failures in (("no failure", ()),
+                            (f"{node} dies at {fail_at_s:.0f} s", (NodeFailure(node, fail_at_s),)),
+                            (f"{node} down {fail_at_s:.0f}-{fail_at_s + 120:.0f} s",
+                             (NodeFailure(node, fail_at_s, 120.0),))):
+        r = simrun.simulate(spec, plan, workload, SimConfig(mode="online", duration_s=duration_s,
+                                                            failures=failures))
+        tl, b = r.throughput_timeline_tokens_per_s, r.bucket_s
+
+        def mean(a, z):
+            xs = tl[int(a / b):int(z / b)]
+            return sum(xs) / len(xs) if xs else 0.0
+        rows.append(f"| {label} | {mean(fail_at_s - 100, fail_at_s):.0f} | "
+                    f"{mean(fail_at_s, fail_at_s + 60):.0f} | {mean(fail_at_s + 60, duration_s):.0f} | "
+                    f"{r.requests_moved} | {r.moved_prefill_tokens} | {r.requests_completed} | "
+                    f"{r.requests_rejected} |")
+    head = (f"| geo24 70B, online at 75 % of the prediction, {duration_s:.0f} s | decode tok/s "
+            f"{fail_at_s - 100:.0f}-{fail_at_s:.0f} s | first minute after | rest | moved | prefilled "
+            f"again | completed | rejected |")
+    return "\n".join([head, "|" + "---|" * 8, *rows])
+
+
 def _fmt(xs, q=None):
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -196,6 +236,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=8.0, help="requests per second")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-sim", action="store_true", help="skip the simulator's view on geo24")
     args = ap.parse_args()
     from helix.commands.demo_checkpoint import write_tiny_checkpoint
     load0 = os.getloadavg()[0]
@@ -219,6 +260,10 @@ def main() -> None:
             "prefilled again (tokens) | decode tok/s before | during | after | failed |")
     table = "\n".join([head, "|" + "---|" * 11] + ["| " + " | ".join(r) + " |" for r in rows])
     print(table)
+    sim_table = "" if args.no_sim else simulated_view()
+    if sim_table:
+        print(sim_table)
+        table += "\n\nThe simulator's view (`helix simulate --fail`):\n\n" + sim_table
     if not args.no_write:
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_faults.py --runs {args.runs} "
                  f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
