@@ -187,7 +187,30 @@ NOTES = [
 
 
 ANALYSIS = """
-What the figures say (run of 2026-11-21). The reference case is solved to proven optimality: one
+Issue 11 (runs of 2026-11-24, load average 6-10 on the 2 cores from other work: the time-limited
+phases got a fraction of a core). Statuses now speak of the exact problem: `optimal` / `gap` only
+where a bound valid for it proves so (brute-force test on tiny clusters with binding links, every
+method); the class MILP's own status is `milp_status` in the plan. The 10-node 30B reference case
+is proved optimal (286.59) in 0.5 s by the cover bound (the reference needed ~3,800 s of Gurobi;
+our class MILP's bound stalled at 338 after 45 s). On 3cluster24 the region chains (crossings
+between regions on several links side by side) serve 1,595.1 tokens/s, 1.32 x the reference ILP,
+where our best before was Petals' 952.1; but no bound we have sees the slow links: the fixed point
+(2,045.6) stays the least. Tried and dropped: the LP relaxations of the class MILP and of a
+node-level layer MILP with per-pair crossing flows both sit at 2,045.6 (the latter's LP takes over
+60 s), and a cover MILP with boundary cuts (crossings need pairs of nodes) leaves even 2,000
+undecided after 60 s; so the 10 % gap target is not met. (At F > 1,754 every
+A100, L4 and T4 at its largest k with T(k) >= F holds 80 layers in all, exactly the model, so any
+crossing that needs two nodes side by side loses layers: we expect the optimum below 1,754, within
+10 % of 1,595, but this is not proved.) On cluster42 the cover bound (6,374.9 in the row, 6,364.6
+on a quieter run, 6,446.8 before it also took the time the MILP phases leave) brings the gap to
+9.7 %; the placement (one 40-node chain of stages, 5,813.7) is 1.19 x the best published
+(Swarm's 4,892.2), below the 5,870 target: stages of one
+GPU kind cover at most 74 of the 80 layers at 5,900, so 5,870 may be beyond the optimum (not
+proved). --max-depth 12 costs cluster42 41 % of its flow (3,405.8 = A100 T(7)), for depth 11
+instead of 40 and a 2.1 s instead of 2.6 s pass. The cost-model clusters keep 4-28 % gaps: the
+cover bound decides no target there within its steps.
+
+What the figures said (run of 2026-11-21). The reference case is solved to proven optimality: one
 chain of all 24 nodes (4 A100 x 8 layers at T(8) = 2046, 8 L4 x 3, 12 T4 x 2) serves 2046
 tokens/s, and the fixed-point bound is exactly 2046, so the gap is 0 (1.59 x the reference
 planner's 1289.6). The class MILP alone, without any warm start, also proves it optimal (1.2 s;
@@ -240,7 +263,8 @@ def write_section(rows, args, command: str) -> None:
         first_run = next((ln for ln in old if ln.startswith("`python scripts/bench_planner.py")), None)
         if first_run:
             head[2] = (first_run + f" Rows for {', '.join(sorted(run))} re-run with `{command}` on "
-                       f"{datetime.date.today()} ({machine}).")
+                       f"{datetime.date.today()} ({machine}; load average {args.load:.2f} at the "
+                       "start).")
         if not ref:
             tail += [""] + [ln for ln in old if ln.startswith("Reference case:")]
     goals = acceptance(rows)
