@@ -1,7 +1,7 @@
 """Text in and out of the coordinator: the checkpoint's tokenizer, chat template and stop strings.
 
 The tokenizer is ``tokenizer.json`` from the checkpoint folder, read with the ``tokenizers`` library;
-``tokenizer_config.json`` gives the BOS/EOS tokens, whether to prepend BOS, and the chat template
+``tokenizer_config.json`` gives the BOS/EOS tokens and the chat template
 (Jinja, rendered in a sandbox with ``messages``, ``add_generation_prompt``, ``bos_token`` and
 ``eos_token`` as in ``transformers``). Without a template we use :data:`DEFAULT_CHAT_TEMPLATE`:
 
@@ -52,9 +52,8 @@ class TextCodec:
         model_cfg = json.loads(model_cfg_file.read_text()) if model_cfg_file.is_file() else {}
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
-        self.add_bos = bool(cfg.get("add_bos_token", True)) and self.bos_token is not None
-        self.bos_token_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
         self.eos_token_ids = self._eos_ids(model_cfg)
+        self.has_chat_template = bool(cfg.get("chat_template"))
         self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self.max_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(model_cfg.get("vocab_size") or self.tokenizer.get_vocab_size())
@@ -67,11 +66,13 @@ class TextCodec:
             ids = [tid] if tid is not None else []
         return tuple(int(i) for i in ids)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
-            ids = [self.bos_token_id, *ids]
-        return ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids exactly as ``AutoTokenizer.from_pretrained(ckpt)(text)`` gives them: the
+        tokenizer's own post-processor decides the special tokens (Llama-2 and Llama-3 add BOS
+        there; a byte-level BPE with a ``bos_token`` but no post-processor adds none). Like
+        ``transformers`` 5 and vLLM, ``add_bos_token`` in ``tokenizer_config.json`` is not applied
+        on top: the tokenizer file already says what the model was trained with."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     @functools.cached_property
     def max_text_bytes(self) -> int:
@@ -104,10 +105,11 @@ class TextCodec:
             raise HelixUserError(f"chat template: {exc}") from None
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        text = self.render_chat(messages)
-        # A template that writes BOS itself must not get a second one.
-        starts_with_bos = bool(self.bos_token) and text.startswith(self.bos_token)
-        return self.encode(text, add_bos=False if starts_with_bos else None)
+        """The chat prompt's ids. With the checkpoint's template, as ``apply_chat_template(...,
+        tokenize=True)`` and vLLM's chat API: the rendered text without special tokens (a template
+        writes BOS itself where the model wants it). With :data:`DEFAULT_CHAT_TEMPLATE` (plain text,
+        no BOS of its own) the post-processor decides, as for a completion."""
+        return self.encode(self.render_chat(messages), add_special_tokens=not self.has_chat_template)
 
 
 @dataclass
