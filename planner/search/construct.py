@@ -118,7 +118,7 @@ def region_problem(problem: PlacementProblem, region: str) -> PlacementProblem:
     return PlacementProblem(problem.model, problem.num_layers, nodes, links, problem.spec_hash)
 
 
-def _class_stage_dp(node, count: int, F: float, L: int) -> list[tuple[int, int]]:
+def class_stage_dp(node, count: int, F: float, L: int) -> list[tuple[int, int]]:
     """Most layers a class covers at flow F with ``count`` nodes, as stages (k layers, m nodes).
 
     A stage of m nodes holding the same k layers carries m T(k); it needs m = ceil(F / T(k)).
@@ -146,7 +146,7 @@ def stages(problem: PlacementProblem, seed: int = 0, partial: bool = True) -> Pl
     upper = fixed_point_bound(problem)
     for F in (upper * (1 - 0.005 * i) for i in range(200)):
         plan = [(ci, k, m) for ci, c in enumerate(classes)
-                for k, m in _class_stage_dp(c.proto, c.count, F, L)]
+                for k, m in class_stage_dp(c.proto, c.count, F, L)]
         if sum(k for _, k, _ in plan) >= L:
             return _lay_out_stages(problem, classes, plan, L)
     return {}

@@ -24,7 +24,7 @@ from planner.flowgraph import Placement, max_flow
 from planner.problem import NodeCapacity, PlacementProblem
 from planner.search.baselines import fits
 from planner.search.bounds import fixed_point_bound
-from planner.search.construct import _class_stage_dp
+from planner.search.construct import class_stage_dp
 
 Group = tuple[NodeCapacity, tuple[str, ...]]  # (a member, every member's name)
 
@@ -37,7 +37,6 @@ def region_chain(problem: PlacementProblem, seed: int = 0, partial: bool = True)
     links = _typical_links(problem)
     upper = fixed_point_bound(problem)
     best: tuple[float, Placement] = (0.0, {})
-    misses = 0
     for F in (upper * (1 - 0.01 * i) for i in range(80)):
         found = [p for order in itertools.permutations(regions)
                  for p in [_chain(problem, groups, links, order, F)] if p]
@@ -47,7 +46,6 @@ def region_chain(problem: PlacementProblem, seed: int = 0, partial: bool = True)
                 best = (value, placement)
         if best[0] > 0 and F < best[0]:
             break  # lower targets cannot serve more than the best already measured
-        misses += not found
     return best[1]
 
 
@@ -96,7 +94,8 @@ def _chain(problem, groups, links, order, F) -> Placement:
             if stage is None:
                 return {}
             head = [stage]
-        body = [(g, k, m) for g in groups[region] for k, m in _class_stage_dp(g[0], left[g[1]], F, L)]
+        body = [(g, k, m) for g in groups[region]
+                for k, m in class_stage_dp(g[0], left[g[1]], F, L)]
         last = t == len(order) - 1
         if not last and body:  # the widest stage goes last: it sends over the slow links
             widest = max(range(len(body)), key=lambda i: (body[i][2], -i))
