@@ -212,6 +212,8 @@ def main() -> None:
                     help="100 %%: the live closed loop's requests/s, or the plan's prediction")
     ap.add_argument("--max-prompt", type=int, default=512, help="trace slice: prompt <= this")
     ap.add_argument("--max-output", type=int, default=128, help="trace slice: output <= this")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the profile, spec, plan and "
+                    "server logs in this folder (default: a temporary one, removed)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "helix" / "small-llama-v1")
     args = ap.parse_args()
     if args.quick:
@@ -224,7 +226,8 @@ def main() -> None:
     from helix.spec import load_cluster
 
     ckpt = write_checkpoint(args.cache)
-    work = Path(tempfile.mkdtemp(prefix="helix-bench-live-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="helix-bench-live-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         spec_path, plan_path = plan_with_profile(work, profile(work, args.quick))
         spec, plan = load_cluster(spec_path), Plan.load(plan_path)
@@ -252,7 +255,8 @@ def main() -> None:
         finally:
             stack.close()
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     text = table(rows)
     print(text)
     if not args.no_write:
