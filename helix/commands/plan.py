@@ -234,7 +234,8 @@ def _compare_table(problem, methods, plans):
               caption="".join(f"* bound only for {s}" for s in sorted(scopes)) or None)
     # predicted: prompt + decode tokens/s at saturation, decode: its decode part; TTFT and TPOT:
     # p50 seconds at 75 % of it (helix.prediction); max flow and bound: the inner flow model.
-    cols = ("method", "predicted", "decode", "TTFT", "TPOT", "max flow", "bound", "gap", "s")
+    cols = ("method", "predicted", "decode", "TTFT", "TPOT", "max flow", "bound", "gap", "status",
+            "s")
     for col in cols:
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, p in zip(methods, plans):
@@ -250,5 +251,5 @@ def _compare_table(problem, methods, plans):
             "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s:.3f}"]
         t.add_row(m, *predicted, f"{p.max_flow_tokens_per_s:.0f}",
                   "-" if bound is None else f"{bound:.0f}{mark}", _fmt_gap(p),
-                  f"{p.solve_seconds:.1f}")
+                  p.extras.get("status", "-"), f"{p.solve_seconds:.1f}")
     return t
