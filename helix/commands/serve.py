@@ -26,7 +26,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize (as vLLM's --api-key; env HELIX_API_KEY)"),
           api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
           max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
-          request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)")) -> None:
+          request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)"),
+          strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
@@ -46,7 +47,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                            runtime=RuntimeConfig(max_waiting_requests=max_waiting),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
                                             max_body_bytes=max_request_bytes,
-                                            body_timeout_s=request_body_timeout))
+                                            body_timeout_s=request_body_timeout, strict=strict))
     the_plan = Plan.load(plan)
     sock = bind_http(host, port)   # before any worker starts: a port in use fails in a second
     # Sweeps up every process this command started (a local Ray's included) once it exits, even

@@ -33,8 +33,9 @@ from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.errors import HelixUserError
 from helix.server.guard import HttpOptions, install as install_guards
 from helix.server.logprobs import LogprobsBuilder
+from helix.server.utility import add_utility_routes
 from helix.server.metrics import ServingMetrics
-from helix.server.schemas import ChatRequest, CompletionRequest
+from helix.server.schemas import ChatRequest, CompletionRequest, unknown_fields
 
 
 log = logging.getLogger("helix.server")
@@ -120,12 +121,26 @@ class OpenAIServer:
     """Routes bound to one coordinator and one served model name."""
 
     def __init__(self, coordinator: Coordinator, model_name: str,
-                 metrics: ServingMetrics | None = None) -> None:
+                 metrics: ServingMetrics | None = None, strict: bool = False) -> None:
         self.coordinator = coordinator
         self.model_name = model_name
         self.metrics = metrics or ServingMetrics()
         self.created = int(time.time())
         self.timeout_s = coordinator.config.request_timeout_s
+        self.strict = strict
+        self._warned: set[str] = set()
+
+    def _check_fields(self, body) -> None:
+        """Unknown request fields: a 400 with ``--strict``, else ignored with one warning per name."""
+        unknown = unknown_fields(body)
+        if not unknown:
+            return
+        if self.strict:
+            raise HelixUserError(f"unknown field(s) {', '.join(unknown)} (the server runs with --strict)")
+        new = [f for f in unknown if f not in self._warned]
+        if new:
+            self._warned.update(new)
+            log.warning("ignoring unknown request field(s) %s", ", ".join(new))
 
     def _check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -168,9 +183,13 @@ class OpenAIServer:
 
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
+        self._check_fields(body)
         params = body.params()
         self._check_texts(body.stop_strings(), "stop")
-        ids = await self._prompt_ids(body.single_prompt())
+        prompts = body.prompts()
+        if len(prompts) > 1:
+            return await self._completions_batch(body, params, prompts)
+        ids = await self._prompt_ids(prompts[0])
         lp = self._logprobs(params, body.return_tokens_as_token_ids)
         handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -183,8 +202,41 @@ class OpenAIServer:
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice], "usage": _usage(done)}
 
+    async def _completions_batch(self, body: CompletionRequest, params, prompts: list):
+        """Several prompts in one request (LangChain's batches): one choice each, ``index`` in
+        order, usage summed. Every prompt is checked and admitted before any output is awaited; a
+        refused one cancels the others."""
+        if body.stream:
+            raise HelixUserError(f"stream=true with {len(prompts)} prompts is not supported; send "
+                                 f"one prompt per streamed request")
+        handles = []
+        try:
+            for prompt in prompts:
+                ids = await self._prompt_ids(prompt)
+                handles.append(self.coordinator.submit(ids, params, body.stop_strings(),
+                                                       loop=asyncio.get_running_loop()))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        results = await asyncio.gather(*(self._collect(h) for h in handles), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
+        choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for i, (text, done, tokens) in enumerate(results):
+            lp = self._logprobs(params, body.return_tokens_as_token_ids)
+            choices.append({"index": i, "text": text, "logprobs": lp and lp.completion(tokens),
+                            "finish_reason": done.finish_reason})
+            for k, v in _usage(done).items():
+                usage[k] += v
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": self.model_name, "choices": choices,
+                "usage": usage}
+
     async def chat(self, body: ChatRequest, request: Request):
         self._check_model(body.model)
+        self._check_fields(body)
         params = body.params()
         self._check_texts(body.stop_strings(), "stop")
         ids = await self._chat_ids(body.message_dicts())
@@ -283,15 +335,22 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": self.created, "owned_by": "helix"}]}
+        return {"object": "list", "data": [self.model_card()]}
+
+    def model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "helix",
+                "max_model_len": self.coordinator.codec.max_context_tokens}
+
+    def model(self, model_id: str) -> dict:
+        self._check_model(model_id)
+        return self.model_card()
 
 
 def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetrics | None = None,
                http: HttpOptions = HttpOptions()) -> FastAPI:
     """The FastAPI app; ``metrics`` should be the coordinator's observer; ``http`` the API key and
     request-body limits (:mod:`helix.server.guard`)."""
-    server = OpenAIServer(coordinator, model_name, metrics)
+    server = OpenAIServer(coordinator, model_name, metrics, strict=http.strict)
     app = FastAPI(title="Helix", docs_url=None, redoc_url=None)
     app.state.helix = server
     _install_error_handlers(app)
@@ -299,6 +358,8 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", server.model, methods=["GET"])
+    add_utility_routes(app, server)
 
     @app.get("/health")
     def health():

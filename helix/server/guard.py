@@ -39,6 +39,8 @@ class HttpOptions:
     """With a key: ``/health``, ``/metrics`` and ``/ping`` need it too (vLLM leaves them open)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    strict: bool = False
+    """Refuse unknown request fields (HTTP 400) instead of ignoring them with a warning."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():

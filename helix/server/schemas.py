@@ -1,7 +1,10 @@
 """Request bodies of the OpenAI-compatible API, validated once (pydantic), then turned into
 :class:`~worker.sampling.SamplingParams`.
 
-Unknown fields are refused (HTTP 400) so a typo never silently changes sampling. Besides OpenAI's
+Unknown fields are ignored with a logged warning, as vLLM does (clients send harmless OpenAI fields
+such as ``store``, ``metadata``, ``service_tier``); ``helix serve --strict`` refuses them (HTTP 400)
+instead, so a typo never silently changes sampling (:func:`unknown_fields`). Fields we know and
+cannot honour are always a 400 naming the field (``tools``, a JSON ``response_format``). Besides OpenAI's
 fields we take vLLM's extra sampling names (``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``). Fields OpenAI defines but Helix does not implement
 (``n`` > 1, ``best_of``, ``echo``, ``suffix``, ``logit_bias``) are refused with a clear message.
@@ -22,9 +25,23 @@ _DEFAULT_MAX_TOKENS = 16
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of every field in ``model`` (nested models and lists of them included) that its
+    schema does not define."""
+    found = [f"{prefix}{k}" for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                where = f"{prefix}{name}[{i}]." if isinstance(value, list) else f"{prefix}{name}."
+                found += unknown_fields(item, where)
+    return found
 
 
 class _Sampling(BaseModel):
@@ -34,7 +51,7 @@ class _Sampling(BaseModel):
     token count and ``"0.5"`` no temperature, so neither is coerced (pydantic's lax mode would turn
     ``max_tokens: true`` into 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: StrictInt | None = Field(default=None, description="Tokens to generate at most.")
@@ -58,6 +75,10 @@ class _Sampling(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     return_tokens_as_token_ids: StrictBool = False
     """vLLM extra: logprob entries name tokens ``token_id:<id>`` instead of their text."""
+    response_format: dict | None = None
+    """Only ``{"type": "text"}`` (the default); structured output is refused with a 400."""
+    tools: list | None = None
+    tool_choice: Any = None
 
     def _check_supported(self) -> None:
         if self.n != 1:
@@ -66,6 +87,13 @@ class _Sampling(BaseModel):
             raise HelixUserError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise HelixUserError("stream_options is only allowed with stream=true")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise HelixUserError(f"response_format {self.response_format.get('type')!r} is not supported "
+                                 f"(structured output); only {{'type': 'text'}}")
+        if self.tools:
+            raise HelixUserError("tools are not supported (no tool calling)")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise HelixUserError("tool_choice is not supported (no tool calling)")
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -111,25 +139,27 @@ class CompletionRequest(_Sampling):
             raise HelixUserError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         return self.sampling(self.max_tokens, self.logprobs)
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """Every prompt of the request, in order: one string or id list, or a list of them (as
+        LangChain's batches send, one choice each)."""
         p: Any = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise HelixUserError(f"only one prompt per request is supported, got {len(p)}")
-            p = p[0]
-        if isinstance(p, list) and not p:
+        many = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        for one in many:
+            if isinstance(one, list) and not one:
+                raise HelixUserError("the prompt is empty")
+        if not many or (isinstance(p, list) and not p):
             raise HelixUserError("the prompt is empty")
-        return p
+        return many
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
