@@ -94,16 +94,41 @@ class _Model:
         self.share = np.array([q.share for q in self.paths])
         hidden = cost.model.activation_bytes_per_token(cost.dtype_bytes)
         token = 2 if cost.model.vocab_size <= 2 ** 16 else 4
-        # Per path: link latencies, and seconds per token carried over all its hops.
+        # Per path: link latencies, and seconds per token carried over all its hops; per link
+        # (a FIFO, as in the simulator): seconds per token, and which paths use it.
         self.link_latency = np.zeros(len(self.paths))
         self.link_s_per_token = np.zeros(len(self.paths))
+        links: dict[tuple[str, str], int] = {}
+        uses: list[tuple[int, int]] = []
+        per_token_s: list[float] = []
         for i, q in enumerate(self.paths):
             hops = [COORDINATOR, *q.nodes, COORDINATOR]
             for a, b in zip(hops, hops[1:]):
                 link = spec.link(a, b)
                 per_token = token if COORDINATOR in (a, b) else hidden
+                if (a, b) not in links:
+                    links[(a, b)] = len(per_token_s)
+                    per_token_s.append(per_token / link.bandwidth_bytes_per_s)
+                uses.append((i, links[(a, b)]))
                 self.link_latency[i] += link.latency_s
                 self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
+        self.link_incidence = np.zeros((len(self.paths), len(per_token_s)))
+        for i, j in uses:
+            self.link_incidence[i, j] = 1.0
+        self.link_token_s = np.array(per_token_s)
+
+    def link_waits(self, rate: np.ndarray, batch: float) -> np.ndarray:
+        """Per path: the time its messages wait on busy links. A link sends one message at a
+        time; per request it carries the prompt once (p tokens) and o - 1 decode messages of
+        about ``batch`` tokens; a message arriving at a random time waits the residual of the one
+        being sent, u x E[s^2] / (2 E[s]) — prompts dominate on slow links."""
+        p, o = self.p, self.o
+        requests = self.link_incidence.T @ rate                      # requests/s per link
+        busy = np.minimum(0.95, requests * (p + o) * self.link_token_s)
+        s_prompt, s_decode = p * self.link_token_s, batch * self.link_token_s
+        weight_prompt = p / (p + o)    # share of the link's busy time spent on prompts
+        residual = weight_prompt * s_prompt / 2 + (1 - weight_prompt) * s_decode / 2
+        return self.link_incidence @ (busy * residual)
 
     def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean step, its residual seen by an arrival E[t^2] / (2 E[t]), step carrying one more
@@ -121,11 +146,14 @@ class _Model:
         o = self.o
         batch = np.ones(len(self.nodes))
         busy = np.zeros(len(self.nodes))
+        rate = np.zeros(len(self.paths))
         for _ in range(MAX_ITERATIONS):
             step, residual, prompt_step = self.step_times(batch)
             visit = step + busy * residual   # its own step, and what is left of the one running
-            R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min()
-            F0 = self.incidence @ visit + self.link_latency
+            waits = self.link_waits(rate, float(batch.mean()))
+            R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min() \
+                + waits
+            F0 = self.incidence @ visit + self.link_latency + waits
             F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
