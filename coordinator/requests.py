@@ -112,6 +112,8 @@ class LiveRequest:
     handle: RequestHandle
     arrival_s: float = field(default_factory=time.perf_counter)
     pipeline: Pipeline | None = None
+    dispatched_s: float | None = None
+    """When it first got a pipeline (``arrival_s`` to here is its queue time)."""
     first_token_s: float | None = None
     last_token_s: float | None = None
     num_output_tokens: int = 0

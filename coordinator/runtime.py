@@ -119,7 +119,10 @@ class Observer(Protocol):
 
     def first_token(self, ttft_s: float) -> None: ...
     def next_token(self, itl_s: float) -> None: ...
-    def finished(self, e2e_s: float, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def finished(self, reason: str, e2e_s: float, queue_s: float, prompt_tokens: int,
+                 completion_tokens: int, started: bool) -> None:
+        """Every request that ends: ``reason`` stop/length/abort/error; ``queue_s`` waiting for a
+        pipeline (to the end, if it never got one); ``started`` whether a token came back."""
 
 
 def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
@@ -135,6 +138,8 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
 
 class Coordinator(Membership):
     """Serves ``plan`` with the workers given to :meth:`attach`."""
+
+    _make_scheduler = staticmethod(live_scheduler)
 
     def __init__(self, plan: Plan, model_path: str, config: RuntimeConfig = RuntimeConfig(),
                  codec: TextCodec | None = None, host: str = "127.0.0.1",
@@ -204,6 +209,7 @@ class Coordinator(Membership):
         kv = KVEstimator({n: s.kv_capacity_token_layers for n, s in self.stats.items()},
                          self.serving.kv_high_water)
         self.scheduler = live_scheduler(self.plan, kv)
+        self._flows = self.plan.arc_flows   # what the scheduler routes on (re-solved when nodes die)
         self.limits = RequestLimits(self.codec.vocab_size, self.codec.max_context_tokens,
                                     self._max_kv_tokens())
         for target, name in ((self._receive_loop, "receiver"), (self._stats_loop, "stats")):
@@ -275,6 +281,7 @@ class Coordinator(Membership):
             self.scheduler.release(req.request_id)
             raise
         req.pipeline = pipeline
+        req.dispatched_s = req.dispatched_s or time.perf_counter()
         self.pipeline_counts[pipeline.nodes] += 1
         return True
 
@@ -341,9 +348,11 @@ class Coordinator(Membership):
                     self.data.send(node, Release((req.request_id,)))
                 except Exception:
                     log.exception("coordinator: releasing request %r on %s failed", req.request_id, node)
-        if self.observer is not None and req.first_token_s is not None:
-            self.observer.finished(time.perf_counter() - req.arrival_s, len(req.prompt_token_ids),
-                                   req.num_output_tokens)
+        if self.observer is not None:
+            now = time.perf_counter()
+            self.observer.finished(reason, now - req.arrival_s, (req.dispatched_s or now) - req.arrival_s,
+                                   len(req.prompt_token_ids), req.num_output_tokens,
+                                   req.first_token_s is not None)
 
     # --- tokens from the last stages ----------------------------------------------------------------
     def _receive_loop(self) -> None:

@@ -116,7 +116,8 @@ class WorkerServer:
                 num_requests=len(self._routes),
                 steps_total=self._steps, step_time_s_avg=self._step_avg_s,
                 last_step_unix_s=self._last_ok, last_error=self._last_error,
-                draining=self._draining)
+                draining=self._draining,
+                num_preemptions_total=e.policy.num_preemptions_total if e else 0)
 
     def drain(self) -> None:
         """Stop taking new requests (the coordinator stops routing here); running ones finish."""

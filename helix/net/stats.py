@@ -32,6 +32,8 @@ class WorkerStats:
     """Wall time the last non-empty step finished without error (None: never)."""
     last_error: str | None
     draining: bool
+    num_preemptions_total: int = 0
+    """Requests this worker's step policy preempted (KV given back, recomputed later) since start."""
 
     @property
     def kv_blocks_free(self) -> int:
@@ -50,4 +52,4 @@ class WorkerStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> "WorkerStats":
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})

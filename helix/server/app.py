@@ -124,7 +124,7 @@ class OpenAIServer:
                  metrics: ServingMetrics | None = None, strict: bool = False) -> None:
         self.coordinator = coordinator
         self.model_name = model_name
-        self.metrics = metrics or ServingMetrics()
+        self.metrics = metrics or ServingMetrics(model_name)
         self.created = int(time.time())
         self.timeout_s = coordinator.config.request_timeout_s
         self.strict = strict

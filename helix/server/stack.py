@@ -70,7 +70,7 @@ class ServeStack:
         self.model_path = str(model_path)
         self.options = options
         self.model_name = options.model_name or Path(model_path).resolve().name
-        self.metrics = ServingMetrics()
+        self.metrics = ServingMetrics(self.model_name)
         self.registry = Registry()
         self.service = CoordinatorService(self.registry, self.model_name)
         self.launcher = RayLauncher(options.launch)

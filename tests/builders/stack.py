@@ -34,7 +34,8 @@ class LocalStack:
 
     def generated_tokens(self) -> int:
         """Output tokens of every request that ended so far (cancelled ones included)."""
-        return int(self.metrics.registry.get_sample_value("helix:generation_tokens_total") or 0)
+        return int(self.metrics.registry.get_sample_value("helix:generation_tokens_total",
+                                                           {"model_name": MODEL_NAME}) or 0)
 
     def kv_blocks_used(self) -> dict[str, int]:
         return {s.node: s.stats().kv_blocks_used for s in self.servers}
@@ -52,7 +53,7 @@ class LocalStack:
 @contextmanager
 def local_stack(ckpt, config: RuntimeConfig | None = None):
     servers = [WorkerServer(p.node, str(ckpt), torch_threads=1) for p in branching_plan().placements]
-    metrics = ServingMetrics()
+    metrics = ServingMetrics(MODEL_NAME)
     coord = grpc = http = None
     try:
         coord = Coordinator(branching_plan(), str(ckpt), config or RuntimeConfig(stats_interval_s=0.2),
