@@ -1,105 +1,270 @@
-"""``--draw plan.png``: regions as boxes, nodes coloured by GPU kind with their layer range (unused
-nodes greyed), arcs with width proportional to their flow, the legend outside the drawing.
-Matplotlib with the Agg backend (no display needed)."""
+"""``--draw plan.png``: the plan as a Gantt chart of layers.
+
+One row per node, grouped by region (a shaded band and a bold header per region); each used node is
+a bar over its half-open layer range on a common ``0..L`` axis, coloured by GPU kind; unused nodes
+are an empty row. Left of the bars: node name and GPU; right: layer range and the tokens/s through
+the node. Flows are arcs at the layer boundary where tokens move (a stage's ``end``), their width
+proportional to the flow; arcs under :data:`MIN_SHARE` of the total are left out (a footnote says
+how many), arcs that cross regions are red, and each drawn arc carries its tokens/s where the label
+does not cover another. The title is the summary: predicted tokens/s (or max flow), depth, latency.
+
+``.png``/``.svg``/``.pdf`` go through matplotlib (Agg backend, no display); ``.html`` through
+:mod:`planner.draw_html` (the same :func:`layout`, inline SVG, hover for details).
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from helix.plan import COORDINATOR, Plan
 from planner.problem import PlacementProblem
 
-NODE_W, NODE_H = 2.5, 0.7
-"""Size of a node's box in data units; rows are 1 apart, region columns 3.2 apart."""
+MIN_SHARE = 0.02
+"""Arcs carrying less than this share of the total flow are not drawn (counted in a footnote)."""
 
-#: (x0, y0, x1, y1) in data units.
-Box = tuple[float, float, float, float]
+ROW_IN = 0.2
+"""Height of one row in inches (a 7-point label fits with room to spare)."""
+
+CROSS_REGION = "#d62728"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the chart: a region header, the coordinator, or a node."""
+
+    y: int
+    kind: str
+    """``"coordinator"``, ``"region"`` or ``"node"``."""
+    name: str
+    region: str = ""
+    gpu: str = ""
+    start: int | None = None
+    end: int | None = None
+    """The node's half-open layer range; None for an unused node and for headers."""
+
+
+@dataclass(frozen=True)
+class Arc:
+    """A flow to draw: from ``src``'s row to ``dst``'s at layer boundary ``layer``."""
+
+    src: str
+    dst: str
+    layer: int
+    flow_tokens_per_s: float
+    cross_region: bool
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where everything goes: one column per region, one row per node (used ones by layer range,
-    then the unused ones), the coordinator left of the columns, vertically centred."""
+    """Rows top to bottom, the arcs worth drawing, and the per-node flow through it."""
 
-    rows: int
-    centres: dict[str, tuple[float, float]]
-    """Every node's (and the coordinator's) box centre."""
-    region_boxes: dict[str, Box]
-    """Each region's dashed box; every node box of the region lies inside it."""
-    unused: frozenset[str]
+    rows: tuple[Row, ...]
+    arcs: tuple[Arc, ...]
+    hidden_arcs: int
+    """Arcs with flow left out (under :data:`MIN_SHARE`)."""
+    node_flow: dict[str, float]
+    """Tokens/s into each node (0 for unused nodes)."""
 
-    def node_box(self, name: str) -> Box:
-        x, y = self.centres[name]
-        return (x - NODE_W / 2, y - NODE_H / 2, x + NODE_W / 2, y + NODE_H / 2)
+    def row_of(self, name: str) -> Row:
+        return next(r for r in self.rows if r.name == name and r.kind != "region")
+
+    @property
+    def node_rows(self) -> list[Row]:
+        return [r for r in self.rows if r.kind == "node"]
 
 
 def layout(plan: Plan, problem: PlacementProblem) -> Layout:
+    """Rows: the coordinator, then per region (sorted) a header and its nodes, used ones by layer
+    range, unused ones last."""
     placed = {p.node: p for p in plan.placements}
-    by_region: dict[str, list[str]] = defaultdict(list)
-    for n in problem.nodes:
-        by_region[n.region or "cluster"].append(n.name)
-    for names in by_region.values():
-        names.sort(key=lambda m: (m not in placed, placed[m].start if m in placed else 0, m))
-    rows = max((len(v) for v in by_region.values()), default=1)
-    centres = {COORDINATOR: (-1.2, (rows - 1) / 2)}
-    boxes = {}
-    for ri, region in enumerate(sorted(by_region)):
-        x0 = ri * 3.2
-        boxes[region] = (x0 - 0.15, -0.55, x0 + NODE_W + 0.15, rows - 0.45)
-        for i, name in enumerate(by_region[region]):
-            centres[name] = (x0 + NODE_W / 2, rows - 1 - i)  # row i from the top
-    return Layout(rows, centres, boxes, frozenset(n.name for n in problem.nodes) - set(placed))
+    rows = [Row(0, "coordinator", COORDINATOR)]
+    regions = sorted({n.region or "cluster" for n in problem.nodes})
+    for region in regions:
+        rows.append(Row(len(rows), "region", region, region))
+        members = [n for n in problem.nodes if (n.region or "cluster") == region]
+        members.sort(key=lambda n: (n.name not in placed, placed[n.name].start if n.name in placed
+                                    else 0, placed[n.name].end if n.name in placed else 0, n.name))
+        for n in members:
+            p = placed.get(n.name)
+            rows.append(Row(len(rows), "node", n.name, region, n.gpu,
+                            p.start if p else None, p.end if p else None))
+    region_of = {n.name: n.region or "cluster" for n in problem.nodes}
+    node_flow = {n.name: 0.0 for n in problem.nodes}
+    total = sum(a.flow_tokens_per_s for a in plan.arc_flows if a.src == COORDINATOR) or 1.0
+    arcs, hidden = [], 0
+    for a in plan.arc_flows:
+        if a.flow_tokens_per_s <= 0:
+            continue
+        if a.dst in node_flow:
+            node_flow[a.dst] += a.flow_tokens_per_s
+        if a.flow_tokens_per_s < MIN_SHARE * total:
+            hidden += 1
+            continue
+        layer = 0 if a.src == COORDINATOR else placed[a.src].end
+        cross = COORDINATOR not in (a.src, a.dst) and region_of[a.src] != region_of[a.dst]
+        arcs.append(Arc(a.src, a.dst, layer, a.flow_tokens_per_s, cross))
+    arcs.sort(key=lambda a: -a.flow_tokens_per_s)   # the biggest flows get their labels first
+    return Layout(tuple(rows), tuple(arcs), hidden, node_flow)
+
+
+def summary(plan: Plan) -> str:
+    """One line: what users get (predicted, else max flow), depth and latency of a pass."""
+    e = plan.extras
+    if plan.prediction is not None:
+        head = (f"predicted {plan.prediction.prompt_decode_tokens_per_s:,.0f} tokens/s "
+                f"(prompt + decode; {plan.prediction.decode_tokens_per_s:,.0f} decode)")
+    else:
+        head = f"max flow {plan.max_flow_tokens_per_s:,.0f} tokens/s"
+    parts = [head]
+    if e.get("depth_max") is not None:
+        parts.append(f"depth {e['depth_max']} nodes max, {float(e.get('depth_mean', 0)):.1f} mean")
+    if e.get("latency_mean_s") is not None:
+        parts.append(f"{float(e['latency_mean_s']) * 1e3:,.0f} ms per pass through the pipeline")
+    return ";  ".join(parts)
+
+
+def title(plan: Plan, problem: PlacementProblem) -> str:
+    used = len(plan.placements)
+    return (f"{plan.model} ({plan.num_layers} layers) on {len(problem.nodes)} nodes, {used} used "
+            f"- {plan.method}")
+
+
+def fmt_rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s / 1e3:,.1f}k" if tokens_per_s >= 1e4 else f"{tokens_per_s:,.0f}"
+
+
+def gpu_colours(problem: PlacementProblem) -> dict[str, str]:
+    """GPU kind -> a hex colour (matplotlib's tab10, in sorted order of kinds)."""
+    tab10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+             "#bcbd22", "#17becf", "#aec7e8")   # tab10 without its red, kept for cross-region
+    return {k: tab10[i % len(tab10)] for i, k in enumerate(sorted({n.gpu for n in problem.nodes}))}
+
+
+def plan_figure(plan: Plan, problem: PlacementProblem):
+    """The chart as a matplotlib Figure (the caller saves or closes it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    lay = layout(plan, problem)
+    colours = gpu_colours(problem)
+    L = plan.num_layers
+    n_rows = len(lay.rows)
+    height_in = ROW_IN * n_rows + 1.6   # + title and summary (0.6 in), axis and legend (1 in)
+    fig = Figure(figsize=(11.0, height_in))
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.17, 0.95 / height_in, 0.68, ROW_IN * n_rows / height_in))
+    ax.set_xlim(-0.06 * L, 1.06 * L)
+    ax.set_ylim(n_rows - 0.5, -0.5)
+    _draw_rows(ax, lay, colours, L)
+    top = max((a.flow_tokens_per_s for a in lay.arcs), default=1.0)
+    labels = _draw_arcs(ax, lay, top)
+    ax.set_xlabel("layer", fontsize=8, labelpad=2)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    handles = [Patch(color=c, label=k) for k, c in colours.items()]
+    handles.append(Line2D([], [], color="0.3", lw=2, label="flow (width = tokens/s)"))
+    if any(a.cross_region for a in lay.arcs):
+        handles.append(Line2D([], [], color=CROSS_REGION, lw=2, label="flow crossing regions"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(8, len(handles)), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(title(plan, problem), fontsize=10, y=1 - 0.1 / height_in, va="top")
+    fig.text(0.5, 1 - 0.38 / height_in, summary(plan), ha="center", va="top", fontsize=8)
+    if lay.hidden_arcs:
+        ax.annotate(f"{lay.hidden_arcs} arcs under {MIN_SHARE:.0%} of the flow not drawn",
+                    (1.0, 0.0), xycoords="axes fraction", xytext=(0, -22),
+                    textcoords="offset points", ha="right", va="top", fontsize=6, color="0.4")
+    _drop_overlapping(fig, labels)
+    return fig
+
+
+def _draw_rows(ax, lay: Layout, colours: dict[str, str], L: int) -> None:
+    from matplotlib.transforms import blended_transform_factory
+    left = blended_transform_factory(ax.transAxes, ax.transData)
+    shade = False
+    for r in lay.rows:
+        if r.kind == "region":
+            shade = not shade
+            ax.text(-0.01, r.y, r.name, transform=left, ha="right", va="center", fontsize=8,
+                    weight="bold")
+        elif r.kind == "coordinator":
+            ax.text(-0.01, r.y, "coordinator", transform=left, ha="right", va="center", fontsize=7,
+                    style="italic")
+            ax.plot([0, L], [r.y, r.y], color="0.75", lw=1, ls=":")
+        else:
+            ax.text(-0.01, r.y, f"{r.name}  {r.gpu}", transform=left, ha="right", va="center",
+                    fontsize=7)
+            flow = lay.node_flow.get(r.name, 0.0)
+            right = "unused" if r.start is None else f"[{r.start},{r.end})  {fmt_rate(flow)} tok/s"
+            ax.text(1.01, r.y, right, transform=left, ha="left", va="center", fontsize=7,
+                    color="0.5" if r.start is None else "0.1")
+            if r.start is None:
+                ax.plot([0, L], [r.y, r.y], color="0.85", lw=0.8, ls="--")
+            else:
+                ax.barh(r.y, r.end - r.start, left=r.start, height=0.62, color=colours[r.gpu],
+                        alpha=0.85, lw=0)
+        if shade and r.kind != "coordinator":
+            ax.axhspan(r.y - 0.5, r.y + 0.5, color="0.95", zorder=-1, lw=0)
+    ax.set_yticks([])
+
+
+def _draw_arcs(ax, lay: Layout, top: float) -> list:
+    """Draw every arc of ``lay``; returns their labels, biggest flow first."""
+    labels = []
+    for a in lay.arcs:
+        y1, y2 = lay.row_of(a.src).y, lay.row_of(a.dst).y
+        x = float(a.layer)
+        rad = 0.35 if y2 > y1 else -0.35   # downwards bulge left, upwards bulge right
+        colour = CROSS_REGION if a.cross_region else "0.25"
+        ax.annotate("", xy=(x, y2), xytext=(x, y1), zorder=3,
+                    arrowprops=dict(arrowstyle="-|>", lw=0.4 + 3.6 * a.flow_tokens_per_s / top,
+                                    alpha=0.55, color=colour, shrinkA=0, shrinkB=0,
+                                    connectionstyle=f"arc3,rad={rad}"))
+        # arc3's curve passes through the chord's midpoint moved rad/2 of the chord sideways
+        # (in display space): put the label there.
+        p1 = ax.transData.transform((x, y1))
+        p2 = ax.transData.transform((x, y2))
+        mid = (p1 + p2) / 2 + 0.5 * rad * (p2 - p1)[::-1] * (1, -1)
+        lx, ly = ax.transData.inverted().transform(mid)
+        labels.append(ax.text(lx, ly, fmt_rate(a.flow_tokens_per_s), fontsize=6, ha="center",
+                              va="center", color=colour, zorder=4,
+                              bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none",
+                                        alpha=0.8)))
+    return labels
+
+
+def _drop_overlapping(fig, flow_labels: list) -> None:
+    """Remove each flow label that would cover a text already kept (all other texts are kept;
+    flow labels in order, biggest flow first)."""
+    fig.canvas.draw()   # lays the legend out: its texts have their final places
+    renderer = fig.canvas.get_renderer()
+    candidates = set(map(id, flow_labels))
+    others = {id(t): t for t in fig.findobj(_is_text) if id(t) not in candidates and t.get_text()}
+    kept = [t.get_window_extent(renderer) for t in others.values()]
+    for t in flow_labels:
+        box = t.get_window_extent(renderer)
+        if any(box.overlaps(k) for k in kept):
+            t.remove()
+        else:
+            kept.append(box)
+
+
+def _is_text(artist) -> bool:
+    from matplotlib.text import Text
+    return isinstance(artist, Text) and artist.get_visible()
 
 
 def draw_plan(plan: Plan, problem: PlacementProblem, path: str | Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyBboxPatch, Rectangle
-
-    lay = layout(plan, problem)
-    placed = {p.node: p for p in plan.placements}
-    kinds = sorted({n.gpu for n in problem.nodes})
-    colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
-    fig, ax = plt.subplots(figsize=(3.2 * len(lay.region_boxes) + 3.5, 0.45 * lay.rows + 1.5))
-    cx, cy = lay.centres[COORDINATOR]
-    ax.add_patch(Rectangle((cx - 0.6, cy - 0.4), 1.2, 0.8, color="0.85"))
-    ax.text(cx, cy, "coordinator", ha="center", va="center", fontsize=7)
-    for region, (x0, y0, x1, y1) in lay.region_boxes.items():
-        ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0.02",
-                                    fill=False, ec="0.4", ls="--"))
-        ax.text((x0 + x1) / 2, y1 + 0.1, region, ha="center", va="bottom", fontsize=9,
-                weight="bold")
-    for n in problem.nodes:
-        x0, y0, _, _ = lay.node_box(n.name)
-        x, y = lay.centres[n.name]
-        if n.name in lay.unused:
-            ax.add_patch(Rectangle((x0, y0), NODE_W, NODE_H, fc="0.93", ec=colours[n.gpu], ls="--"))
-            ax.text(x, y, f"{n.name}  unused", ha="center", va="center", fontsize=6, color="0.45")
-            continue
-        p = placed[n.name]
-        ax.add_patch(Rectangle((x0, y0), NODE_W, NODE_H, color=colours[n.gpu], alpha=0.8))
-        ax.text(x, y, f"{n.name}  [{p.start},{p.end})", ha="center", va="center", fontsize=6)
-    top = max((a.flow_tokens_per_s for a in plan.arc_flows), default=1.0) or 1.0
-    for a in plan.arc_flows:
-        if a.src in placed or a.src == COORDINATOR:
-            (x1, y1), (x2, y2) = lay.centres[a.src], lay.centres[a.dst]
-            ax.annotate("", xy=(x2, y2), xytext=(x1, y1),
-                        arrowprops=dict(arrowstyle="-|>", lw=0.3 + 3.5 * a.flow_tokens_per_s / top,
-                                        alpha=0.45, color="0.2", connectionstyle="arc3,rad=0.15"))
-    for k, c in colours.items():
-        ax.plot([], [], "s", color=c, label=k)
-    if lay.unused:
-        ax.add_patch(Rectangle((0, 0), 0, 0, fc="0.93", ec="0.45", ls="--", label="unused"))
-    # Outside the axes, right of the last region: it can never cover a node.
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-    ax.set_title(f"{plan.model}: {plan.max_flow_tokens_per_s:,.0f} tokens/s ({plan.method})",
-                 fontsize=10)
-    right = max(x1 for _, _, x1, _ in lay.region_boxes.values())
-    ax.set_xlim(cx - 0.8, right + 0.1)
-    ax.set_ylim(-0.8, lay.rows + 0.2)
-    ax.axis("off")
-    fig.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    """Write the chart to ``path``: ``.html`` interactive (:mod:`planner.draw_html`), anything else
+    by matplotlib's format for the suffix (``.png``, ``.svg``, ``.pdf``)."""
+    path = Path(path)
+    if path.suffix.lower() in (".html", ".htm"):
+        from planner.draw_html import write_html
+        write_html(plan, problem, path)
+        return
+    fig = plan_figure(plan, problem)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
