@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from coordinator.health import NodeState, Transition
+from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.requests import Done, LiveRequest
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
@@ -95,8 +96,11 @@ class Membership:
                     self.stats[node] = reply
                 else:
                     self.health.failed(node, refused=reply)
-            for t in self.health.update(now):
+            changes = self.health.update(now)
+            for t in changes:
                 self._on_transition(t)
+            if any(NodeState.DEAD in (t.old, t.new) for t in changes):
+                self._reflow()
             for node in nodes:
                 s = self.stats[node]
                 usable = self.health.state(node) is NodeState.OK and not s.draining and s.configured
@@ -116,6 +120,19 @@ class Membership:
         except Exception:   # a reply that does not parse
             log.exception("coordinator: stats of %s unreadable", node)
             return False
+
+    def _reflow(self) -> None:
+        """Re-solve the max flow on the nodes not dead and schedule on it (under the lock); with
+        every node alive again, the plan's own flows come back. Plans without capacities keep
+        their flows (dead nodes are masked either way)."""
+        alive = {n for n, s in self.health.states().items() if s is not NodeState.DEAD}
+        flows = self.plan.arc_flows if alive >= set(self.workers) else surviving_flows(self.plan, alive)
+        if flows is None or flows == self._flows:
+            return
+        self.scheduler = rebuilt(self.scheduler, self.plan, flows, self.scheduler.kv, self._make_scheduler)
+        self._flows = flows
+        log.warning("coordinator: routing on a max flow of %.0f tokens/s over %d live node(s)",
+                    sum(a.flow_tokens_per_s for a in flows if a.src == COORDINATOR), len(alive))
 
     def _on_transition(self, t: Transition) -> None:
         """Act on one node's change of state (under the lock)."""

@@ -109,6 +109,13 @@ class Scheduler:
         for n in pipeline.nodes:
             assigned[n] -= 1
 
+    def take_over(self, old: "Scheduler") -> None:
+        """Adopt ``old``'s requests in flight (a scheduler rebuilt on new flows, same KV estimator):
+        their pipelines and per-node counts, so releasing them frees what they reserved."""
+        self._pipelines.update(old._pipelines)
+        for node, n in old.assigned.items():
+            self.assigned[node] = n
+
     def observe_hop(self, src: str, dst: str, delay_s: float) -> None:
         """A measured delay from ``src`` handing a request to ``dst`` until ``dst`` finished it."""
 

@@ -85,6 +85,31 @@ def _int_graph(problem: PlacementProblem, placement: Placement,
     return g, names
 
 
+def capacity_table(problem: PlacementProblem, placement: Placement,
+                   partial_inference: bool = True) -> dict:
+    """The flow graph's capacities in plan-file form, so a server can re-solve the max flow on the
+    nodes that are still alive: ``{"nodes": {node: tokens/s}, "arcs": [[src, dst, tokens/s]]}``
+    with the coordinator as ``src`` of first-stage arcs and ``dst`` of last-stage ones."""
+    g, names = _int_graph(problem, placement, partial_inference)
+    nodes, arcs = {}, []
+    for u, v, cap in g.edges(data="capacity"):
+        a, b = names[u], names[v]
+        if a != SOURCE and b != SINK and a[0] == b[0]:   # (node, "in") -> (node, "out")
+            nodes[a[0]] = cap
+        else:
+            arcs.append([COORDINATOR if a == SOURCE else a[0], COORDINATOR if b == SINK else b[0], cap])
+    return {"nodes": nodes, "arcs": arcs}
+
+
+def with_flow_capacities(plan, problem: PlacementProblem):
+    """``plan`` with its flow graph's capacities in ``extras["flow_capacities"]`` (see
+    :func:`capacity_table`): what ``helix serve`` re-solves the max flow with when nodes die."""
+    import dataclasses
+    placement = {p.node: (p.start, p.end) for p in plan.placements}
+    table = capacity_table(problem, placement, plan.partial_inference)
+    return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
+
+
 def _add_link(arcs: list[tuple[int, int, float]], link, u: int, v: int) -> None:
     if link is not None and link.capacity_tokens_per_s > 0:
         arcs.append((u, v, link.capacity_tokens_per_s))

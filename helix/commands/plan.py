@@ -36,7 +36,9 @@ def plan_command(
     model: Optional[str] = typer.Option(None, "--model", help="Catalog name or checkpoint folder."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write plan.yaml here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    draw: Optional[Path] = typer.Option(None, "--draw", help="Draw the plan to a PNG."),
+    draw: Optional[Path] = typer.Option(
+        None, "--draw", help="Draw the plan: .png, .svg or .pdf (a chart), .html (interactive: hover "
+        "a node for its GPU, layers, flow and KV capacity)."),
     compare: bool = typer.Option(False, "--compare", help="Run every method and compare."),
     start_from: Optional[Path] = typer.Option(
         None, "--from", help="An existing placement to evaluate and improve on: a plan.yaml, or a "
@@ -50,13 +52,14 @@ def plan_command(
     from planner import METHODS
     from planner import predicted
     from planner.build import build_problem, with_serving
+    from planner.flowgraph import with_flow_capacities
     from planner.solve import check_options
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     # Bad options fail now, in one line, not after a minute of solving.
     check_options(time_limit_s=time_limit, threads=threads, gap=gap, max_depth=max_depth)
     _check_output_path(output, "-o")
-    _check_output_path(draw, "--draw", suffix=".png")
+    _check_output_path(draw, "--draw", suffix=(".png", ".svg", ".pdf", ".html"))
     spec = load_cluster(cluster)
     chosen = resolve_model(model, base_dir=cluster.parent) if model else None
     problem = build_problem(spec, chosen)
@@ -78,6 +81,7 @@ def plan_command(
             Console(width=max(console.width, 110)).print(_compare_table(problem, METHODS, plans))
         return
     plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
+    plan = with_flow_capacities(plan, problem)   # helix serve re-solves the flow when nodes die
     if output is not None:
         plan.save(output)
     if draw is not None:
@@ -107,13 +111,14 @@ def _evaluate_start(console, problem, path: Path, method: str, compare: bool, pa
     return placement
 
 
-def _check_output_path(path: Optional[Path], option: str, suffix: Optional[str] = None) -> None:
+def _check_output_path(path: Optional[Path], option: str,
+                       suffix: Optional[tuple[str, ...]] = None) -> None:
     """Raise :class:`HelixUserError` unless ``path`` can be written (its folder exists)."""
     from helix.errors import HelixUserError
     if path is None:
         return
-    if suffix is not None and path.suffix.lower() != suffix:
-        raise HelixUserError(f"{option} {path}: the file name must end in {suffix}")
+    if suffix is not None and path.suffix.lower() not in suffix:
+        raise HelixUserError(f"{option} {path}: the file name must end in {' or '.join(suffix)}")
     if path.is_dir():
         raise HelixUserError(f"{option} {path}: is a folder; give a file name")
     parent = path.parent

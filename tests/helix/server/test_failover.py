@@ -97,7 +97,19 @@ def _encode(ckpt, text):
     return TextCodec(str(ckpt)).encode(text)
 
 
+def with_capacities(plan):
+    """The branching plan with the flow graph's capacities, as ``helix plan`` writes them: cpu-1 could
+    carry 250 tokens/s where the plan sends it 200."""
+    import dataclasses
+    big = 1e6
+    table = {"nodes": {"cpu-0": 300.0, "cpu-1": 250.0, "cpu-2": 150.0},
+             "arcs": [["coordinator", "cpu-0", big], ["cpu-0", "cpu-1", big], ["cpu-0", "cpu-2", big],
+                      ["cpu-1", "coordinator", big], ["cpu-2", "coordinator", big]]}
+    return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
+
+
 def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model, plan3, reference):
+    plan3 = with_capacities(plan3)
     cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
     prompts = list(reference)
     try:
@@ -116,6 +128,9 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         assert coord.requests_moved >= 1
         assert detect_s < 5   # refused polls: dead without waiting out dead_after_s
         http.stop()
+        # The max flow was re-solved on the survivors: cpu-1 now carries all it can (250).
+        assert not any("cpu-2" in (a.src, a.dst) for a in coord._flows)
+        assert sum(a.flow_tokens_per_s for a in coord._flows if a.src == "coordinator") == 250.0
         before = coord.pipeline_counts[VIA_2]
         finish(submit_all(coord, prompts, 64), prompts, reference)   # the 64 after it
         assert coord.pipeline_counts[VIA_2] == before                  # none through the dead node
@@ -124,6 +139,7 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         # A new process for cpu-2 registers: it loads its slice, rejoins and gets traffic again.
         cluster.start_cpu2()
         until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 back")
+        assert coord._flows == plan3.arc_flows                         # the plan's own flows again
         finish(submit_all(coord, prompts, 24), prompts, reference)
         assert coord.pipeline_counts[VIA_2] > before
     finally:
