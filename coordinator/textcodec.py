@@ -12,6 +12,11 @@ The tokenizer is ``tokenizer.json`` from the checkpoint folder, read with the ``
 :class:`Detokenizer` turns a growing list of output token ids into text deltas, holding back an
 incomplete UTF-8 sequence and any tail that could still become a stop string, so a streamed reply
 never shows text that the final reply cuts.
+
+:meth:`TextCodec.token_bytes` gives a token's raw bytes (OpenAI's logprob ``bytes``): a byte-level
+BPE token is mapped back through GPT-2's byte-to-character table, a sentencepiece token's ``<0xNN>``
+is one byte and ``▁`` a space; otherwise the token's text in UTF-8. The raw bytes of a token that
+holds part of a multi-byte character are that part, so a client that joins them gets the text.
 """
 
 from __future__ import annotations
@@ -27,6 +32,39 @@ from helix.errors import HelixUserError
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    """The inverse of GPT-2's ``bytes_to_unicode``: printable Latin-1 bytes stand for themselves,
+    the other bytes (controls, space, 0x7F-0xA0, 0xAD) for U+0100 onwards, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    others = [b for b in range(256) if b not in set(printable)]
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
+
+
+def _components(node) -> list[dict]:
+    """A decoder or pre-tokenizer JSON node and, for a ``Sequence``, its parts."""
+    if not isinstance(node, dict):
+        return []
+    parts = node.get("decoders") or node.get("pretokenizers") or []
+    return [node, *(p for part in parts for p in _components(part))]
+
+
+def tokenizer_kind(tokenizer_json: dict) -> str:
+    """``byte_level`` (GPT-2/Llama-3 style), ``sentencepiece`` (``▁`` spaces, ``<0xNN>`` byte
+    fallback) or ``text``, from the tokenizer's decoder and pre-tokenizer."""
+    types = {c.get("type") for key in ("decoder", "pre_tokenizer")
+             for c in _components(tokenizer_json.get(key))}
+    if "ByteLevel" in types:
+        return "byte_level"
+    model = tokenizer_json.get("model") or {}
+    if types & {"Metaspace", "ByteFallback"} or model.get("byte_fallback"):
+        return "sentencepiece"
+    return "text"
 
 
 def _token_text(value) -> str | None:
@@ -57,6 +95,37 @@ class TextCodec:
         self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self.max_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(model_cfg.get("vocab_size") or self.tokenizer.get_vocab_size())
+
+    @functools.cached_property
+    def kind(self) -> str:
+        """:func:`tokenizer_kind` of this checkpoint's tokenizer."""
+        return tokenizer_kind(json.loads(self.tokenizer.to_str()))
+
+    @functools.lru_cache(maxsize=65536)
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The raw bytes token ``token_id`` stands for (see the module doc); an added (special)
+        token is its text in UTF-8; None for an id the tokenizer does not have (a model's vocabulary
+        can be larger than its tokenizer's)."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if piece is None:
+            return None
+        if token_id in self._added_ids or self.kind == "text":
+            return piece.encode()
+        if self.kind == "byte_level":
+            table = _byte_of_char()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+            return piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.get_added_tokens_decoder())
 
     def _eos_ids(self, model_cfg: dict) -> tuple[int, ...]:
         eos = model_cfg.get("eos_token_id")

@@ -5,7 +5,10 @@ running ``text_offset``, so the chunks' lists, concatenated, equal the non-strea
 ``text_offset`` is the sum of the decoded lengths of the tokens before each one (as vLLM computes it);
 it can run past the reply's text when a stop string cut the last tokens' text. Completions'
 ``top_logprobs`` maps token text to logprob (OpenAI's format), so tokens with the same text collapse
-into one entry; ``return_tokens_as_token_ids`` keeps them apart.
+into one entry; ``return_tokens_as_token_ids`` keeps them apart. Chat entries carry each token's raw
+``bytes`` (:meth:`~coordinator.textcodec.TextCodec.token_bytes`: a token holding part of a multi-byte
+character carries that part, so a client joining them gets the text); the completions format has no
+``bytes`` field, in OpenAI's API as in vLLM's.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ class LogprobsBuilder:
                 "text_offset": offsets}
 
     def _entry(self, token_id: int, logprob: float) -> dict:
-        # bytes stays null: a byte-level token that is part of a UTF-8 sequence decodes to U+FFFD, whose
-        # bytes would be wrong.
-        return {"token": self._name(token_id), "logprob": logprob, "bytes": None}
+        raw = self.codec.token_bytes(token_id)   # None: an id the tokenizer lacks (OpenAI's null)
+        return {"token": self._name(token_id), "logprob": logprob,
+                "bytes": None if raw is None else list(raw)}
 
     def chat(self, tokens: Sequence[SampledToken]) -> dict:
         """``{content: [{token, logprob, bytes, top_logprobs}]}`` of ``/v1/chat/completions``."""
