@@ -23,6 +23,15 @@ def test_plan_writes_yaml_json_and_png(tmp_path, capsys):
     assert png.stat().st_size > 10_000
 
 
+def test_plan_draws_html_with_kv_capacity(tmp_path, capsys):
+    page = tmp_path / "plan.html"
+    assert main(["plan", REFERENCE, "--method", "uniform", "--draw", str(page), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    text = page.read_text(encoding="utf-8")
+    for node, tokens in plan["serving"]["kv_capacity_tokens"].items():
+        assert f'data-node="{node}"' in text and f"{tokens:,} tokens" in text
+
+
 def test_plan_table_and_compare(capsys):
     assert main(["plan", REFERENCE, "--method", "petals", "--threads", "1"]) == 0
     text = capsys.readouterr().out

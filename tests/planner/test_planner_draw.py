@@ -1,12 +1,18 @@
 """--draw: a Gantt chart of layer ranges grouped by region, of a bounded size, with no text covering
 another (measured on the figure's own artists), and an interactive HTML variant."""
 
+import dataclasses
 import itertools
+import json
+import re
+from html.parser import HTMLParser
+from xml.etree import ElementTree
 
 import pytest
 from matplotlib.text import Text
 from PIL import Image
 
+from helix.serving import ServingLimits
 from planner import solve
 from planner.draw import MIN_SHARE, draw_plan, layout, plan_figure
 from tests.builders.problems import make_node, make_problem
@@ -85,3 +91,53 @@ def test_summary_line_says_what_users_get(plan_and_problem):
     fig = plan_figure(plan, p)
     texts = " ".join(t.get_text() for t in fig.findobj(Text))
     assert f"{plan.max_flow_tokens_per_s:,.0f} tokens/s" in texts
+
+
+def test_html_is_self_contained_with_every_node_and_its_kv(plan_42, tmp_path):
+    plan, p = plan_42
+    kv = {n.name: 1000 + i for i, n in enumerate(p.nodes)}
+    plan = dataclasses.replace(plan, serving=ServingLimits(
+        dtype="float16", gpu_memory_utilization=0.9, max_batch_seqs=8, kv_high_water=0.9,
+        block_size_tokens=16, kv_capacity_tokens=kv))
+    path = tmp_path / "plan.html"
+    draw_plan(plan, p, path)
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    svg = ElementTree.fromstring(re.search(r"<svg.*?</svg>", text, re.S).group(0))  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    rows = {g.get("data-node") for g in svg.iter(f"{ns}g") if g.get("class") == "node"}
+    assert rows == {n.name for n in p.nodes}
+    assert len([e for e in svg.iter(f"{ns}path") if e.get("class") == "arc"]) == \
+        len(layout(plan, p).arcs)
+    details = json.loads(re.search(r'<script type="application/json" id="details">(.*?)</script>',
+                                   text, re.S).group(1))
+    assert set(details) == rows
+    name = p.nodes[5].name
+    assert details[name]["KV capacity"] == f"{kv[name]:,} tokens"
+    assert details[name]["gpu"] == p.nodes[5].gpu and details[name]["layers"].startswith("[")
+    # Nothing fetched: no external script, stylesheet or image.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    _balanced(text)
+
+
+def _balanced(text: str) -> None:
+    """Every opened element is closed in order (void elements aside)."""
+    void = {"meta", "br", "img", "input", "link", "hr"}
+
+    class Checker(HTMLParser):
+        stack: list = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in void:
+                self.stack.append(tag)
+
+        def handle_startendtag(self, tag, attrs):
+            pass
+
+        def handle_endtag(self, tag):
+            assert self.stack and self.stack[-1] == tag, (tag, self.stack[-3:])
+            self.stack.pop()
+
+    checker = Checker()
+    checker.feed(text)
+    assert checker.stack == []
