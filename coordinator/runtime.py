@@ -77,6 +77,9 @@ class RuntimeConfig:
     """``healthy()`` without a probe needs a pipeline whose every stage stepped this recently."""
     health: HealthConfig = field(default_factory=HealthConfig)
     """When a silent worker becomes suspect (no new requests) and dead (its requests move)."""
+    max_model_len: int | None = None
+    """Most prompt + output tokens a request may have (vLLM's ``--max-model-len``), at most the
+    checkpoint's ``max_position_embeddings``; None: that."""
     engine: dict = field(default_factory=dict)
     """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
     plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
@@ -153,6 +156,8 @@ class Coordinator(Membership):
         self.model_path = model_path
         self.config = config
         self.codec = codec or TextCodec(model_path)
+        if config.max_model_len is not None:
+            self.codec.cap_context(config.max_model_len)
         self.observer = observer
         self.data = DataPlane(host)
         self.workers: dict[str, WorkerHandle] = {}

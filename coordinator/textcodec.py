@@ -93,7 +93,11 @@ class TextCodec:
         self.eos_token_ids = self._eos_ids(model_cfg)
         self.has_chat_template = bool(cfg.get("chat_template"))
         self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
-        self.max_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
+        self.checkpoint_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
+        """The model's own context (``max_position_embeddings``)."""
+        self.max_context_tokens = self.checkpoint_context_tokens
+        """Most prompt + output tokens served: the model's context or a smaller cap
+        (:meth:`cap_context`, ``helix serve --max-model-len``)."""
         self.vocab_size = int(model_cfg.get("vocab_size") or self.tokenizer.get_vocab_size())
 
     @functools.cached_property
@@ -126,6 +130,16 @@ class TextCodec:
     @functools.cached_property
     def _added_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.get_added_tokens_decoder())
+
+    def cap_context(self, max_model_len: int) -> None:
+        """Serve at most ``max_model_len`` tokens of context (vLLM's ``--max-model-len``); more than
+        the checkpoint's own context is a user error."""
+        if not 1 <= max_model_len <= self.checkpoint_context_tokens:
+            raise HelixUserError(f"--max-model-len {max_model_len} must be in [1, "
+                                 f"{self.checkpoint_context_tokens}] (the checkpoint's "
+                                 f"max_position_embeddings)")
+        self.max_context_tokens = max_model_len
+        self.__dict__.pop("max_text_bytes", None)   # cached from the old context
 
     def _eos_ids(self, model_cfg: dict) -> tuple[int, ...]:
         eos = model_cfg.get("eos_token_id")

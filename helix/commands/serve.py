@@ -22,6 +22,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           external: list[str] = typer.Option([], "--external", help="plan node served by `helix worker` instead of Ray (repeatable)"),
           served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
           max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
+          max_model_len: Optional[int] = typer.Option(None, min=1, help="most prompt + output tokens per request (as vLLM's --max-model-len; default and upper limit: the checkpoint's max_position_embeddings)"),
           worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)"),
           api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize (as vLLM's --api-key; env HELIX_API_KEY)"),
           api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
@@ -44,7 +45,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
                            launch=LaunchConfig(address=address, bind_host=worker_host),
-                           runtime=RuntimeConfig(max_waiting_requests=max_waiting),
+                           runtime=RuntimeConfig(max_waiting_requests=max_waiting,
+                                                 max_model_len=max_model_len),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
                                             max_body_bytes=max_request_bytes,
                                             body_timeout_s=request_body_timeout, strict=strict))

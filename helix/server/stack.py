@@ -89,6 +89,8 @@ class ServeStack:
     def _start(self) -> None:
         self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port)
         codec = TextCodec(self.model_path)   # fail fast on a checkpoint without a tokenizer
+        if self.options.runtime.max_model_len is not None:   # and on a cap it cannot serve
+            codec.cap_context(self.options.runtime.max_model_len)
         ray_nodes = [p.node for p in self.plan.placements if p.node not in self.options.external_nodes]
         handles = (self.launcher.start(ray_nodes, self.model_path, self.grpc.address)
                    if ray_nodes else [])
