@@ -4,6 +4,8 @@ over the workers' own counts; scraped from the in-process stack after real reque
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from helix.net.sampling import SamplingParams
@@ -42,6 +44,13 @@ def test_metrics_after_requests(tiny_model):
                                       SamplingParams(max_tokens=50, ignore_eos=True))
         s.coordinator.cancel(handle.request_id)
         m = _scrape(s.url)
+        # The workers' own counts travel in their stats replies (as a preemption would leave them).
+        for server, n in zip(s.servers, (2, 0, 3)):
+            server.engine.policy.num_preemptions_total = n
+        deadline = time.monotonic() + 10
+        while _value(_scrape(s.url), "helix:num_preemptions_total") != 5:
+            assert time.monotonic() < deadline, "preemptions never reached the metrics"
+            time.sleep(0.1)
 
     assert _value(m, "helix:request_success_total", finished_reason="length") == 2
     assert _value(m, "helix:request_success_total", finished_reason="abort") == 1
