@@ -26,6 +26,9 @@ MIN_SHARE = 0.02
 ROW_IN = 0.2
 """Height of one row in inches (a 7-point label fits with room to spare)."""
 
+BULGE_IN = 0.35
+"""How far (inches) an arc may curve away from its layer boundary (within the chart's margin)."""
+
 CROSS_REGION = "#d62728"
 
 
@@ -134,6 +137,11 @@ def fmt_rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s / 1e3:,.1f}k" if tokens_per_s >= 1e4 else f"{tokens_per_s:,.0f}"
 
 
+def rate_label(tokens_per_s: float) -> str:
+    """What the column right of a used node's bar says: its tokens/s, or idle."""
+    return f"{fmt_rate(tokens_per_s)} tok/s" if tokens_per_s > 0 else "idle (no flow)"
+
+
 def gpu_colours(problem: PlacementProblem) -> dict[str, str]:
     """GPU kind -> a hex colour (matplotlib's tab10, in sorted order of kinds)."""
     tab10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -199,7 +207,7 @@ def _draw_rows(ax, lay: Layout, colours: dict[str, str], L: int) -> None:
             ax.text(-0.01, r.y, f"{r.name}  {r.gpu}", transform=left, ha="right", va="center",
                     fontsize=7)
             flow = lay.node_flow.get(r.name, 0.0)
-            right = "unused" if r.start is None else f"[{r.start},{r.end})  {fmt_rate(flow)} tok/s"
+            right = "unused" if r.start is None else f"[{r.start},{r.end})  {rate_label(flow)}"
             ax.text(1.01, r.y, right, transform=left, ha="left", va="center", fontsize=7,
                     color="0.5" if r.start is None else "0.1")
             if r.start is None:
@@ -218,7 +226,12 @@ def _draw_arcs(ax, lay: Layout, top: float) -> list:
     for a in lay.arcs:
         y1, y2 = lay.row_of(a.src).y, lay.row_of(a.dst).y
         x = float(a.layer)
-        rad = 0.35 if y2 > y1 else -0.35   # downwards bulge left, upwards bulge right
+        p1 = ax.transData.transform((x, y1))
+        p2 = ax.transData.transform((x, y2))
+        # Downwards bulge left, upwards right; arc3 bulges rad/2 of the chord, so long arcs get a
+        # smaller rad: no arc strays further than BULGE_IN from its layer into other bars or labels.
+        chord = max(abs(p2[1] - p1[1]), 1.0)
+        rad = min(0.35, 2 * BULGE_IN * ax.figure.dpi / chord) * (1 if y2 > y1 else -1)
         colour = CROSS_REGION if a.cross_region else "0.25"
         ax.annotate("", xy=(x, y2), xytext=(x, y1), zorder=3,
                     arrowprops=dict(arrowstyle="-|>", lw=0.4 + 3.6 * a.flow_tokens_per_s / top,
@@ -226,8 +239,6 @@ def _draw_arcs(ax, lay: Layout, top: float) -> list:
                                     connectionstyle=f"arc3,rad={rad}"))
         # arc3's curve passes through the chord's midpoint moved rad/2 of the chord sideways
         # (in display space): put the label there.
-        p1 = ax.transData.transform((x, y1))
-        p2 = ax.transData.transform((x, y2))
         mid = (p1 + p2) / 2 + 0.5 * rad * (p2 - p1)[::-1] * (1, -1)
         lx, ly = ax.transData.inverted().transform(mid)
         labels.append(ax.text(lx, ly, fmt_rate(a.flow_tokens_per_s), fontsize=6, ha="center",

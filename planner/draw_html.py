@@ -13,7 +13,8 @@ from html import escape
 from pathlib import Path
 
 from helix.plan import Plan
-from planner.draw import CROSS_REGION, Layout, fmt_rate, gpu_colours, layout, summary, title
+from planner.draw import (CROSS_REGION, Layout, gpu_colours, layout, rate_label, summary,
+                          title)
 from planner.problem import PlacementProblem
 
 ROW_PX = 22
@@ -85,7 +86,8 @@ def svg(plan: Plan, problem: PlacementProblem, lay: Layout) -> str:
         x = _x(layer, L)
         y = TOP_PX + len(lay.rows) * ROW_PX
         parts.append(f'<line x1="{x}" x2="{x}" y1="{y}" y2="{y + 4}" stroke="#333"/>'
-                     f'<text x="{x}" y="{y + 16}" text-anchor="middle" font-size="11">{layer}</text>')
+                     f'<text x="{x}" y="{y + 16}" text-anchor="middle" font-size="11">'
+                     f'{layer}</text>')
     parts.append(f'<text x="{_x(L / 2, L)}" y="{height - 4}" text-anchor="middle">layer</text>')
     parts.append("</svg>")
     return "\n".join(parts)
@@ -96,7 +98,8 @@ def _node_row(r, y: float, L: int, colours: dict[str, str], flow: float) -> str:
     row = [f'<g class="node" data-node="{name}">',
            f'<rect x="0" y="{y - ROW_PX / 2}" width="{LABEL_PX + CHART_PX + RIGHT_PX}" '
            f'height="{ROW_PX}" fill="transparent"/>',
-           f'<text x="{LABEL_PX}" y="{y + 4}" text-anchor="end">{name} &#183; {escape(r.gpu)}</text>']
+           f'<text x="{LABEL_PX}" y="{y + 4}" text-anchor="end">{name} &#183; '
+           f'{escape(r.gpu)}</text>']
     if r.start is None:
         row.append(f'<line x1="{_x(0, L)}" x2="{_x(L, L)}" y1="{y}" y2="{y}" stroke="#ccc" '
                    f'stroke-dasharray="4,3"/><text x="{LABEL_PX + CHART_PX + 4}" y="{y + 4}" '
@@ -106,7 +109,7 @@ def _node_row(r, y: float, L: int, colours: dict[str, str], flow: float) -> str:
         row.append(f'<rect class="bar" x="{x0:.1f}" y="{y - 7}" width="{x1 - x0:.1f}" height="14" '
                    f'fill="{colours[r.gpu]}" fill-opacity="0.85"/>'
                    f'<text x="{LABEL_PX + CHART_PX + 4}" y="{y + 4}">[{r.start},{r.end})  '
-                   f'{fmt_rate(flow)} tok/s</text>')
+                   f'{rate_label(flow)}</text>')
     row.append("</g>")
     return "".join(row)
 

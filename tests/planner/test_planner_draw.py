@@ -69,6 +69,18 @@ def test_42_nodes_fit_a_screen_sized_png(plan_42, tmp_path):
     assert 900 <= w <= 1600 and 600 <= h <= 1700, (w, h)
 
 
+def test_100_nodes_stay_legible(tmp_path):
+    """A row per node at a fixed height: 100 nodes make a taller page, not smaller letters."""
+    nodes = [make_node(f"{r}-{i}", (300, 200, 150, 120), region=r, gpu=("A100", "T4")[i % 2])
+             for r in ("ra", "rb", "rc", "rd") for i in range(25)]
+    p = make_problem(nodes, 80, inter_region_cap=500.0)
+    plan = solve(p, "swarm", threads=1, time_limit_s=5, seed=0)
+    path = tmp_path / "plan.png"
+    draw_plan(plan, p, path)
+    w, h = Image.open(path).size
+    assert w <= 1600 and 2400 <= h <= 3300, (w, h)   # about 27 px a row at 130 dpi
+
+
 @pytest.mark.parametrize("which", ["small", "42"])
 def test_no_text_covers_another(which, plan_and_problem, plan_42):
     plan, p = plan_and_problem if which == "small" else plan_42
@@ -81,6 +93,7 @@ def test_no_text_covers_another(which, plan_and_problem, plan_42):
     assert all(n.name in names for n in p.nodes)
     assert sum("tok/s" not in t.get_text() and t.get_text().replace(",", "").replace(".", "")
                .rstrip("k").isdigit() for t in texts) >= 1   # some flow carries its number
+    assert min(t.get_fontsize() for t in texts if t.get_text().startswith(p.nodes[0].name)) >= 7
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
     overlaps = [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
     assert not overlaps, overlaps[:5]
