@@ -46,7 +46,8 @@ def node_details(plan: Plan, problem: PlacementProblem, lay: Layout) -> dict[str
 
 
 def _x(layer: float, num_layers: int) -> float:
-    return LABEL_PX + 10 + layer / num_layers * (CHART_PX - 20)
+    # The margins leave room for the arcs' bulge (at most 40 px, see _arc).
+    return LABEL_PX + 45 + layer / num_layers * (CHART_PX - 90)
 
 
 def _y(row: int) -> float:
@@ -118,7 +119,8 @@ def _arc(a, lay: Layout, L: int, top: float) -> str:
     """A quadratic curve bulging left going down, right going up, as the PNG's arc3 arcs."""
     x = _x(a.layer, L)
     y1, y2 = _y(lay.row_of(a.src).y), _y(lay.row_of(a.dst).y)
-    cx = x - max(-90.0, min(90.0, 0.35 * (y2 - y1)))   # long arcs bulge no further than short
+    # The curve's widest point is half the control point's offset: at most 40 px from its layer.
+    cx = x - max(-80.0, min(80.0, 0.35 * (y2 - y1)))
     colour = CROSS_REGION if a.cross_region else "#404040"
     src, dst = escape(a.src), escape(a.dst)
     width = 0.6 + 5.4 * a.flow_tokens_per_s / top
