@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from coordinator.health import HealthConfig
+from coordinator.runtime import RuntimeConfig
 from helix.net.sampling import SamplingParams
 from helix.net.stats import WorkerStats
 from helix.server.metrics import ServingMetrics
@@ -67,10 +69,28 @@ def test_metrics_after_requests(tiny_model):
     assert _value(m, "helix:generation_tokens_total") == 8
     assert _value(m, "helix:e2e_request_latency_seconds_count") == 2
     assert _value(m, "helix:time_to_first_token_seconds_count") >= 2
-    assert {dict(k[1])["node"] for k in m if k[0] == "helix:kv_cache_usage_perc"} == \
-        {"cpu-0", "cpu-1", "cpu-2"}
+    assert _kv_nodes(m) == {"cpu-0", "cpu-1", "cpu-2"}
     assert all(dict(labels).get("model_name") == MODEL_NAME for _, labels in m), \
         sorted({name for name, labels in m if dict(labels).get("model_name") != MODEL_NAME})
+
+
+def _kv_nodes(samples) -> set[str]:
+    return {dict(labels)["node"] for name, labels in samples if name == "helix:kv_cache_usage_perc"}
+
+
+def test_kv_usage_of_a_node_that_stops_answering_is_unknown(tiny_model):
+    config = RuntimeConfig(stats_interval_s=0.1,
+                           health=HealthConfig(suspect_after_s=0.5, dead_after_s=30.0))
+    with local_stack(tiny_model[0], config) as s:
+        assert _kv_nodes(_scrape(s.url)) == {"cpu-0", "cpu-1", "cpu-2"}
+        s.servers[2].shutdown()   # its control server goes: the stats polls get no answer
+        deadline = time.monotonic() + 15
+        while s.coordinator.node_states()["cpu-2"] == "ok":
+            assert time.monotonic() < deadline, "cpu-2 never stopped answering"
+            time.sleep(0.1)
+        m = _scrape(s.url)
+        assert _kv_nodes(m) == {"cpu-0", "cpu-1"}   # no series: unknown, not its last value
+        assert _value(m, "helix:node_state", node="cpu-2", state="ok") == 0
 
 
 def _stats(node: str, preemptions: int) -> WorkerStats:
