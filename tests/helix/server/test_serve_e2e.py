@@ -198,7 +198,8 @@ def test_queue_full_answers_503_with_retry_after(stack):
     ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, "not found"),
     ("/v1/completions", {"model": "tiny", "prompt": "x " * 600}, 400, "context"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "tiny", "prompt": "x", "temprature": 0.5}, 400, "temprature"),
+    # (An unknown field such as "temprature" is ignored with a warning, as vLLM; --strict refuses it.)
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "0.5"}, 400, "temperature"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 7}, 400, "top_p"),
     ("/v1/completions", {"model": "tiny", "prompt": [5, 99999]}, 400, "vocabulary"),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
