@@ -32,10 +32,34 @@ for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)
 
 
+def _flags_as_flags(command) -> None:
+    """Typer's help prints a type for every option, ``--json <bool>`` and even ``--help <bool>``;
+    a flag takes no value, so it shows none (for ``command`` and its subcommands)."""
+    for cmd in [command, *getattr(command, "commands", {}).values()]:
+        for param in cmd.params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+        make_help = cmd.get_help_option
+
+        def help_option(ctx, _make=make_help):
+            option = _make(ctx)
+            if option is not None:
+                option.metavar = ""
+            return option
+        cmd.get_help_option = help_option
+
+
+def cli_command():
+    """The click command behind ``helix`` (what :func:`main` runs)."""
+    command = typer.main.get_command(app)
+    _flags_as_flags(command)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``helix`` console script. Returns the exit code."""
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = cli_command().main(args=argv, prog_name="helix", standalone_mode=False)
     except HelixUserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def bench(
                                    "[0, VOCAB_SIZE): at most the model's vocabulary."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Seconds a request may "
                                           "stay silent before it fails."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Random seed (Poisson arrivals, sampled lengths): the same seed replays the same requests."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the numbers as JSON to this "
                                            "file ('-': stdout, and the table goes to stderr)."),
 ) -> int:

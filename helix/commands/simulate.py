@@ -62,7 +62,7 @@ def simulate(
     link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "
                                      "at a time (one ZeroMQ connection per peer); fair: bandwidth "
                                      "split among messages in flight."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Random seed (arrivals, scheduler tie-breaks): the same seed gives the same run."),
     compare_all: bool = typer.Option(False, "--compare", help="Every placement method x {helix, "
                                      "swarm, random} schedulers, one table and one plot."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG figures to this folder."),
