@@ -223,10 +223,10 @@ def _summary(plan) -> str:
              f"(node capacities: {e.get('capacities', 'T(k)')})",
              f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s ({_bound_label(plan)})"
              f"   gap {_fmt_gap(plan)}",
-             f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean;  latency "
-             f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms mean per pass",
+             f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean per pipeline;  "
+             f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
-             f"{plan.solve_seconds:.1f} s, found by {e.get('found_by')}",
+             f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
              *_prediction_lines(plan)]
     return "\n".join(lines)
 
