@@ -3,7 +3,8 @@
 For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
 (``planner.search.baselines``, ``planner.search.construct``, ``planner.search.region_chain``, a
 caller's ``start``) as a warm start, the best kept; stop at once if it is already within ``gap`` of
-the bound -> the cover bound (``planner.search.cover``, to 20 % of the time) -> multi-region
+the bound -> the packing LP (``planner.search.packing``, bisected for up to 5 % of the time) ->
+the cover bound (``planner.search.cover``, to 20 % of the time) -> multi-region
 clusters: each region's exact class MILP, unioned -> local search on the exact max flow (to 30 %)
 -> the class MILP (``planner.milp.class_model``) with node capacities capped at the bound,
 warm-started, stopped as soon as the proven gap is within ``gap`` (until 75 %) -> on clusters of
@@ -29,6 +30,7 @@ from helix.plan import ArcFlow, NodePlacement, Plan
 from planner.milp import class_model, paper_model
 from planner.search import construct, local_search
 from planner.search.bounds import fixed_point_bound, layer_counts
+from planner.search.packing import packing_bound
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.cover import cover_search
@@ -295,6 +297,11 @@ def _cover(problem, adapter, best: Candidate, bounds, gap, deadline_s, time_limi
         return best
     target, known = best.value * (1 + max(gap, 1e-6)), min(bounds.values())
     again = "cover_targets" in extras  # a second pass: the gap target was tried already
+    if not again:  # the packing LP first: a fraction of a second a target where it decides
+        packed = packing_bound(problem, adapter, best.value, known,
+                               min(deadline_s, time.perf_counter() + 0.05 * time_limit_s), min_k)
+        if packed is not None:
+            bounds["packing"] = known = packed
     res = cover_search(problem, adapter, target, known, deadline_s,
                        step_s=max(0.5, 0.05 * time_limit_s), threads=threads, seed=seed,
                        min_layers=min_k, optimal_at=best.value * (1 + 1e-7),
@@ -407,6 +414,8 @@ BOUND_NOTES = {
                         "bound)",
     "cover": "no placement gives every layer nodes worth this many tokens/s (each token runs "
              "each layer on one node; the cover MILP, planner.milp.cover_model, refuted it)",
+    "packing": "no placement fills every layer's slots to this many tokens/s, nodes giving k slots "
+               "each (the packing LP, planner.search.packing, refuted it)",
     "paper_milp": "dual bound of the paper MILP, which models every node, link, source and sink arc",
 }
 
