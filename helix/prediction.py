@@ -7,16 +7,18 @@ system measure. The derivation (operating points per node, round trips per pipel
 is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this module computes it:
 
 1. start with one decode per step everywhere;
-2. step time of every node at its batch (:meth:`CostModel.stage_step_s`), with the wait behind the
-   step in progress; round trip R and first-token time F of every pipeline; a request's stay
-   ``T = F + (o - 1) R``;
+2. step time of every node at its batch (:meth:`CostModel.stage_step_moments`), with the wait
+   behind the step in progress (busy fraction x E[t^2] / (2 E[t])) and behind the message a link
+   is sending (links are FIFOs: :meth:`_Model.link_waits`); round trip R and first-token time F
+   of every pipeline; a request's stay ``T = F + (o - 1) R``;
 3. requests in flight per pipeline by progressive filling: every pipeline grows in proportion to
    its share of requests times its stay (the scheduler sends it that share of the arrivals), until
    a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines through that node
    stop growing, the others go on;
 4. per node the decode batch = decode tokens/s through it / steps per s (each pipeline's decodes
-   travel in :data:`DECODE_WAVES` waves, one step per wave per round trip); back to 2 until the
-   batches settle (damped; at most :data:`MAX_ITERATIONS`).
+   travel in :data:`DECODE_WAVES` waves, or fewer when it holds fewer requests, one step per wave
+   per round trip, but never more steps than back to back); back to 2 until the batches settle
+   (damped; at most :data:`MAX_ITERATIONS`).
 
 Offline: saturation (the KV fills). Online: requests at ``load`` x the predicted request rate,
 Poisson; each pipeline gets that fraction of its saturated rate; TTFT and time per output token
