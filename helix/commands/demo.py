@@ -114,7 +114,7 @@ def run_demo(cache_dir: str | Path | None = None, num_requests: int = 16, max_to
     log(f"checkpoint: {ckpt}")
     plan = plan_local3(spec_path)
     log(describe_plan(plan))
-    stack = ServeStack(plan, str(ckpt), ServeOptions(model_name="tiny-llama")).start()
+    stack = ServeStack(plan, str(ckpt), ServeOptions(model_name="tiny-llama"), progress=log).start()
     try:
         http = HttpThread(stack.app)
         try:

@@ -39,7 +39,7 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TEXT] * 4, trainer)
     return tok
@@ -67,6 +67,7 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0, chat_template: bool =
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
+    _quiet_transformers()
     model.save_pretrained(path)
     build_tokenizer().save(str(path / "tokenizer.json"))
     tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True}
@@ -74,6 +75,20 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0, chat_template: bool =
         tok_cfg["chat_template"] = CHAT_TEMPLATE
     (path / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
     return model
+
+
+def _quiet_transformers() -> None:
+    """No progress bars of transformers' own ("Writing model shards") in Helix's output."""
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    except ImportError:   # an older or newer layout: the bar is cosmetic
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
+    except ImportError:
+        pass
 
 
 def ensure_tiny_checkpoint(path: str | Path | None = None) -> Path:

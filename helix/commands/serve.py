@@ -56,7 +56,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     # by SIGKILL; see helix.server.reaper.
     watchdog = Watchdog()
     try:
-        stack = ServeStack(the_plan, str(model), options).start()
+        stack = ServeStack(the_plan, str(model), options, progress=typer.echo).start()
         try:
             typer.echo(f"helix: {len(stack.coordinator.workers)} workers ready; OpenAI API at "
                        f"http://{host}:{sock.getsockname()[1]}/v1, gRPC at {stack.grpc_address}")

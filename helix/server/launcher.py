@@ -51,8 +51,10 @@ class LaunchConfig:
 class RayLauncher:
     """Owns the Ray connection and the worker actors of one ``helix serve``."""
 
-    def __init__(self, config: LaunchConfig = LaunchConfig()) -> None:
+    def __init__(self, config: LaunchConfig = LaunchConfig(), progress=None) -> None:
+        """``progress(line)`` hears each step of the start (Ray up, each worker ready)."""
         self.config = config
+        self.progress = progress or log.info
         self._actors: dict[str, object] = {}
         self._started_ray = False
 
@@ -61,7 +63,12 @@ class RayLauncher:
         """Start a worker for each node; their addresses once all are up. With
         ``coordinator_address`` a worker that Ray restarts registers there and rejoins."""
         import ray
+        t0 = time.monotonic()
+        address = self.config.address or os.environ.get("RAY_ADDRESS")
+        self.progress(f"starting Ray ({'joining ' + address if address else 'local'}) for "
+                      f"{len(nodes)} worker(s) ...")
         self._connect(nodes)
+        self.progress(f"Ray ready ({time.monotonic() - t0:.1f} s); starting workers {', '.join(nodes)}")
         from worker.actor import WorkerActor
         remote_cls = ray.remote(WorkerActor)
         tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
@@ -70,17 +77,23 @@ class RayLauncher:
                 name=f"helix-worker-{node}-{tag}", num_cpus=0, resources={node_resource(node): 1},
                 max_restarts=self.config.max_restarts).remote(
                     node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address)
-        handles = []
-        for node, actor in self._actors.items():
+        pending = {self._actors[node].addresses.remote(): node for node in nodes}
+        addresses: dict[str, dict] = {}
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while pending:   # in the order they come up, each reported as it does
+            ready, _ = ray.wait(list(pending), num_returns=1,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise HelixUserError(f"worker(s) {sorted(pending.values())} did not start within "
+                                     f"{self.config.start_timeout_s:.0f} s")
+            node = pending.pop(ready[0])
             try:
-                addr = ray.get(actor.addresses.remote(), timeout=self.config.start_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise HelixUserError(f"worker {node!r} did not start within "
-                                     f"{self.config.start_timeout_s:.0f} s") from None
+                addresses[node] = ray.get(ready[0], timeout=self.config.start_timeout_s)
             except ray.exceptions.RayError as exc:
                 raise HelixUserError(f"worker {node!r} failed to start: {_last_line(exc)}") from None
-            handles.append(WorkerHandle(node, addr["control"], addr["data"]))
-        return handles
+            self.progress(f"worker {node} up ({len(addresses)}/{len(nodes)}, "
+                          f"{time.monotonic() - t0:.1f} s)")
+        return [WorkerHandle(n, addresses[n]["control"], addresses[n]["data"]) for n in nodes]
 
     def _connect(self, nodes: Sequence[str]) -> None:
         import ray

@@ -60,7 +60,9 @@ def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
 class ServeStack:
     """Start with :meth:`start`; stop with :meth:`close` (always safe to call)."""
 
-    def __init__(self, plan: Plan, model_path: str, options: ServeOptions = ServeOptions()) -> None:
+    def __init__(self, plan: Plan, model_path: str, options: ServeOptions = ServeOptions(),
+                 progress=None) -> None:
+        """``progress(line)`` hears each step of the start (default: the log)."""
         check_model_matches_plan(plan, model_path)
         check_serving(plan)   # before any worker starts
         unknown = set(options.external_nodes) - {p.node for p in plan.placements}
@@ -73,7 +75,8 @@ class ServeStack:
         self.metrics = ServingMetrics(self.model_name)
         self.registry = Registry()
         self.service = CoordinatorService(self.registry, self.model_name)
-        self.launcher = RayLauncher(options.launch)
+        self.progress = progress or log.info
+        self.launcher = RayLauncher(options.launch, self.progress)
         self.grpc: ControlServer | None = None
         self.coordinator: Coordinator | None = None
         self.app = None
@@ -100,6 +103,7 @@ class ServeStack:
             handles += self.registry.wait(self.options.external_nodes, self.options.register_timeout_s)
         self.coordinator = Coordinator(self.plan, self.model_path, self.options.runtime, codec,
                                        self.options.host, observer=self.metrics)
+        self.progress(f"loading each worker's slice of {Path(self.model_path).name} ...")
         self.coordinator.attach(handles)
         self.service.coordinator = self.coordinator
         self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)

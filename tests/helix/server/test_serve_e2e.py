@@ -256,8 +256,12 @@ def test_python_client_generate_stream_and_async(stack, tiny_model, codec):
 def test_helix_demo_runs(ray_local, tmp_path, capsys):
     from helix.cli import main
     assert main(["demo", "--cache", str(tmp_path / "ckpt"), "--requests", "12"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "match the single-process reference" in out and "TTFT" in out
+    # Start-up progress as it comes, and no other library's progress bars (the checkpoint is new).
+    assert "starting Ray" in out and "up (3/3" in out
+    assert "Writing model shards" not in out + captured.err and "it/s]" not in out + captured.err
 
 
 def test_a_killed_ray_worker_is_restarted_and_rejoins(stack, tiny_model, codec):
