@@ -32,7 +32,7 @@ from helix.spec import ClusterSpec
 from helix.plan import COORDINATOR, ArcFlow
 from planner.build import build_problem
 from planner.flowgraph import max_flow
-from planner.problem import Link, PlacementProblem
+from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS
 from planner.solve import solve
 
@@ -91,39 +91,53 @@ def _with_flows(plan: Plan, flows: dict[tuple[str, str], float], routing: str) -
 
 def routings(problem: PlacementProblem, found: Plan) -> list[Plan]:
     """``found`` with its max-flow arcs, and with flows that keep pipelines within one GPU kind
-    (and region).
+    and region first.
 
     Any max flow is as good as another to the flow graph, but not to users: a pipeline is as slow
     as its slowest stages and holds KV on all of them, so an A100 that passes tokens to L4s serves
-    at the L4s' pace. The second routing is a max flow over links between nodes of the same kind in
-the same region only (kind chains);
-    the third adds what flows over the remaining capacity with every link. The sum is a flow of
-    the placement, at most its max flow."""
+    at the L4s' pace, and a hop between regions costs a slow link. The routings are built in
+    phases, each a max flow over what the previous ones left, over links between nodes of the
+    same kind in the same region (kind chains), inside a region, or any; every prefix of the
+    sequences kind chains -> regions -> the rest, kind chains -> the rest and regions -> the rest
+    is a candidate. Every candidate is a flow of the placement, at most its max flow."""
     placement = {p.node: (p.start, p.end) for p in found.placements}
-    label = {n.name: (n.gpu, n.region) for n in problem.nodes}
-    same = {k: v for k, v in problem.links.items()
-            if COORDINATOR in k or label.get(k[0]) == label.get(k[1])}
-    chains = max_flow(dataclasses.replace(problem, links=same), placement, found.partial_inference)
-    if chains.value_tokens_per_s <= 0:
-        return [found]
-    out = [found, _with_flows(found, dict(chains.arc_flows), "kind chains")]
-    nodes = []
-    for n in problem.nodes:
-        k = placement[n.name][1] - placement[n.name][0] if n.name in placement else 0
-        used = chains.node_flows.get(n.name, 0.0)
-        table = tuple(max(0.0, t - used) if i + 1 == k else t
-                      for i, t in enumerate(n.throughput_tokens_per_s))
-        nodes.append(dataclasses.replace(n, throughput_tokens_per_s=table))
-    links = {k: Link(max(0.0, v.capacity_tokens_per_s - chains.arc_flows.get(k, 0.0)), v.latency_s)
-             for k, v in problem.links.items()}
-    rest = max_flow(dataclasses.replace(problem, nodes=tuple(nodes), links=links), placement,
-                    found.partial_inference)
-    if rest.value_tokens_per_s > 0:
-        both = dict(chains.arc_flows)
-        for k, f in rest.arc_flows.items():
-            both[k] = both.get(k, 0.0) + f
-        out.append(_with_flows(found, both, "kind chains + the rest"))
+    kind = {n.name: (n.gpu, n.region) for n in problem.nodes}
+    region = {n.name: n.region for n in problem.nodes}
+    phases = {"kind chains": lambda a, b: kind.get(a) == kind.get(b),
+              "regions": lambda a, b: region.get(a) == region.get(b),
+              "the rest": lambda a, b: True}
+    out, seen = [found], set()
+    for sequence in (("kind chains", "regions", "the rest"), ("kind chains", "the rest"),
+                     ("regions", "the rest")):
+        nodes, links = problem.nodes, dict(problem.links)
+        total: dict[tuple[str, str], float] = {}
+        names: list[str] = []
+        for name in sequence:
+            allowed = phases[name]
+            usable = {k: v for k, v in links.items() if COORDINATOR in k or allowed(*k)}
+            flow = max_flow(dataclasses.replace(problem, nodes=nodes, links=usable), placement,
+                            found.partial_inference)
+            if flow.value_tokens_per_s <= 1e-9:
+                continue
+            for k, f in flow.arc_flows.items():
+                total[k] = total.get(k, 0.0) + f
+            names.append(name)
+            key = tuple(sorted((k, round(f, 6)) for k, f in total.items() if f > 1e-9))
+            if key not in seen:
+                seen.add(key)
+                out.append(_with_flows(found, dict(total), " + ".join(names)))
+            nodes = tuple(_minus(n, placement, flow.node_flows.get(n.name, 0.0)) for n in nodes)
+            links = {k: Link(max(0.0, v.capacity_tokens_per_s - flow.arc_flows.get(k, 0.0)),
+                             v.latency_s) for k, v in links.items()}
     return out
+
+
+def _minus(node: NodeCapacity, placement, used: float) -> NodeCapacity:
+    """``node`` with ``used`` tokens/s less capacity at the layer count it holds."""
+    start, end = placement.get(node.name, (0, 0))
+    table = tuple(max(0.0, t - used) if i + 1 == end - start else t
+                  for i, t in enumerate(node.throughput_tokens_per_s))
+    return dataclasses.replace(node, throughput_tokens_per_s=table)
 
 
 def _key(plan: Plan) -> tuple:
