@@ -47,14 +47,25 @@ def test_two_stage_pipeline_by_hand():
     # At the fixed point: D = decode tokens/s / (W / R) on both stages (same pipeline, same rate).
     rate = state.requests_per_s
     D = rate * o * state.round_trip_s / DECODE_WAVES
-    t = [cost.stage_step_s(n, 16, D) for n in (a, b)]
+    moments = [cost.stage_step_moments(n, 16, D) for n in (a, b)]
+    t = [m[0] for m in moments]
+    residual = [m[1] / (2 * m[0]) for m in moments]   # the step in progress, seen on arrival
     busy = [rate * o * ti / D for ti in t]
     link = spec.link("coordinator", "a").latency_s * 3   # coordinator -> a -> b -> coordinator
-    R = sum(ti * (1 + u / 2) for ti, u in zip(t, busy)) + link
-    assert state.round_trip_s == pytest.approx(R, rel=0.02)
-    F = sum(cost.stage_step_s(n, 16, D, extra_prompt_tokens=p) + u / 2 * ti
-            for n, ti, u in zip((a, b), t, busy)) + link
-    assert state.first_token_s == pytest.approx(F, rel=0.02)
+    # Seconds per token on each hop: token ids to and from the coordinator, hidden states a -> b.
+    per_token = [2 / spec.link("coordinator", "a").bandwidth_bytes_per_s,
+                 4096 * 2 / spec.link("a", "b").bandwidth_bytes_per_s,
+                 2 / spec.link("b", "coordinator").bandwidth_bytes_per_s]
+    link += D * sum(per_token)   # this path's decode messages (the model uses the smallest batch)
+    # Each link is a FIFO: busy rate (p + o) x per-token time; a message waits its residual.
+    link += sum(min(0.95, rate * (p + o) * s) * (p / (p + o) * p * s / 2 + o / (p + o) * D * s / 2)
+                for s in per_token)
+    wait = [ti + u * r for ti, u, r in zip(t, busy, residual)]
+    R = sum(wait) + link
+    assert state.round_trip_s == pytest.approx(R, rel=0.01)
+    F = sum(cost.stage_step_s(n, 16, D, extra_prompt_tokens=p) - ti + w
+            for n, ti, w in zip((a, b), t, wait)) + link + (p - D) * sum(per_token)
+    assert state.first_token_s == pytest.approx(F, rel=0.01)
     # Little's law.
     assert rate == pytest.approx(m / (F + (o - 1) * R), rel=0.02)
     assert pred.decode_tokens_per_s == pytest.approx(rate * o, rel=1e-9)
@@ -129,3 +140,17 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     best = plan(spec, "separate")
     assert best.extras["routing"] == "kind chains"
     assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.3
+
+
+def test_a_slow_link_queues_prompts_ahead_of_decodes():
+    """Links are FIFOs: on a 100 Mb/s hop a prompt's hidden states take seconds, and decode
+    messages wait behind them; the round trip grows by more than the bytes of its own tokens."""
+    fast = two_stage_spec()
+    slow = ClusterSpec.model_validate({**fast.model_dump(by_alias=True, exclude_none=True),
+                                       "links": [{"between": ["a", "b"], "bandwidth": "100Mbps",
+                                                  "latency": "1ms"}]})
+    _, (f,) = predict(fast, two_stage_plan())
+    _, (s,) = predict(slow, two_stage_plan())
+    hidden_s = 4096 * 2 / (100e6 / 8)   # one decode token's hidden state over the slow link
+    assert s.round_trip_s > f.round_trip_s + 10 * hidden_s
+    assert s.first_token_s > f.first_token_s + 400 * hidden_s   # the 400-token prompt's transfer
