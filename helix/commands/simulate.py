@@ -158,7 +158,8 @@ def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit,
     console.print(_summary_table(results, f"{cluster.name} {config.mode}: placement+scheduler"))
     if plot is not None:
         from helix.sim.plots import plot_compare, plot_results
-        paths = [plot_compare(rows, plot), *plot_results(results, plot)]
+        kinds = {n.name: n.label for n in spec.nodes}
+        paths = [plot_compare(rows, plot), *plot_results(results, plot, kinds)]
         console.print("wrote " + ", ".join(str(p) for p in paths))
     if json_out is not None:
         json_out.write_text(json.dumps([{"method": r.method, "scheduler": r.scheduler,
@@ -186,7 +187,7 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                      f"tokens prefilled again)" if config.failures else ""))
     if plot is not None:
         from helix.sim.plots import plot_results
-        paths = plot_results([result], plot)
+        paths = plot_results([result], plot, {n.name: n.label for n in spec.nodes})
         console.print("wrote " + ", ".join(str(p) for p in paths))
     if json_out is not None:
         json_out.write_text(json.dumps(result.to_dict(), indent=1))
