@@ -176,7 +176,9 @@ NOTES = [
     "max flow, the least of those found (*bound from*): `fixed_point` (F <= (1/L) sum_i max_k k",
     "min(F, T_i(k), links_i), with region cuts), `cover` (no placement gives every layer nodes worth",
     "that much: the cover MILP refuted it), `class_milp` (the class MILP's dual bound; a relaxation",
-    "where links bind), `paper_milp` (the paper MILP's dual bound); *status* speaks of the exact",
+    "where links bind), `packing` (no placement fills every layer's slots to that flow, a node of k",
+    "layers giving k slots: the packing LP refuted it), `paper_milp` (the paper MILP's dual bound);",
+    "*status* speaks of the exact",
     "problem: `optimal` / `gap` only when such a bound proves it, else `feasible`; *gap* = (bound -",
     "max flow) / max flow; *latency* = mean time of one pass through a pipeline; *depth* =",
     "most nodes on a flow-carrying path; *found by* = which stage produced the placement (a heuristic",
@@ -199,16 +201,30 @@ where our best before was Petals' 952.1; but no bound we have sees the slow link
 node-level layer MILP with per-pair crossing flows both sit at 2,045.6 (the latter's LP takes over
 60 s), and a cover MILP with boundary cuts (crossings need pairs of nodes) leaves even 2,000
 undecided after 60 s; so the 10 % gap target is not met. (At F > 1,754 every
-A100, L4 and T4 at its largest k with T(k) >= F holds 80 layers in all, exactly the model, so any
-crossing that needs two nodes side by side loses layers: we expect the optimum below 1,754, within
-10 % of 1,595, but this is not proved.) On cluster42 the cover bound (6,374.9 in the row, 6,364.6
-on a quieter run, 6,446.8 before it also took the time the MILP phases leave) brings the gap to
-9.7 %; the placement (one 40-node chain of stages, 5,813.7) is 1.19 x the best published
+A100, L4 and T4 at its largest k with T(k) >= F holds 80 layers in all, exactly the model; but
+nodes may also hold more layers at T(k) < F side by side (at F = 1,760 that offers ~90 layers of
+coverage), so whether the optimum is below 1,754 is open, not proved.) On cluster42 the packing
+bound (6,151.8; the cover bound before it: 6,374.9, 6,364.6 on a quieter run) brings the gap to
+5.8 %; the placement (one 40-node chain of stages, 5,813.7) is 1.19 x the best published
 (Swarm's 4,892.2), below the 5,870 target: stages of one
 GPU kind cover at most 74 of the 80 layers at 5,900, so 5,870 may be beyond the optimum (not
 proved). --max-depth 12 costs cluster42 41 % of its flow (3,405.8 = A100 T(7)), for depth 11
 instead of 40 and a 2.1 s instead of 2.6 s pass. The cost-model clusters keep 4-28 % gaps: the
 cover bound decides no target there within its steps.
+
+The packing bound (`planner.search.packing`, run of 2026-11-24, load average 2-3.5): a node
+holding k layers gives k slots of size min(cap, F) / F, and every layer needs slots worth >= 1
+(bin covering without the layer order: a relaxation of the cover MILP); its arc-flow LP, bisected
+for up to 5 % of the limit before the cover search, takes 0.2 s a target on cluster42. It sees
+what the fixed point lets pass, capacity split over layers at will: cluster42 6,528.9 -> 6,151.8
+(gap 12.3 % -> 5.8 %; its integer form is still feasible at 6,100, so the LP is nearly all it
+gives), geo24 30B 21,437.5 -> 20,983.7 (27.7 % -> 25.0 %), cluster10 340.7 -> 289.5 (the cover
+bound still proves 286.59 optimal in 0.5 s); on geo24 70B and hetero42 it meets the fixed point
+(small slots fill the gaps), and it does not see links, so 3cluster24 stays at 2,045.6. There a
+cover MILP with region flows per layer and crossings limited to one link per sender-receiver pair
+unless two nodes sit side by side (binary "two senders" / "two receivers" per boundary) left even
+2,040 undecided after 20 s (a prototype, not in the tree). In the geo24 run milp-paper found
+incumbents of its own (748 and 599 tokens/s) and so no longer fell back to the regional placement.
 
 What the figures said (run of 2026-11-21). The reference case is solved to proven optimality: one
 chain of all 24 nodes (4 A100 x 8 layers at T(8) = 2046, 8 L4 x 3, 12 T4 x 2) serves 2046

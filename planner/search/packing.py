@@ -9,10 +9,10 @@ bin covering, a relaxation of the cover MILP (contiguity, "one slot per layer pe
 coordinator's end links are dropped; a group's links are its members' largest), so a target F no
 slot assignment fills is a proven upper bound on every placement's max flow.
 
-Where slots are coarse against F (LLaMA-1 30B: k T(k) peaks at a few layers, so several nodes run
-side by side on every layer) the bins waste what the fixed point (``planner.search.bounds``, which
-lets a node's capacity split over layers at will) does not see: geo24 with 30B, 21,437.5 ->
-21,002. With fine slots (70B) it meets the fixed point.
+Where slots are coarse against F (several nodes must run side by side on every layer) the bins
+waste what the fixed point (``planner.search.bounds``, which lets a node's capacity split over
+layers at will) does not see: the reference's 42-node case 6,528.9 -> 6,150, geo24 with 30B
+21,437.5 -> 21,002. Where small slots fill the gaps (geo24 70B, hetero42) it meets the fixed point.
 
 The arc-flow form (Valerio de Carvalho) keeps it small: sizes are rounded *up* to multiples of
 1/D (a relaxation again), vertices 0..D are filled levels, a layer is a path 0 -> D whose arcs
