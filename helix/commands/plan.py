@@ -211,7 +211,8 @@ def _prediction_lines(plan) -> list[str]:
     tpot = "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s * 1e3:.0f} ms"
     return [f"predicted  {pr.prompt_decode_tokens_per_s:,.1f} tokens/s prompt + decode, "
             f"{pr.decode_tokens_per_s:,.1f} decode tokens/s at saturation "
-            f"({pr.requests_in_flight:.0f} requests in flight, {pr.pipelines} pipelines"
+            f"({pr.requests_in_flight:.0f} requests in flight, {pr.pipelines} "
+            f"pipeline{'' if pr.pipelines == 1 else 's'}"
             + (f"; routing: {plan.extras['routing']}" if plan.extras.get("routing") else "") + ")",
             f"           at {pr.online_load:.0%} of that (Poisson): TTFT p50 {ttft}, "
             f"time per output token p50 {tpot}"]
