@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from coordinator.grpc_api import CoordinatorService, Registry
-from coordinator.requests import Delta, Done
+from coordinator.requests import Delta
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
 from helix.errors import HelixUserError
 from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, start_server
