@@ -4,14 +4,11 @@ the command with a non-zero exit and one error line naming the node and the reas
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.builders.cli import run_helix
 from tests.builders.serving import branching_plan
 
 pytest.importorskip("ray")
@@ -19,7 +16,6 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parents[3]
 CLI_TIMEOUT_S = 180
 
 
@@ -45,20 +41,10 @@ def test_serve_stops_with_node_and_reason_when_a_worker_cannot_load(tiny_model, 
     missing = _checkpoint_missing_a_shard(Path(tiny_model[0]), ckpt)
     plan = tmp_path / "plan.yaml"
     branching_plan().save(plan)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}   # a local Ray of its own
-    env["RAY_AUTH_MODE"] = "disabled"
-    cmd = [sys.executable, "-m", "helix.cli", "serve", str(plan), "--model", str(ckpt),
-           "--port", "0", "--grpc-port", "0"]
-    # Its own session, so a hang can be ended with Ray's processes it started, and nothing else.
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"helix serve still running after {CLI_TIMEOUT_S} s:\n{out}\n{err}")
-    assert proc.returncode == 2, (out, err)   # helix's exit code for a user error
+    result = run_helix(["serve", str(plan), "--model", str(ckpt), "--port", "0", "--grpc-port", "0"],
+                       CLI_TIMEOUT_S)
+    out, err = result.stdout, result.stderr
+    assert result.returncode == 2, (out, err)   # helix's exit code for a user error
     assert "Traceback" not in err, err
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, err

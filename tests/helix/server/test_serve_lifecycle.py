@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helix.server.reaper import _alive, descendants
+from tests.builders.cli import helix_env, run_helix
 from tests.builders.serving import branching_plan
 
 pytest.importorskip("ray")
@@ -27,15 +28,8 @@ READY_TIMEOUT_S = 240
 GONE_TIMEOUT_S = 30
 
 
-def _cmd(plan: Path, ckpt, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "helix.cli", "serve", str(plan), "--model", str(ckpt),
-            "--grpc-port", "0", *extra]
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}   # a local Ray of its own
-    env["RAY_AUTH_MODE"] = "disabled"
-    return env
+def _args(plan: Path, ckpt, *extra: str) -> list[str]:
+    return ["serve", str(plan), "--model", str(ckpt), "--grpc-port", "0", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +37,6 @@ def plan_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("lifecycle") / "plan.yaml"
     branching_plan().save(path)
     return path
-
-
-def _run_to_exit(cmd: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"still running after {timeout_s} s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -72,19 +54,20 @@ def test_port_in_use_fails_before_any_worker_starts(tiny_model, plan_file):
         taken.listen()
         port = taken.getsockname()[1]
         t0 = time.monotonic()
-        line = _one_error_line(_run_to_exit(_cmd(plan_file, tiny_model[0], "--port", str(port))))
+        line = _one_error_line(run_helix(_args(plan_file, tiny_model[0], "--port", str(port))))
     assert f"--port {port}" in line and "already in use" in line
     assert time.monotonic() - t0 < 60   # no Ray was started (that alone takes 10-60 s here)
 
 
 def test_unreachable_ray_address_is_one_line(tiny_model, plan_file):
-    line = _one_error_line(_run_to_exit(_cmd(plan_file, tiny_model[0], "--port", "0",
+    line = _one_error_line(run_helix(_args(plan_file, tiny_model[0], "--port", "0",
                                              "--address", "127.0.0.1:1")))
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in line
 
 
 def _serve_until_ready(plan_file, ckpt) -> subprocess.Popen:
-    proc = subprocess.Popen(_cmd(plan_file, ckpt, "--port", "0"), cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "helix.cli", *_args(plan_file, ckpt, "--port", "0")],
+                            cwd=REPO, env=helix_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     ready = threading.Event()
