@@ -92,6 +92,16 @@ class NodeHealth:
             return NodeState.DEAD
         return NodeState.SUSPECT
 
+    def declare_dead(self, node: str) -> Transition | None:
+        """Mark ``node`` dead now (its process was replaced: a new one registered); the transition,
+        or None when it already was. It comes back when the new process answers a poll."""
+        old = self._state[node]
+        if old is NodeState.DEAD:
+            return None
+        self._state[node] = NodeState.DEAD
+        self._failed[node] = True
+        return Transition(node, old, NodeState.DEAD)
+
     def state(self, node: str) -> NodeState:
         return self._state[node]
 

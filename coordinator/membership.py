@@ -48,9 +48,17 @@ class Membership:
         back into routing (dead -> ok). Requests that moved away from the old process stay moved."""
         if w.node not in self.workers:
             raise HelixUserError(f"node {w.node!r} is not in the plan; nodes: {sorted(self.workers)}")
+        if self.workers[w.node] == w:
+            return   # the same process registering twice (a retried call): nothing changed
         client = ControlClient(w.control_address, WORKER_SERVICE)
         reply = self._configure(w, self._engine, client)
         with self._lock:
+            # A new process replaces the node: whatever the old one held is gone with it (it may
+            # still look alive: restarted before it was declared dead). Its requests move first.
+            t = self.health.declare_dead(w.node)
+            if t is not None:
+                self._on_transition(t)
+                self._reflow()
             old = self.clients.get(w.node)
             self.workers[w.node] = w
             self.clients[w.node] = client
