@@ -25,6 +25,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from helix.errors import HelixUserError
@@ -84,6 +85,10 @@ class TextCodec:
             raise HelixUserError(f"model {str(path)!r}: no tokenizer.json (the coordinator needs the "
                                  f"checkpoint's tokenizer)")
         self.tokenizer = Tokenizer.from_file(str(tok_file))
+        # transformers turns these off for a plain call; left on, a tokenizer.json that stores them
+        # would silently cut prompts (and pass the length checks on the cut prompt).
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
         cfg_file = path / "tokenizer_config.json"
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         model_cfg_file = path / "config.json"
@@ -174,12 +179,24 @@ class TextCodec:
     def render_chat(self, messages: Sequence[dict]) -> str:
         """The prompt text for ``messages`` (each ``{"role", "content"}``) with an open assistant turn."""
         from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # The environment transformers renders chat templates in: loop controls ({% break %}),
+        # a tojson that writes UTF-8 as is, raise_exception and strftime_now.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 
         def raise_exception(message):
             raise TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        def strftime_now(fmt):
+            return datetime.now().strftime(fmt)
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
         try:
             return env.from_string(self.chat_template).render(
                 messages=list(messages), add_generation_prompt=True,

@@ -96,3 +96,26 @@ def test_bos_follows_the_post_processor(checkpoint):
     kind, bos_post, cfg = SHAPES[checkpoint.name.rstrip("0123456789")]
     ids = TextCodec(checkpoint).encode("Helix serves")
     assert (ids[0] == 1) is bos_post
+
+
+JSON_TEMPLATE = ("{% for m in messages %}{% if loop.index > 3 %}{% break %}{% endif %}"
+                 "{{ m['role'] }}: {{ m['content'] | tojson }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_template_environment_and_no_truncation_as_transformers(tmp_path):
+    """transformers renders templates with loop controls and a UTF-8 tojson, and a plain call
+    tokenizes without the truncation or padding tokenizer.json may store."""
+    tok = _tokenizer("bytelevel", False)
+    tok.enable_truncation(max_length=3)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": JSON_TEMPLATE}))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 700, "max_position_embeddings": 512}))
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    ours = TextCodec(tmp_path)
+    text = "Each worker holds a slice of layers."
+    assert ours.encode(text) == hf(text)["input_ids"] and len(ours.encode(text)) > 3
+    msgs = [{"role": "user", "content": "a <b> & 'é'"}, *MESSAGES]
+    want = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert ours.render_chat(msgs) == want and "'é'" in want and "break" not in want
