@@ -132,11 +132,13 @@ class NodeDetected(Event):
     """The coordinator declares a down worker dead: no more requests to it, and the requests whose
     pipeline crossed it start again on other pipelines from their prompt and streamed tokens."""
 
-    __slots__ = ("worker",)
+    __slots__ = ("worker", "epoch")
 
-    def __init__(self, time_s: float, worker: "SimWorker") -> None:
+    def __init__(self, time_s: float, worker: "SimWorker", epoch: int) -> None:
         super().__init__(time_s)
         self.worker = worker
+        self.epoch = epoch
+        """The outage it detects (the worker's epoch when it went down)."""
 
 
 class NodeUp(Event):

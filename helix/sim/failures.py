@@ -44,20 +44,26 @@ class FailureHandlers:
         if w.down:
             return NO_EVENTS
         w.go_down()
-        out: list[Event] = [NodeDetected(ev.time_s + ev.detect_s, w)]
+        out: list[Event] = [NodeDetected(ev.time_s + ev.detect_s, w, w.epoch)]
         if ev.down_for_s is not None:
             out.append(NodeUp(ev.time_s + ev.down_for_s, w))
         return out
 
     def on_node_detected(self, ev: NodeDetected) -> Iterable[Event]:
-        """As the live coordinator on a dead node: mask it (it reads full), and move every request
-        whose pipeline crossed it: freed on the other stages, then queued first to prefill its prompt
-        and the tokens already streamed on another pipeline (what was sampled but not yet delivered
-        is generated again)."""
+        """As the live coordinator on a dead node: mask it (it reads full) and move its requests.
+        Stale when it belongs to an earlier outage, or this outage was handled already (the node
+        came back first)."""
         w = ev.worker
-        if not w.down:
-            return NO_EVENTS   # back before anyone noticed
+        if ev.epoch != w.epoch or w.detected_epoch == ev.epoch:
+            return NO_EVENTS
         self.scheduler.kv.observe(w.name, 2 * self.scheduler.kv.capacity(w.name))
+        return self._move_off(w, ev.time_s)
+
+    def _move_off(self, w, now_s: float) -> list[Event]:
+        """Move every request whose pipeline crossed ``w``'s outage: freed on the other stages, then
+        queued first to prefill its prompt and the tokens already streamed on another pipeline (what
+        was sampled but not yet delivered is generated again)."""
+        w.detected_epoch = w.epoch
         moving = [r for r in self.active.values() if w in r.workers]
         for req in reversed(moving):   # appendleft: the oldest ends up first
             for x in req.workers:
@@ -73,11 +79,11 @@ class FailureHandlers:
             self.requests_moved += 1
             self.moved_prefill_tokens += req.prompt_tokens
             self.queue.appendleft(req)
-        out = list(self._kick_coordinator(ev.time_s))
+        out = list(self._kick_coordinator(now_s))
         for x in self.workers.values():   # dropped requests freed KV that may unblock others
             if not x.down and not x.busy and not x.start_pending and x.policy.has_work():
                 x.start_pending = True
-                out.append(StepStart(ev.time_s, x))
+                out.append(StepStart(now_s, x))
         return out
 
     def _prompt_of(self, req: SimRequest) -> int:
@@ -85,9 +91,13 @@ class FailureHandlers:
         return self.workload[req.request_id].prompt_tokens
 
     def on_node_up(self, ev: NodeUp) -> Iterable[Event]:
+        """The node answers again, empty. If nobody noticed it was gone, it is noticed now (as a
+        restarted worker's registration makes the live coordinator move the node's requests)."""
         w = ev.worker
         if not w.down:
             return NO_EVENTS
         w.down = False
+        out = self._move_off(w, ev.time_s) if w.detected_epoch != w.epoch else []
         self.scheduler.kv.observe(w.name, 0.0)
-        return self._kick_coordinator(ev.time_s)
+        out.extend(self._kick_coordinator(ev.time_s))
+        return out

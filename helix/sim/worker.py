@@ -23,7 +23,7 @@ class SimWorker:
 
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
-                 "_num_partial", "peak_used_blocks", "down", "epoch")
+                 "_num_partial", "peak_used_blocks", "down", "epoch", "detected_epoch")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
@@ -53,6 +53,8 @@ class SimWorker:
         """Dead (or cut off): it neither steps nor receives until it comes back."""
         self.epoch = 0
         """Bumped when the worker goes down: a step it had started never finishes."""
+        self.detected_epoch = 0
+        """The last outage whose requests were moved (the coordinator noticed it)."""
 
     def go_down(self) -> None:
         """The process is gone: every request and all KV with it; a step in progress never ends."""

@@ -72,3 +72,19 @@ def test_every_first_stage_down_leaves_requests_waiting_without_error():
     r = sim.run()
     assert r.requests_completed < len(workload)
     assert r.requests_arrived == r.requests_completed + r.requests_unfinished + r.requests_rejected
+
+
+def test_a_node_back_before_anyone_noticed_still_loses_nothing():
+    """Down for 1 s, detection after 5 s: the empty node answers first, which is when its requests
+    move (as a restarted worker's registration moves them live); the late detection changes nothing."""
+    failure = NodeFailure("B", at_s=1.0, down_for_s=1.0, detect_s=5.0)
+    sim, r, workload = _run((failure,), n=80, mode="online", gap_s=0.1)
+    _conserved(r, workload)
+    assert r.requests_moved >= 1 and not sim.active
+
+
+def test_a_detection_of_an_earlier_outage_does_not_act_on_a_later_one():
+    early = NodeFailure("B", at_s=1.0, down_for_s=0.5, detect_s=3.0)    # back at 1.5, detected "at 4"
+    late = NodeFailure("B", at_s=3.5, detect_s=2.0)                      # down again at 3.5 for good
+    sim, r, workload = _run((early, late), n=80, mode="online", gap_s=0.1)
+    _conserved(r, workload)
