@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -118,14 +119,27 @@ def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) ->
 class CoordinatorService:
     """Handlers of ``helix.Coordinator``; ``coordinator`` may be attached after the server starts."""
 
-    def __init__(self, registry: Registry, model_name: str) -> None:
+    def __init__(self, registry: Registry, model_name: str, api_key: str | None = None) -> None:
+        """``api_key``: what ``Generate`` callers must send as ``authorization: Bearer KEY`` (the
+        HTTP API's ``--api-key``; the native client's ``api_key=``)."""
         self.registry = registry
         self.model_name = model_name
         self.coordinator: Coordinator | None = None
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
+
+    def _authorized(self, context: grpc.ServicerContext) -> bool:
+        if self._expected is None:
+            return True
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
+        return hmac.compare_digest(given.encode(), self._expected)
 
     def generate(self, req: dict, context: grpc.ServicerContext) -> Iterator[dict]:
         # Statuses other than INVALID_ARGUMENT are set and the stream ended, not context.abort():
         # abort raises, and the service guard (helix.net.control) would rewrite the status to INTERNAL.
+        if not self._authorized(context):
+            _fail(context, grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (send "
+                  "metadata 'authorization: Bearer <key>', helix.Client(api_key=...))")
+            return
         coord = self.coordinator
         if coord is None:
             _fail(context, grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")

@@ -154,9 +154,11 @@ def _join(chunks: list[StreamChunk]) -> Completion:
 class Client:
     """Talks to ``helix serve``'s gRPC port (``host:port``, optionally prefixed ``grpc://``)."""
 
-    def __init__(self, url: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 300.0, api_key: str | None = None) -> None:
+        """``api_key``: the server's ``--api-key`` (sent as ``authorization: Bearer KEY``)."""
         self.target = url.removeprefix("grpc://")
         self.timeout_s = timeout_s
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         self._channel = grpc.insecure_channel(self.target)
         self._aio_channel: grpc.aio.Channel | None = None
 
@@ -164,7 +166,8 @@ class Client:
                stop: str | Sequence[str] | None = None, **kwargs) -> Iterator[StreamChunk]:
         rpc = self._channel.unary_stream(f"/{_SERVICE}/Generate", request_serializer=_ser,
                                          response_deserializer=_de)
-        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s)
+        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s,
+                   metadata=self._metadata)
         try:
             for msg in call:
                 yield _chunk(msg)
@@ -183,7 +186,8 @@ class Client:
             self._aio_channel = grpc.aio.insecure_channel(self.target)
         rpc = self._aio_channel.unary_stream(f"/{_SERVICE}/Generate", request_serializer=_ser,
                                              response_deserializer=_de)
-        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s)
+        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s,
+                   metadata=self._metadata)
         try:
             async for msg in call:
                 yield _chunk(msg)

@@ -41,6 +41,10 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
         raise HelixUserError("--api-key must not be empty")
     if api_key_health and api_key is None:
         raise HelixUserError("--api-key-health needs --api-key")
+    if api_key is not None and host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo("warning: --api-key guards the HTTP API and the gRPC Generate call; worker "
+                   "registration and the data plane are not authenticated yet: keep the gRPC and "
+                   "worker ports on a private network", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),

@@ -200,3 +200,23 @@ def test_fuzz_corpus_gets_no_5xx(stack):
         assert status is None or status < 500, (data[:60], status)
     r = httpx.post(stack.url + "/v1/completions", json=GOOD, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_grpc_generate_needs_the_api_key_too(stack):
+    """--api-key is not bypassed over the native gRPC API."""
+    from coordinator.grpc_api import CoordinatorService, Registry
+    from helix.client import Client, ClientError
+    from helix.net.control import start_server
+    svc = CoordinatorService(Registry(), "tiny", api_key="s3cret")
+    svc.coordinator = stack.coordinator
+    server = start_server([svc.handler()], "127.0.0.1", 0)
+    try:
+        with Client(server.address, timeout_s=60) as c, pytest.raises(ClientError, match="UNAUTHENTICATED"):
+            c.generate("Helix", temperature=0, max_tokens=2)
+        with Client(server.address, timeout_s=60, api_key="wrong") as c, \
+                pytest.raises(ClientError, match="UNAUTHENTICATED"):
+            c.generate("Helix", temperature=0, max_tokens=2)
+        with Client(server.address, timeout_s=60, api_key="s3cret") as c:
+            assert len(c.generate("Helix", temperature=0, max_tokens=2, ignore_eos=True).token_ids) == 2
+    finally:
+        server.stop()
