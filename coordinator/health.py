@@ -27,7 +27,7 @@ class NodeState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """When a silent node becomes suspect and then dead (``helix serve --suspect-after`` ...)."""
+    """When a silent node becomes suspect and then dead (``RuntimeConfig.health``)."""
 
     suspect_after_s: float = 2.0
     """No answer for this long: no new requests (a frozen or overloaded node)."""

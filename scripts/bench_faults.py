@@ -24,7 +24,6 @@ tokens/s before, in the minute after and for the rest, beside the same run witho
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import signal
@@ -40,22 +39,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SECTION = "## Failures (`scripts/bench_faults.py`)"
-
-
-def branching_plan(kv_tokens: int = 8192):
-    """cpu-0 [0,4) -> cpu-1 [2,8) (twice the flow) or cpu-2 [4,8): the demo model's 8 layers, float32,
-    ``kv_tokens`` of KV per worker (the serving tests' plan)."""
-    from helix.plan import ArcFlow, NodePlacement, Plan
-    from helix.serving import ServingLimits, ServingSpec
-    plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 2, 8),
-                            NodePlacement("cpu-2", 4, 8)),
-                arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 200.0),
-                           ArcFlow("cpu-0", "cpu-2", 100.0), ArcFlow("cpu-1", "coordinator", 200.0),
-                           ArcFlow("cpu-2", "coordinator", 100.0)),
-                max_flow_tokens_per_s=300.0, method="bench")
-    pools = {p.node: kv_tokens for p in plan.placements}
-    return dataclasses.replace(plan, serving=ServingLimits.of(ServingSpec(), "float32", pools))
 
 
 class Stack:
@@ -242,6 +225,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     ckpt = Path(tempfile.mkdtemp(prefix="helix-bench-faults-"))
     write_tiny_checkpoint(ckpt)
+    from tests.builders.serving import branching_plan   # the serving tests' plan
     plan = branching_plan()
     rows = []
     for name, sig in (("kill -9", signal.SIGKILL), ("kill -STOP", signal.SIGSTOP)):

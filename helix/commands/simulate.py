@@ -119,8 +119,8 @@ def simulate(
 def _failure(text: str, detect_s: float, spec):
     """``NODE@T`` or ``NODE@T+DOWN`` as a :class:`~helix.sim.engine.NodeFailure`."""
     from helix.sim.engine import NodeFailure
-    node, at, rest = text.partition("@")[0], text.partition("@")[2], None
-    at, _, rest = at.partition("+")
+    node, _, when = text.partition("@")
+    at, _, rest = when.partition("+")
     try:
         at_s = float(at)
         down_s = float(rest) if rest else None

@@ -54,7 +54,6 @@ def bind_http(host: str, port: int, flag: str = "--port") -> socket.socket:
         why = ("already in use" if exc.errno == errno.EADDRINUSE else
                "not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else exc.strerror)
         raise HelixUserError(f"{flag} {port}: cannot listen on {host}:{port}: {why}") from None
-    sock.set_inheritable(True)
     return sock
 
 

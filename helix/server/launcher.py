@@ -201,11 +201,10 @@ def _bounded(fn, timeout_s: float, what: str) -> None:
             done.set()
         _PARKED.wait()
     # Ray warns that it set no SIGTERM handler outside the main thread; the server has its own.
-    quiet = _DropMessage("SIGTERM handler is not set")
     ray_log = logging.getLogger("ray")
-    ray_log.addFilter(quiet)
-    for handler in ray_log.handlers:
-        handler.addFilter(quiet)
+    for target in (ray_log, *ray_log.handlers):
+        if _QUIET not in target.filters:
+            target.addFilter(_QUIET)
     threading.Thread(target=run, name="helix-ray-init", daemon=True).start()
     if not done.wait(timeout_s):
         raise HelixUserError(f"{what} did not answer within {timeout_s:.0f} s")
@@ -220,6 +219,9 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.text not in record.getMessage()
+
+
+_QUIET = _DropMessage("SIGTERM handler is not set")
 
 
 def _last_line(exc: BaseException) -> str:

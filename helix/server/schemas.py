@@ -144,10 +144,7 @@ class CompletionRequest(_Sampling):
         LangChain's batches send, one choice each)."""
         p: Any = self.prompt
         many = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
-        for one in many:
-            if isinstance(one, list) and not one:
-                raise HelixUserError("the prompt is empty")
-        if not many or (isinstance(p, list) and not p):
+        if any(isinstance(one, list) and not one for one in many):   # [] or [[1], []]
             raise HelixUserError("the prompt is empty")
         return many
 

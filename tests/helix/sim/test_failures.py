@@ -83,7 +83,9 @@ def test_a_node_back_before_anyone_noticed_still_loses_nothing():
     assert r.requests_moved >= 1 and not sim.active
 
 
-def test_a_detection_of_an_earlier_outage_does_not_act_on_a_later_one():
+def test_two_outages_of_one_node_lose_nothing():
+    """The first outage's detection is due during the second outage; every request still ends,
+    each token counted once."""
     early = NodeFailure("B", at_s=1.0, down_for_s=0.5, detect_s=3.0)    # back at 1.5, detected "at 4"
     late = NodeFailure("B", at_s=3.5, detect_s=2.0)                      # down again at 3.5 for good
     sim, r, workload = _run((early, late), n=80, mode="online", gap_s=0.1)
