@@ -87,18 +87,25 @@ def _wait_kv_free(servers, timeout_s=10.0):
 
 
 def test_cancel_mid_stream_frees_kv_on_every_stage(served):
+    """Cancel after the first streamed token: the request ends 'abort' and every stage frees its KV.
+    The tiny model can finish all 400 tokens before a starved test thread calls cancel (the events
+    queue does not wait for the reader); such a run proves nothing about cancel, so it is tried again."""
     coord, servers = served
-    h = coord.submit(coord.codec.encode(PROMPTS[2]), SamplingParams(temperature=0, max_tokens=400,
-                                                                      ignore_eos=True))
-    seen = 0
-    for ev in h.events(timeout_s=30):
-        seen += isinstance(ev, Delta)
-        if seen == 3:
-            assert any(s.stats().kv_blocks_used > 0 for s in servers)
-            h.cancel()
-        if isinstance(ev, Done):
-            assert ev.finish_reason == "abort"
-    _wait_kv_free(servers)
+    for _ in range(5):
+        h = coord.submit(coord.codec.encode(PROMPTS[2]), SamplingParams(temperature=0, max_tokens=400,
+                                                                          ignore_eos=True))
+        events = h.events(timeout_s=30)
+        assert isinstance(next(events), Delta)
+        kv_in_use = any(s.stats().kv_blocks_used > 0 for s in servers)
+        h.cancel()
+        done = [ev for ev in events if isinstance(ev, Done)]
+        assert len(done) == 1
+        _wait_kv_free(servers)
+        if done[0].finish_reason == "abort":
+            assert kv_in_use, "a running request held no KV"
+            return
+        assert done[0].finish_reason == "length"
+    pytest.fail("400 tokens always finished before cancel reached the coordinator")
 
 
 def test_seeded_sampling_is_reproducible(served):
