@@ -13,4 +13,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.serve",
     "helix.commands.bench",
     "helix.commands.profile",
+    "helix.commands.keys",
 )

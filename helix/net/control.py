@@ -8,11 +8,19 @@ message; any other exception answers ``INTERNAL`` with its text (and is a bug on
 Two services use it: ``helix.Worker`` (configure slice and peers, health, stats, drain, shutdown;
 :mod:`worker.server`) and ``helix.Coordinator`` (worker registration and the native streaming
 generate API; :mod:`coordinator.grpc_api`).
+
+With :class:`~helix.net.keys.ClusterKeys`, servers speak TLS with the cluster's certificate and every
+call must carry ``authorization: Bearer TOKEN`` (compared in constant time; otherwise
+``UNAUTHENTICATED`` and a log line naming the method and the peer), except the methods a server
+names open (the coordinator's client API, which ``--api-key`` guards); clients trust only that
+certificate and send the token. Without keys: plain HTTP/2, for loopback.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -21,6 +29,9 @@ import grpc
 
 from helix.errors import HelixUserError
 from helix.net.data_plane import advertised_host
+from helix.net.keys import TLS_SERVER_NAME, ClusterKeys
+
+log = logging.getLogger("helix.net")
 
 WORKER_SERVICE = "helix.Worker"
 COORDINATOR_SERVICE = "helix.Coordinator"
@@ -116,14 +127,49 @@ class ControlServer:
         self.server.stop(grace_s).wait(timeout=grace_s + 2.0)
 
 
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses every call without the cluster's bearer token, except ``open_methods``."""
+
+    def __init__(self, token: str, open_methods: frozenset[str]) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._open = open_methods
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or details.method.rsplit("/", 1)[-1] in self._open:
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(given.encode(), self._expected):
+            return handler
+        method = details.method
+
+        def refuse(_request, context):
+            log.warning("refused gRPC %s from %s: %s cluster token", method, context.peer(),
+                        "a wrong" if given else "no")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "this call needs the cluster's token (helix keys; --keys DIR)")
+
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 def start_server(handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1", port: int = 0,
-                 max_workers: int = 16) -> ControlServer:
-    """Start a gRPC server on ``host:port`` (0 = any free port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+                 max_workers: int = 16, keys: ClusterKeys | None = None,
+                 open_methods: tuple[str, ...] = ()) -> ControlServer:
+    """Start a gRPC server on ``host:port`` (0 = any free port). With ``keys``: TLS, and the cluster
+    token on every method but ``open_methods`` (names without the service)."""
+    interceptors = [_TokenCheck(keys.token, frozenset(open_methods))] if keys is not None else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
+                         interceptors=interceptors)
     for h in handlers:
         server.add_generic_rpc_handlers((h,))
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if keys is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            credentials = grpc.ssl_server_credentials([(keys.tls_key_pem, keys.tls_cert_pem)])
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:   # grpcio >= 1.5x raises where older versions returned 0
         bound = 0
     if bound == 0:
@@ -133,14 +179,34 @@ def start_server(handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1"
     return ControlServer(server, f"{advertised_host(host)}:{bound}")
 
 
-class ControlClient:
-    """Calls one gRPC service at ``address`` with JSON messages; every call has a deadline."""
+def tls_channel_options(cert_pem: bytes) -> tuple[grpc.ChannelCredentials, list]:
+    """TLS trusting only ``cert_pem``, checked against :data:`TLS_SERVER_NAME` whatever address is
+    dialled; (credentials, channel options)."""
+    return (grpc.ssl_channel_credentials(root_certificates=cert_pem),
+            [("grpc.ssl_target_name_override", TLS_SERVER_NAME),
+             ("grpc.default_authority", TLS_SERVER_NAME)])
 
-    def __init__(self, address: str, service: str, default_timeout_s: float = 10.0) -> None:
+
+def open_channel(address: str, keys: ClusterKeys | None) -> grpc.Channel:
+    """A channel to a cluster member: plain without ``keys``; with them, TLS (the cluster's
+    certificate) and the token on every call."""
+    if keys is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    tls, options = tls_channel_options(keys.tls_cert_pem)
+    credentials = grpc.composite_channel_credentials(tls, grpc.access_token_call_credentials(keys.token))
+    return grpc.secure_channel(address, credentials, options=_OPTIONS + options)
+
+
+class ControlClient:
+    """Calls one gRPC service at ``address`` with JSON messages; every call has a deadline. With
+    ``keys``: over TLS, with the cluster token."""
+
+    def __init__(self, address: str, service: str, default_timeout_s: float = 10.0,
+                 keys: ClusterKeys | None = None) -> None:
         self.address = address
         self.service = service
         self.default_timeout_s = default_timeout_s
-        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self.channel = open_channel(address, keys)
 
     def call(self, method: str, request: dict | None = None, timeout_s: float | None = None) -> dict:
         rpc = self.channel.unary_unary(f"/{self.service}/{method}", request_serializer=to_json,

@@ -8,6 +8,9 @@ the engine's output to the socket without a Python-side copy.
 
 Sockets are not thread-safe: receiving belongs to the thread that calls :meth:`DataPlane.recv`;
 sending takes a lock, so several threads may send.
+
+With :class:`~helix.net.keys.ClusterKeys` every socket speaks CURVE (encrypted; the receiver admits
+only the cluster's senders, see :mod:`helix.net.curve`); without, plain TCP, for loopback.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Mapping
 
 import zmq
 
+from helix.net.curve import CurveGate, secure_sender
+from helix.net.keys import ClusterKeys
 from helix.net.wire import INLINE_MAX_BYTES, Message, decode, encode, frames_after
 
 
@@ -40,11 +45,20 @@ class DataPlane:
     """One endpoint of the data plane: a bound PULL socket and PUSH sockets to named peers."""
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None,
-                 context: zmq.Context | None = None) -> None:
-        self._ctx = context or zmq.Context.instance()
+                 context: zmq.Context | None = None, keys: ClusterKeys | None = None) -> None:
+        """``keys``: CURVE on every socket (the plane then has a context of its own, since a
+        context has one ZAP handler); None: plain TCP."""
+        if keys is not None and context is not None:
+            raise ValueError("a DataPlane with keys makes its own context (one ZAP handler each)")
+        self.keys = keys
+        self._own_ctx = keys is not None
+        self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
+        self._gate = CurveGate(self._ctx, keys) if keys is not None else None
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)
         self._pull.setsockopt(zmq.LINGER, 0)
+        if self._gate is not None:
+            self._gate.secure(self._pull)
         if port is None or port == 0:
             port = self._pull.bind_to_random_port(f"tcp://{host}")
         else:
@@ -84,6 +98,8 @@ class DataPlane:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
+            if self.keys is not None:
+                secure_sender(sock, self.keys)
             sock.connect(self._peers[peer])
             self._push[peer] = sock
         return sock
@@ -131,4 +147,8 @@ class DataPlane:
             for sock in self._push.values():
                 sock.close(linger=int(linger_s * 1000))
             self._push.clear()
+        if self._gate is not None:
+            self._gate.close()
         self._pull.close(linger=0)
+        if self._own_ctx:   # waits for what the PUSH sockets still hold, up to their linger
+            self._ctx.term()
