@@ -10,8 +10,12 @@
   ``Coordinator.submit``), a full queue ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a
   request that failed on a worker ``INTERNAL``.
 - ``Register``: a worker started outside Ray (``helix worker``) announces ``{"node", "control",
-  "data"}``; ``helix serve`` waits for the nodes it was told are external.
+  "data"}``; ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
+  (``--keys``) it needs the cluster token, as every worker call does (:mod:`helix.net.control`).
 - ``Info``: the served model and nodes.
+
+``Generate`` and ``Info`` (:data:`CLIENT_METHODS`) are the client API: ``--api-key`` guards them, as
+it guards the HTTP API, not the cluster token.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from helix.net.control import COORDINATOR_SERVICE, service_handler
 from helix.net.sampling import SamplingParams
 
 log = logging.getLogger("helix.coordinator")
+
+#: Methods clients call (not cluster members): open to callers without the cluster token.
+CLIENT_METHODS = ("Generate", "Info")
 
 
 class Registry:

@@ -50,7 +50,7 @@ class Membership:
             raise HelixUserError(f"node {w.node!r} is not in the plan; nodes: {sorted(self.workers)}")
         if self.workers[w.node] == w:
             return   # the same process registering twice (a retried call): nothing changed
-        client = ControlClient(w.control_address, WORKER_SERVICE)
+        client = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
         reply = self._configure(w, self._engine, client)
         with self._lock:
             # A new process replaces the node: whatever the old one held is gone with it (it may

@@ -46,6 +46,7 @@ from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from helix.net.stats import WorkerStats
 from helix.net.data_plane import DataPlane
+from helix.net.keys import ClusterKeys
 from helix.net.wire import Failures, Hop, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError, WireInput
 
 log = logging.getLogger("helix.coordinator")
@@ -146,7 +147,9 @@ class Coordinator(Membership):
 
     def __init__(self, plan: Plan, model_path: str, config: RuntimeConfig = RuntimeConfig(),
                  codec: TextCodec | None = None, host: str = "127.0.0.1",
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, keys: ClusterKeys | None = None) -> None:
+        """``keys``: CURVE on the data plane, TLS and the cluster token to the workers' control
+        services (the workers need the same keys); None: plain sockets."""
         self.serving = check_serving(plan)
         overridden = sorted(set(config.engine) & set(PLAN_ENGINE_OPTIONS))
         if overridden:
@@ -159,7 +162,8 @@ class Coordinator(Membership):
         if config.max_model_len is not None:
             self.codec.cap_context(config.max_model_len)
         self.observer = observer
-        self.data = DataPlane(host)
+        self.keys = keys
+        self.data = DataPlane(host, keys=keys)
         self.workers: dict[str, WorkerHandle] = {}
         self.clients: dict[str, ControlClient] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -198,7 +202,7 @@ class Coordinator(Membership):
             raise HelixUserError(f"no worker for plan node(s) {sorted(missing)}")
         for w in workers:
             self.workers[w.node] = w
-            self.clients[w.node] = ControlClient(w.control_address, WORKER_SERVICE)
+            self.clients[w.node] = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
         engine = self._engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
         with ThreadPoolExecutor(max_workers=len(workers)) as pool:
             replies = dict(zip([w.node for w in workers],

@@ -18,6 +18,9 @@ The server validates the values: a bad one raises :class:`ClientError` with its 
 
 Leaving a stream early (``break``, closing the generator) cancels the request on the server, which frees
 its KV cache on every stage.
+
+A server started with ``--keys DIR`` speaks TLS: pass ``tls_cert="DIR/grpc.crt"`` (the certificate
+only; the client needs no secret key).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -154,13 +158,28 @@ def _join(chunks: list[StreamChunk]) -> Completion:
 class Client:
     """Talks to ``helix serve``'s gRPC port (``host:port``, optionally prefixed ``grpc://``)."""
 
-    def __init__(self, url: str, timeout_s: float = 300.0, api_key: str | None = None) -> None:
-        """``api_key``: the server's ``--api-key`` (sent as ``authorization: Bearer KEY``)."""
+    def __init__(self, url: str, timeout_s: float = 300.0, api_key: str | None = None,
+                 tls_cert: str | Path | bytes | None = None) -> None:
+        """``api_key``: the server's ``--api-key`` (sent as ``authorization: Bearer KEY``);
+        ``tls_cert``: the certificate of a server started with ``--keys DIR`` (``DIR/grpc.crt``, a
+        path or its PEM bytes): TLS, trusting only it."""
         self.target = url.removeprefix("grpc://")
         self.timeout_s = timeout_s
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
-        self._channel = grpc.insecure_channel(self.target)
+        self._tls = None
+        if tls_cert is not None:
+            from helix.net.control import tls_channel_options
+            pem = tls_cert if isinstance(tls_cert, bytes) else Path(tls_cert).read_bytes()
+            self._tls = tls_channel_options(pem)
+        self._channel = self._open(grpc)
         self._aio_channel: grpc.aio.Channel | None = None
+
+    def _open(self, module):
+        """A channel from ``module`` (``grpc`` or ``grpc.aio``): TLS when a certificate was given."""
+        if self._tls is None:
+            return module.insecure_channel(self.target)
+        credentials, options = self._tls
+        return module.secure_channel(self.target, credentials, options=options)
 
     def stream(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
                stop: str | Sequence[str] | None = None, **kwargs) -> Iterator[StreamChunk]:
@@ -183,7 +202,7 @@ class Client:
     async def astream(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
                       stop: str | Sequence[str] | None = None, **kwargs) -> AsyncIterator[StreamChunk]:
         if self._aio_channel is None:
-            self._aio_channel = grpc.aio.insecure_channel(self.target)
+            self._aio_channel = self._open(grpc.aio)
         rpc = self._aio_channel.unary_stream(f"/{_SERVICE}/Generate", request_serializer=_ser,
                                              response_deserializer=_de)
         call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s,

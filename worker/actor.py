@@ -25,15 +25,19 @@ class WorkerActor:
     the coordinator loads its slice and routes to it again."""
 
     def __init__(self, node: str, model_path: str, host: str = "127.0.0.1",
-                 torch_threads: int | None = 1, coordinator_address: str | None = None) -> None:
+                 torch_threads: int | None = 1, coordinator_address: str | None = None,
+                 keys=None) -> None:
+        """``keys``: the cluster's :class:`~helix.net.keys.ClusterKeys` (an actor argument, never
+        logged: its repr names no secret); None: plain sockets."""
         from worker.server import WorkerServer
-        self.server = WorkerServer(node, model_path, host=host, torch_threads=torch_threads)
+        self.keys = keys
+        self.server = WorkerServer(node, model_path, host=host, torch_threads=torch_threads, keys=keys)
         if coordinator_address:
             self._register(coordinator_address)
 
     def _register(self, address: str, attempts: int = 5) -> None:
         from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError
-        client = ControlClient(address, COORDINATOR_SERVICE)
+        client = ControlClient(address, COORDINATOR_SERVICE, keys=self.keys)
         try:
             for attempt in range(attempts):
                 try:

@@ -36,6 +36,7 @@ from helix.net.stats import WorkerStats
 from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from helix.net.io_types import StageInput, StageOutput
 from helix.net.data_plane import DataPlane
+from helix.net.keys import ClusterKeys
 from helix.net.wire import (Failure, Failures, InputBatch, Release, Route, TokenBatch, TokenEvent, WireError,
                          WireInput)
 
@@ -59,12 +60,14 @@ class WorkerServer:
     """Serves one slice of ``model_path`` as node ``node``."""
 
     def __init__(self, node: str, model_path: str, host: str = "127.0.0.1", data_port: int = 0,
-                 control_port: int = 0, torch_threads: int | None = None) -> None:
+                 control_port: int = 0, torch_threads: int | None = None,
+                 keys: ClusterKeys | None = None) -> None:
+        """``keys``: CURVE on the data plane, TLS and the cluster token on every control call."""
         self.node = node
         self.model_path = model_path
         self.torch_threads = torch_threads
         self.engine: SliceEngine | None = None
-        self.data = DataPlane(host, data_port)
+        self.data = DataPlane(host, data_port, keys=keys)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,7 +78,7 @@ class WorkerServer:
         self._last_ok: float | None = None
         self._last_error: str | None = None
         self._draining = False
-        self.control: ControlServer = start_server([self._handler()], host, control_port)
+        self.control: ControlServer = start_server([self._handler()], host, control_port, keys=keys)
 
     # --- control ----------------------------------------------------------------------------------
     @property

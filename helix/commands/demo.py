@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -114,6 +115,10 @@ def run_demo(cache_dir: str | Path | None = None, num_requests: int = 16, max_to
     log(f"checkpoint: {ckpt}")
     plan = plan_local3(spec_path)
     log(describe_plan(plan))
+    if not os.environ.get("RAY_ADDRESS"):
+        # The demo's own throwaway local Ray, on loopback: without Ray's token authentication
+        # (which would write ~/.ray/auth_token). `helix serve` leaves Ray's default (token) alone.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stack = ServeStack(plan, str(ckpt), ServeOptions(model_name="tiny-llama"), progress=log).start()
     try:
         http = HttpThread(stack.app)

@@ -28,7 +28,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
           max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
           request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)"),
-          strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)")) -> None:
+          strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)"),
+          keys: Optional[Path] = typer.Option(None, "--keys", help="folder made by `helix keys`: encrypt and authenticate the data plane (ZeroMQ CURVE) and the control plane (gRPC TLS + cluster token) between coordinator and workers; Ray workers get the keys from here, `helix worker` needs --keys too")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
@@ -41,10 +42,14 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
         raise HelixUserError("--api-key must not be empty")
     if api_key_health and api_key is None:
         raise HelixUserError("--api-key-health needs --api-key")
-    if api_key is not None and host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo("warning: --api-key guards the HTTP API and the gRPC Generate call; worker "
-                   "registration and the data plane are not authenticated yet: keep the gRPC and "
-                   "worker ports on a private network", err=True)
+    from helix.net.keys import ClusterKeys
+    cluster_keys = ClusterKeys.load(keys) if keys is not None else None
+    exposed = sorted({h for h in (host, worker_host) if not _loopback(h)})
+    if exposed and cluster_keys is None:
+        typer.echo(f"warning: serving on {', '.join(exposed)} without --keys: anyone who reaches "
+                   "the gRPC or data-plane ports can register a worker, reconfigure one or inject "
+                   "hidden states, in clear text; make keys with `helix keys DIR` and pass --keys DIR "
+                   "(here and to every `helix worker`)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
@@ -53,7 +58,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                                                  max_model_len=max_model_len),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
                                             max_body_bytes=max_request_bytes,
-                                            body_timeout_s=request_body_timeout, strict=strict))
+                                            body_timeout_s=request_body_timeout, strict=strict),
+                           keys=cluster_keys)
     the_plan = Plan.load(plan)
     sock = bind_http(host, port)   # before any worker starts: a port in use fails in a second
     # Sweeps up every process this command started (a local Ray's included) once it exits, even
@@ -78,19 +84,25 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
            host: str = typer.Option("127.0.0.1", help="address this worker binds (reachable by the others)"),
            data_port: int = typer.Option(0, help="ZeroMQ data-plane port (0 = any)"),
            control_port: int = typer.Option(0, help="gRPC control port (0 = any)"),
-           register_timeout_s: float = typer.Option(60.0, help="how long to retry registering")) -> None:
+           register_timeout_s: float = typer.Option(60.0, help="how long to retry registering"),
+           keys: Optional[Path] = typer.Option(None, "--keys", help="the folder `helix serve --keys` uses (copied here): CURVE on the data plane, TLS and the cluster token on gRPC")) -> None:
     """Run one worker outside Ray: register with the coordinator over gRPC and serve until told to stop."""
     from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError
+    from helix.net.keys import ClusterKeys
     from worker.server import WorkerServer
-    server = WorkerServer(node, str(model), host, data_port, control_port)
-    client = ControlClient(coordinator, COORDINATOR_SERVICE)
+    cluster_keys = ClusterKeys.load(keys) if keys is not None else None
+    if cluster_keys is None and not _loopback(host):
+        typer.echo(f"warning: worker on {host} without --keys: its ports take anyone's data and "
+                   "control messages, in clear text", err=True)
+    server = WorkerServer(node, str(model), host, data_port, control_port, keys=cluster_keys)
+    client = ControlClient(coordinator, COORDINATOR_SERVICE, keys=cluster_keys)
     deadline = time.monotonic() + register_timeout_s
     while True:
         try:
             client.call("Register", server.addresses, timeout_s=5.0)
             break
         except ControlError as exc:
-            if time.monotonic() > deadline:
+            if exc.code.name == "UNAUTHENTICATED" or time.monotonic() > deadline:
                 server.shutdown()
                 raise HelixUserError(f"cannot register with the coordinator at {coordinator}: {exc.details}")
             time.sleep(1.0)
@@ -117,6 +129,10 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
     typer.echo(format_report(report))
     if report.mismatches:
         raise typer.Exit(1)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def register(app: typer.Typer) -> None:

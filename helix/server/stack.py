@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.grpc_api import CoordinatorService, Registry
+from coordinator.grpc_api import CLIENT_METHODS, CoordinatorService, Registry
 from helix.server.launcher import LaunchConfig, RayLauncher
 from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
 from coordinator.textcodec import TextCodec
@@ -25,6 +25,7 @@ from helix.server.app import create_app
 from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
 from helix.net.control import ControlServer, start_server
+from helix.net.keys import ClusterKeys
 
 log = logging.getLogger("helix.serve")
 
@@ -45,6 +46,9 @@ class ServeOptions:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     http: HttpOptions = field(default_factory=HttpOptions)
     """API key and request-body limits of the OpenAI API."""
+    keys: ClusterKeys | None = None
+    """The cluster's keys (``--keys DIR``): CURVE on the data plane, TLS and the cluster token on
+    the control plane (worker calls and registration), handed to the Ray workers; None: plain."""
 
 
 def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
@@ -90,19 +94,21 @@ class ServeStack:
         return self
 
     def _start(self) -> None:
-        self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port)
+        # Generate and Info are the client API: --api-key guards them, as it guards HTTP.
+        self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port,
+                                 keys=self.options.keys, open_methods=CLIENT_METHODS)
         codec = TextCodec(self.model_path)   # fail fast on a checkpoint without a tokenizer
         if self.options.runtime.max_model_len is not None:   # and on a cap it cannot serve
             codec.cap_context(self.options.runtime.max_model_len)
         ray_nodes = [p.node for p in self.plan.placements if p.node not in self.options.external_nodes]
-        handles = (self.launcher.start(ray_nodes, self.model_path, self.grpc.address)
+        handles = (self.launcher.start(ray_nodes, self.model_path, self.grpc.address, self.options.keys)
                    if ray_nodes else [])
         if self.options.external_nodes:
             log.info("waiting for external workers %s to register at %s", self.options.external_nodes,
                      self.grpc.address)
             handles += self.registry.wait(self.options.external_nodes, self.options.register_timeout_s)
         self.coordinator = Coordinator(self.plan, self.model_path, self.options.runtime, codec,
-                                       self.options.host, observer=self.metrics)
+                                       self.options.host, observer=self.metrics, keys=self.options.keys)
         self.progress(f"loading each worker's slice of {Path(self.model_path).name} ...")
         self.coordinator.attach(handles)
         self.service.coordinator = self.coordinator

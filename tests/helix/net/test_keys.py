@@ -79,3 +79,11 @@ def test_load_refuses_what_is_missing_or_readable_by_others(tmp_path):
         ClusterKeys.load(folder)
     with pytest.raises(HelixUserError, match="no such folder"):
         ClusterKeys.load(tmp_path / "nowhere")
+
+
+def test_serve_and_worker_refuse_a_missing_keys_folder(tmp_path, capsys):
+    for args in (["serve", "plan.yaml", "--model", str(tmp_path)],
+                 ["worker", "--coordinator", "127.0.0.1:1", "--node", "n", "--model", str(tmp_path)]):
+        assert main([*args, "--keys", str(tmp_path / "nowhere")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no such folder" in err[0] and "helix keys" in err[0]
