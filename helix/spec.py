@@ -236,6 +236,7 @@ class ClusterSpec(_Frozen):
     _base_dir: Path | None = PrivateAttr(default=None)
     _directed: dict[tuple[str, str], NodeLink] = PrivateAttr(default_factory=dict)
     _undirected: dict[frozenset[str], NodeLink] = PrivateAttr(default_factory=dict)
+    _by_name: dict[str, NodeSpec] = PrivateAttr(default_factory=dict)
 
     @field_validator("dtype")
     @classmethod
@@ -252,6 +253,8 @@ class ClusterSpec(_Frozen):
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> "ClusterSpec":
         _check_cluster(self)
+        # Names are unique (checked above); link() looks both ends up for every pair of nodes.
+        self._by_name = {n.name: n for n in self.nodes}
         for link in self.links:  # the first entry for a pair wins
             if link.between is not None:
                 self._undirected.setdefault(frozenset(link.between), link)
@@ -288,10 +291,7 @@ class ClusterSpec(_Frozen):
         return self.coordinator.region or next(iter(self.regions))
 
     def node(self, name: str) -> NodeSpec:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._by_name[name]
 
     def region_of(self, vertex: str) -> str:
         if vertex == COORDINATOR:

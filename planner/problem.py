@@ -88,11 +88,27 @@ class PlacementProblem:
     layer_bytes: float = 0.0
     """Weight bytes of one layer (for infeasibility messages; 0 when unknown)."""
 
+    def __post_init__(self) -> None:
+        # node(name) is called per node of every flow graph: a scan would make those quadratic.
+        object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
+
     def node(self, name: str) -> NodeCapacity:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._by_name[name]  # type: ignore[attr-defined]
 
     def link(self, src: str, dst: str) -> Link | None:
         return self.links.get((src, dst))
+
+    def link_totals(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Total link capacity (tokens/s) into and out of every vertex, computed once per problem
+        (kept on the instance: hashing the problem for a cache costs more than the sum)."""
+        cached = self.__dict__.get("_link_totals")
+        if cached is None:
+            into: dict[str, float] = {}
+            out: dict[str, float] = {}
+            for (src, dst), link in self.links.items():
+                if src != dst:
+                    into[dst] = into.get(dst, 0.0) + link.capacity_tokens_per_s
+                    out[src] = out.get(src, 0.0) + link.capacity_tokens_per_s
+            cached = (into, out)
+            object.__setattr__(self, "_link_totals", cached)
+        return cached

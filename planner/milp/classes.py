@@ -56,7 +56,18 @@ def _signature(problem: PlacementProblem, node: NodeCapacity, label: dict[str, s
 
 
 def node_classes(problem: PlacementProblem) -> list[NodeClass]:
-    """Partition the nodes into classes of interchangeable nodes (refined until stable)."""
+    """Partition the nodes into classes of interchangeable nodes (refined until stable).
+
+    Computed once per problem and kept on it: the refinement compares every pair of nodes, seconds
+    at 1,000 nodes, and the warm starts and the class MILP each ask for it."""
+    cached = problem.__dict__.get("_node_classes")
+    if cached is None:
+        cached = _node_classes(problem)
+        object.__setattr__(problem, "_node_classes", cached)
+    return list(cached)
+
+
+def _node_classes(problem: PlacementProblem) -> list[NodeClass]:
     label = {n.name: repr((n.gpu, n.region, n.throughput_tokens_per_s, n.max_layers,
                            n.max_layers_first, n.max_layers_last, n.max_layers_first_last,
                            n.layer_latency_s, n.layer_latency_s_by_k)) for n in problem.nodes}

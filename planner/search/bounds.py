@@ -16,7 +16,6 @@ in-link totals.
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import lru_cache
 
 from planner.problem import COORDINATOR, NodeCapacity, PlacementProblem
 
@@ -30,20 +29,8 @@ def layer_counts(node: NodeCapacity, num_layers: int) -> list[int]:
             and (k < num_layers or node.max_layers_first_last >= num_layers)]
 
 
-@lru_cache(maxsize=16)
-def _link_totals(problem: PlacementProblem) -> tuple[dict[str, float], dict[str, float]]:
-    """Total link capacity into and out of every vertex (computed once per problem)."""
-    into: dict[str, float] = defaultdict(float)
-    out: dict[str, float] = defaultdict(float)
-    for (src, dst), link in problem.links.items():
-        if src != dst:
-            into[dst] += link.capacity_tokens_per_s
-            out[src] += link.capacity_tokens_per_s
-    return into, out
-
-
 def _link_total(problem: PlacementProblem, name: str, incoming: bool) -> float:
-    into, out = _link_totals(problem)
+    into, out = problem.link_totals()
     return (into if incoming else out).get(name, 0.0)
 
 
