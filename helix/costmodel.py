@@ -8,16 +8,55 @@ Three sources, most specific wins:
 3. otherwise the analytic roofline below.
 
 **Analytic one-layer time** for a batch of P prompt tokens (mean attention context ``c_p``) and D
-decode sequences (context ``c_d``) on a node of n GPUs of one kind, tensor parallel::
+decode sequences (context ``c_d``) on a node of n GPUs of one kind, tensor parallel. A layer runs
+as kernels one after another on the GPU's stream (GEMMs, then attention, ...), so each kernel
+family gets its own roofline and their times ADD (:class:`LayerWork`, :func:`work_time_s`)::
 
-    flops  = (P + D) * 2 * W  +  4 * H_q * (P * c_p + D * c_d)          # GEMMs + attention
-    bytes  = W * b  +  kv * (D * c_d + P)  +  A * (P + D)               # weights, KV read/write, acts
-    t      = max(flops / (n * peak * e_c), bytes / (n * bw * e_m))  +  overhead
-           + 2 all-reduces * (2 (n-1)/n * (P + D) * h * b / link  +  2 (n-1) * latency)   # if n > 1
+    t_linear  = max((P + D) * 2 W / (n peak e_c),  (W b + (A + kv) (P + D)) / (n bw e_m))
+    t_prompt  = 4 H_q P c_p / (n peak e_c)                       # prefill attention, tensor cores
+    t_decode  = D c_d kv (1 + (G - 1) rho) / (n bw e_m)           # paged decode attention
+    t         = t_linear + t_prompt + t_decode + overhead
+              + 2 all-reduces * (2 (n-1)/n * (P + D) * h * b / link  +  2 (n-1) * latency)  # n > 1
 
 with W the layer's matrix parameters, b bytes per element, H_q = heads x head_dim, kv the KV bytes
 per token per layer, A the activation bytes a token moves through memory in one layer, e_c and e_m
-the kind's achievable fractions of peak (calibrated, see ``helix.hardware``).
+the kind's achievable fractions of peak (calibrated, see ``helix.hardware``), G = query heads / KV
+heads and rho the kind's ``kv_reread_cost`` (:data:`~helix.hardware.DEFAULT_KV_REREAD_COST` for
+GPUs, 0 for the CPU kind: helix's own engine attends each KV head with its whole group at once).
+
+*Why a sum and not one max.* The earlier model took ``max(all flops / compute, all bytes / bw)``,
+which lets the decode attention's KV traffic hide under the GEMMs' compute. That never happens:
+the attention kernel starts when the GEMMs end. It matters once the GEMMs are compute bound (D
+past the ridge, ~190 sequences on an A100): there the KV read is paid on top.
+
+*Grouped-query attention (G > 1).* KV bytes per token shrink by G, but the decode kernel the
+profiles were measured with (vLLM's PagedAttention v1/v2, ``csrc/attention/attention_kernels.cu``)
+launches one thread block per (query head, sequence[, partition]); the G query heads of a group
+each read their KV head's blocks again (vLLM issue #1880: the kernel "does not leverage the
+benefits of MQA/GQA"; issue #15351 profiles >800 MB of L1<-L2 traffic for 64 MB of K and V at
+64 query / 8 KV heads). The first read comes from DRAM, the G - 1 re-reads mostly from L2, which
+is faster but not free: a re-read costs rho of a DRAM read. rho = 0.35 is read off a published
+kernel timing, vLLM PR #2744 (A100-40GB-PCIe, 64 query / 8 KV heads, head 128, context 1,024,
+PagedAttention v1): 37.5 us at 1 sequence, 68.6 us at 4, so 10.4 us per sequence, where the
+sequence's own KV (1,024 x 8 heads x 512 B = 4.2 MB) takes 3.0 us at 1,555 GB/s x 0.9: 3.45x,
+``1 + 7 rho = 3.45``. It cannot be fitted to the LLaMA-1 30B profiles (G = 1 there) and was not.
+A kernel that shares KV across a group (FlashAttention >= 2.5, FlashInfer) would have rho ~ 0.
+
+*What else grows with D, and is not modelled.* Per-sequence fixed costs per layer (block-table
+reads, a thread block's setup and reduction): the 30B decode slopes scale with 1 / bandwidth
+across kinds (A100 19 us per sequence per layer, L4 98, T4 101 at small D), leaving at most
+~2 us per sequence that does not; below the fit's noise. Sampling is once per step (last stage),
+not per layer: ``helix profile`` measures it in the step's fixed cost. The attention kernel's
+launch and tail (~30 us at small contexts, ONNX Runtime's FA2 paged-decode benchmark, onnxruntime
+PR #21414) sit in ``overhead``.
+
+*Checked* (``scripts/bench_costmodel.py``, BENCHMARKS.md) against the 30B profiles, prompt and
+decode apart: in sample, and leave one GPU kind out (factors fitted on the other kinds). The
+profiles have no context column; decode points are compared at 832 tokens, the best fit (the
+one-max model fitted best at 1,024). Measured GQA 70B profiles held back from us show decode
+growing with D about 2x faster than the one-max model on an A100 at 400 sequences, with prompt
+times within a few per cent; this model predicts 2.2x the one-max model there and the same prompt
+times (the sum adds ~1.3x, the re-reads the rest).
 
 **KV capacity** of a node holding k layers: ``(VRAM * utilization - k * layer bytes - embedding (if
 first) - LM head (if last) - workspace) / (k * kv)`` tokens, i.e. how many tokens can have KV on
@@ -100,31 +139,65 @@ from helix.spec import ClusterSpec, NodeSpec, ServingSpec, WorkloadSpec
 WORKSPACE_BYTES_PER_GPU = 0.5 * GiB
 
 
+@dataclass(frozen=True)
+class LayerWork:
+    """What one decoder layer asks of the hardware in one step, by kernel family (they run one
+    after another on the GPU's stream, so their times add). Totals over all GPUs of the node."""
+
+    linear_flops: float
+    """GEMMs (q/k/v/o projections, MLP): 2 FLOPs per multiply-accumulate, tensor cores."""
+    linear_bytes: float
+    """Weights, activations and the KV written for the step's new tokens."""
+    prompt_attention_flops: float
+    """Prefill attention (QK^T and PV over the prompt), tensor cores."""
+    decode_attention_bytes: float
+    """KV that decode attention moves: each context token's KV, its GQA re-reads weighted."""
+    allreduce_bytes: float
+    """Hidden states of the step's tokens: one tensor-parallel all-reduce message."""
+
+
+def layer_work(model: ModelSpec, dtype_bytes: int, prompt_tokens: float, decode_seqs: float,
+               decode_context: float, prompt_context: float, kv_reread_cost: float) -> LayerWork:
+    """One layer's work for a step (formulas in the module docstring); ``kv_reread_cost`` is the
+    GPU kind's (:attr:`~helix.hardware.GpuKind.kv_reread_cost`)."""
+    b, tokens = dtype_bytes, prompt_tokens + decode_seqs
+    kv = model.kv_bytes_per_token_per_layer(b)
+    group = model.num_heads / model.num_kv_heads
+    # A token's activations are written and read by every op of the layer: ~2 x (4 h + 3 ffn).
+    act_bytes = 2 * (4 * model.hidden_size + 3 * model.intermediate_size) * b
+    return LayerWork(
+        linear_flops=tokens * model.linear_flops_per_token_per_layer,
+        linear_bytes=model.layer_bytes(b) + (act_bytes + kv) * tokens,
+        prompt_attention_flops=prompt_tokens * model.attention_flops_per_token_per_layer(
+            prompt_context),
+        decode_attention_bytes=decode_seqs * decode_context * kv
+        * (1 + (group - 1) * kv_reread_cost),
+        allreduce_bytes=tokens * model.hidden_size * b)
+
+
+def work_time_s(work: LayerWork, gpu: GpuKind, num_gpus: int) -> float:
+    """Seconds for ``work`` on ``num_gpus`` GPUs of one kind, tensor parallel."""
+    n = num_gpus
+    flops = n * gpu.fp16_flops * gpu.compute_efficiency
+    bandwidth = n * gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency
+    t = max(work.linear_flops / flops, work.linear_bytes / bandwidth) \
+        + work.prompt_attention_flops / flops + work.decode_attention_bytes / bandwidth \
+        + gpu.layer_overhead_s
+    if n > 1:
+        ring = 2 * (n - 1) / n * work.allreduce_bytes / gpu.interconnect_bytes_per_s \
+            + 2 * (n - 1) * gpu.allreduce_latency_s
+        t += 2 * ring  # one all-reduce after attention, one after the MLP
+    return t
+
+
 def analytic_layer_time_s(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_bytes: int,
                           prompt_tokens: float, decode_seqs: float, decode_context: float,
                           prompt_context: float) -> float:
     """Roofline time of one decoder layer for one step (formula in the module docstring)."""
-    tokens = prompt_tokens + decode_seqs
-    if tokens <= 0:
+    if prompt_tokens + decode_seqs <= 0:
         return 0.0
-    n = num_gpus
-    hq = model.num_heads * model.head_dim
-    kv = model.kv_bytes_per_token_per_layer(dtype_bytes)
-    flops = tokens * model.linear_flops_per_token_per_layer \
-        + 4.0 * hq * (prompt_tokens * prompt_context + decode_seqs * decode_context)
-    # A token's activations are written and read by every op of the layer: ~2 x (4 h + 3 ffn).
-    act_bytes = 2 * (4 * model.hidden_size + 3 * model.intermediate_size) * dtype_bytes
-    mem_bytes = model.layer_bytes(dtype_bytes) + kv * (decode_seqs * decode_context + prompt_tokens) \
-        + act_bytes * tokens
-    t_compute = flops / (n * gpu.fp16_flops * gpu.compute_efficiency)
-    t_memory = mem_bytes / (n * gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
-    t = max(t_compute, t_memory) + gpu.layer_overhead_s
-    if n > 1:
-        msg_bytes = tokens * model.hidden_size * dtype_bytes
-        ring = 2 * (n - 1) / n * msg_bytes / gpu.interconnect_bytes_per_s \
-            + 2 * (n - 1) * gpu.allreduce_latency_s
-        t += 2 * ring  # one all-reduce after attention, one after the MLP
-    return t
+    return work_time_s(layer_work(model, dtype_bytes, prompt_tokens, decode_seqs, decode_context,
+                                  prompt_context, gpu.kv_reread_cost), gpu, num_gpus)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Calibration of the analytic cost model against measured layer profiles.
+"""Calibration of the analytic cost model against measured layer profiles, in and out of sample.
 
 For every profile folder (LLaMA-1 30B, one layer, vLLM fp16 on real GPUs) the roofline predicts
-each measured point; prints median and worst relative error per GPU kind, with the calibrated
-efficiency factors and with the defaults a kind without a profile gets, and appends the table to
-BENCHMARKS.md.
+each measured point; prints median and worst relative error per folder, prompt and decode apart,
+with three sets of efficiency factors: the kind's catalog factors (in sample), factors fitted on
+the other GPU kinds (leave one kind out) and the defaults a kind without a profile gets. Then what
+the model predicts for one layer of a GQA model (LLaMA-2 70B) on an A100, decode and prompt,
+beside the previous model (one roofline max over all the layer's work, KV read once per KV head).
+Appends both tables to BENCHMARKS.md.
 
     python scripts/bench_costmodel.py [--profiles ../shared/data/profiles/llama1-30b] [--no-append]
 """
@@ -21,8 +24,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from helix.calibration import calibrate  # noqa: E402
-from helix.models import MODEL_CATALOG  # noqa: E402
+from helix.calibration import CalibrationRow, PhaseError, calibrate  # noqa: E402
+from helix.costmodel import analytic_layer_time_s, layer_work, work_time_s  # noqa: E402
+from helix.hardware import GpuKind, lookup_gpu  # noqa: E402
+from helix.models import MODEL_CATALOG, ModelSpec  # noqa: E402
+
+#: Decode context the profiles are compared at (they have none): the best fit of the current
+#: model over all folders (in sample); the previous model fitted best at 1,024.
+DEFAULT_DECODE_CONTEXT = 832
+PREVIOUS_DECODE_CONTEXT = 1024
+#: The previous model's A100 factors (compute, memory), fitted with its own formula.
+PREVIOUS_A100_FACTORS = (0.78, 0.90)
+GQA_SEQS = (1, 50, 100, 200, 400)
+GQA_PROMPTS = (250, 1000, 4000)
 
 
 def machine() -> str:
@@ -37,29 +51,84 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
+def previous_layer_time_s(model: ModelSpec, gpu: GpuKind, prompt_tokens: float,
+                          decode_seqs: float, decode_context: float,
+                          prompt_context: float) -> float:
+    """The model before the GQA change (commit 325731a), one GPU: ONE roofline max over all the
+    layer's work, decode attention reading each KV head's cache once, A100 factors 0.78 / 0.90."""
+    compute_eff, memory_eff = PREVIOUS_A100_FACTORS
+    tokens = prompt_tokens + decode_seqs
+    kv = model.kv_bytes_per_token_per_layer(2)
+    flops = tokens * model.linear_flops_per_token_per_layer + 4.0 * model.num_heads \
+        * model.head_dim * (prompt_tokens * prompt_context + decode_seqs * decode_context)
+    act_bytes = 2 * (4 * model.hidden_size + 3 * model.intermediate_size) * 2
+    mem_bytes = model.layer_bytes(2) + kv * (decode_seqs * decode_context + prompt_tokens) \
+        + act_bytes * tokens
+    return max(flops / (gpu.fp16_flops * compute_eff),
+               mem_bytes / (gpu.memory_bandwidth_bytes_per_s * memory_eff)) + gpu.layer_overhead_s
+
+
+def pct(e: PhaseError) -> str:
+    return f"{e.median:.1%} / {e.worst:.1%}"
+
+
+def calibration_table(rows: list[CalibrationRow]) -> str:
+    lines = ["| profile | GPU kind | GPUs | points (prompt + decode) | prompt, in sample | "
+             "decode, in sample | factors w/o this kind (compute, memory) | "
+             "prompt, leave kind out | decode, leave kind out | prompt, default factors | "
+             "decode, default factors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.folder} | {r.gpu} | {r.num_gpus} | {r.prompt_points} + "
+                     f"{r.decode_points} | {pct(r.prompt)} | {pct(r.decode)} | "
+                     f"{r.loko_factors[0]:.2f}, {r.loko_factors[1]:.2f} | {pct(r.prompt_loko)} | "
+                     f"{pct(r.decode_loko)} | {pct(r.prompt_default)} | {pct(r.decode_default)} |")
+    return "\n".join(lines)
+
+
+def gqa_table(decode_context: float) -> str:
+    model, a100 = MODEL_CATALOG["llama-2-70b"], lookup_gpu("A100-40G")
+    lines = ["| LLaMA-2 70B layer on A100-40G | previous model (ms) | this model (ms) | ratio | "
+             "this model without GQA re-reads (ms) |", "|---|---|---|---|---|"]
+    for d in GQA_SEQS:
+        old = previous_layer_time_s(model, a100, 0, d, PREVIOUS_DECODE_CONTEXT, 0)
+        new = analytic_layer_time_s(model, a100, 1, 2, 0, d, decode_context, 0)
+        once = work_time_s(layer_work(model, 2, 0, d, decode_context, 0, 0.0), a100, 1)
+        lines.append(f"| decode, {d} sequence{'s' * (d > 1)} | {old * 1e3:.2f} | {new * 1e3:.2f} | "
+                     f"{new / old:.2f}x | {once * 1e3:.2f} |")
+    for p in GQA_PROMPTS:
+        ctx = min(p, 763) / 2
+        old = previous_layer_time_s(model, a100, p, 0, 0, ctx)
+        new = analytic_layer_time_s(model, a100, 1, 2, p, 0, 0, ctx)
+        lines.append(f"| prompt, {p} tokens | {old * 1e3:.2f} | {new * 1e3:.2f} | "
+                     f"{new / old:.2f}x | {new * 1e3:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", type=Path,
                     default=ROOT.parent / "shared" / "data" / "profiles" / "llama1-30b")
-    ap.add_argument("--decode-context", type=float, default=1024)
+    ap.add_argument("--decode-context", type=float, default=DEFAULT_DECODE_CONTEXT,
+                    help="KV tokens each decode point attends over (the profiles do not say)")
     ap.add_argument("--no-append", action="store_true", help="print only")
     args = ap.parse_args()
+    load = os.getloadavg()[0]
     rows = calibrate(MODEL_CATALOG["llama-1-30b"], args.profiles, args.decode_context)
-    lines = ["| profile | GPU kind | GPUs | points | median err | worst err | "
-             "median err (default factors) | worst err (default factors) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.folder} | {r.gpu} | {r.num_gpus} | {r.points} | "
-                     f"{r.median_error:.1%} | {r.worst_error:.1%} | "
-                     f"{r.median_error_default:.1%} | {r.worst_error_default:.1%} |")
-    table = "\n".join(lines)
-    print(table)
+    table = calibration_table(rows)
+    gqa = gqa_table(args.decode_context)
+    print(table, gqa, sep="\n\n")
     if not args.no_append:
         cmd = "python scripts/bench_costmodel.py"
         with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write(f"\n## Cost model calibration (LLaMA-1 30B layer profiles)\n\n"
-                     f"`{cmd}` on {datetime.date.today()} ({machine()}); decode points compared at "
-                     f"a context of {args.decode_context:g} tokens.\n\n{table}\n")
+            fh.write(f"\n## Cost model calibration, prompt and decode apart (LLaMA-1 30B layer "
+                     f"profiles)\n\n`{cmd}` on {datetime.date.today()} ({machine()}, load average "
+                     f"{load:.1f}); decode points compared at a context of "
+                     f"{args.decode_context:g} tokens. Each cell: median / worst relative error."
+                     f"\n\n{table}\n\nOne layer of a grouped-query-attention model (64 query "
+                     f"heads, 8 KV heads), decode at {args.decode_context:g} tokens of context "
+                     f"(the previous model at its own best fit, {PREVIOUS_DECODE_CONTEXT}):\n\n"
+                     f"{gqa}\n")
     return 0
 
 

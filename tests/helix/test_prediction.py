@@ -119,7 +119,9 @@ def test_prediction_in_plan_json_and_yaml(tmp_path, capsys):
 
 def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     """single24: the max flow of the 'separate' placement sends A100 tokens through L4s; the
-    kind-chain routing does not, and the prediction prefers it (an A100 chain is ~5x faster)."""
+    kind-chain routing does not, and the prediction prefers it (an A100 chain is ~5x faster).
+    The margin was > 1.3x before decode attention paid for GQA's KV re-reads; the A100 stages,
+    which batch the most decodes, now step slower at those batches, so it is ~1.17x."""
     from helix.spec import load_cluster
     from planner.build import build_problem
     from planner.predicted import plan, routings
@@ -139,7 +141,7 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     assert chains[0].extras["routed_tokens_per_s"] <= found.max_flow_tokens_per_s * (1 + 1e-9)
     best = plan(spec, "separate")
     assert best.extras["routing"] == "kind chains"
-    assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.3
+    assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.1
 
 
 def test_a_slow_link_queues_prompts_ahead_of_decodes():

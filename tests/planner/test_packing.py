@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from helix.models import resolve_model
-from helix.spec import load_cluster
+from helix.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
 from planner.milp.solvers import HighsAdapter
 from planner.search.bounds import fixed_point_bound
@@ -36,11 +36,24 @@ def test_packing_never_refutes_a_flow_some_placement_serves(partial):
     assert tighter, "no tiny cluster where the packing bound is below the fixed point"
 
 
+def geo24_30b_frozen() -> ClusterSpec:
+    """geo24 with LLaMA-1 30B and the T(k) tables the cost model gave at commit 325731a (before
+    decode attention was added to the GEMMs and paid for GQA re-reads), frozen as explicit tables
+    (``data/geo24_llama1_30b_tk.json``) so that this instance stays the one the bound was built on:
+    with today's T(k) the packing bound equals the fixed point on geo24 30B."""
+    spec = load_cluster(str(REPO / "cluster_specs" / "geo24.yaml"))
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    data["model"] = "llama-1-30b"
+    data["performance"] = {"throughput_tables": json.loads(
+        (REPO / "tests" / "planner" / "data" / "geo24_llama1_30b_tk.json").read_text())}
+    return ClusterSpec.model_validate(data)
+
+
 def test_packing_beats_the_fixed_point_on_geo24_30b():
-    """geo24 with LLaMA-1 30B: k T(k) peaks at a few layers, so every layer needs several whole
-    nodes; the fixed point (21,437.5) lets capacity split at will, the packing LP refutes 21,100."""
-    problem = build_problem(load_cluster(str(REPO / "cluster_specs" / "geo24.yaml")),
-                            resolve_model("llama-1-30b"))
+    """geo24 with LLaMA-1 30B (frozen T(k)): k T(k) peaks at a few layers, so every layer needs
+    several whole nodes; the fixed point (21,437.5) lets capacity split at will, the packing LP
+    refutes 21,100."""
+    problem = build_problem(geo24_30b_frozen())
     fp = fixed_point_bound(problem)
     assert fp == pytest.approx(21437.5, rel=1e-3)
     assert verdict(problem, HighsAdapter(), 21100.0, 30.0) == "refuted"
