@@ -5,8 +5,9 @@ masking (:class:`~coordinator.kv_estimator.KVEstimator`), so a baseline never cr
 cache the Helix scheduler would have protected; they differ only in how the next hop is chosen:
 
 - ``helix``: IWRR per vertex over the max-flow arcs, weighted by their flows (Helix section 5).
-- ``swarm``: per node, the next hop with the lowest running average of observed per-hop delay
-  (SWARM parallelism's stochastic wiring, as the Helix paper's baseline). Unobserved hops first.
+- ``swarm``: per node, an interleaved weighted round robin over the next hops, each picked in
+  inverse proportion to its running average of observed delay (SWARM parallelism's stochastic
+  wiring, as the Helix artifact's simulator runs its Swarm baseline).
 - ``random``: uniformly random next hop (seeded).
 - ``shortest-queue``: the next hop with the fewest requests currently assigned to it.
 
@@ -220,25 +221,37 @@ class ShortestQueueScheduler(Scheduler):
 
 
 class SwarmScheduler(Scheduler):
-    """Lowest exponentially weighted running average of observed per-hop delay; ties by order."""
+    """SWARM parallelism's stochastic wiring as the Helix artifact's simulator runs it (its
+    ``SwarmScheduler``, after SWARM's appendix C): at every vertex an interleaved weighted round
+    robin over the next hops. Each hop carries a priority that grows by the hop's running average
+    of observed delay every time it is picked, and the hop with the lowest priority goes next, so
+    hops are picked in inverse proportion to their delay. Averages start at ``initial_s`` and move
+    by ``smoothing`` x (new - old) per observation; the driver reports a request's delay on a hop
+    once, on its first pass (the prompt), as the artifact does. Ties go to the first candidate."""
 
     name = "swarm"
     uses_hop_delays = True
 
-    def __init__(self, topology: Topology, kv: KVEstimator, smoothing: float = 0.1) -> None:
+    def __init__(self, topology: Topology, kv: KVEstimator, smoothing: float = 0.8,
+                 initial_s: float = 0.05) -> None:
         super().__init__(topology, kv)
         self.smoothing = smoothing
+        self.initial_s = initial_s
         self._delay_s: dict[tuple[str, str], float] = {}
+        self._priority: dict[tuple[str, str], float] = {}
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
-        delays = self._delay_s
-        # Unobserved hops read as 0 s, so every hop is tried before averages take over.
-        return min(candidates, key=lambda w: delays.get((vertex, w), 0.0))
+        priority = self._priority
+        initial = self.initial_s
+        w = min(candidates, key=lambda c: priority.get((vertex, c), initial))
+        key = (vertex, w)
+        priority[key] = priority.get(key, initial) + self._delay_s.get(key, initial)
+        return w
 
     def observe_hop(self, src: str, dst: str, delay_s: float) -> None:
         key = (src, dst)
-        old = self._delay_s.get(key)
-        self._delay_s[key] = delay_s if old is None else old + self.smoothing * (delay_s - old)
+        old = self._delay_s.get(key, self.initial_s)
+        self._delay_s[key] = old + self.smoothing * (delay_s - old)
 
 
 def make_scheduler(name: str, plan: Plan, kv: KVEstimator, seed: int = 0,

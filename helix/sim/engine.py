@@ -355,7 +355,7 @@ class Simulator(FailureHandlers):
             if entry is None:
                 continue  # finished while this step ran
             req, idx = entry
-            if self._observe_hops:
+            if self._observe_hops and end == req.prompt_tokens:   # its first pass: the prompt
                 prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
                 self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
             if idx + 1 < len(req.workers):

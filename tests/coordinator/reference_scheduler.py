@@ -75,6 +75,7 @@ class ReferenceScheduler:
         self.assigned = {n: 0 for t in self.topologies for n in t.ranges}
         self.pipelines: dict = {}
         self.delays: dict = {}
+        self.priority: dict = {}
         self.rng = random.Random(seed)
         self.iwrr = {}
         if isinstance(real, HelixScheduler):
@@ -93,7 +94,12 @@ class ReferenceScheduler:
             return candidates[self.rng.randrange(len(candidates))]
         if self.name == "shortest-queue":
             return min(candidates, key=lambda n: self.assigned.get(n, 0))
-        return min(candidates, key=lambda w: self.delays.get((vertex, w), 0.0))
+        # SWARM's interleaved weighted round robin: lowest priority first, which grows by the
+        # hop's delay average at every pick.
+        w = min(candidates, key=lambda c: self.priority.get((vertex, c), 0.05))
+        self.priority[(vertex, w)] = self.priority.get((vertex, w), 0.05) + \
+            self.delays.get((vertex, w), 0.05)
+        return w
 
     def _choose_fallback(self, vertex, candidates):
         iwrr = self.iwrr.get(vertex)
@@ -120,6 +126,6 @@ class ReferenceScheduler:
             for s in stages:
                 self.assigned[s.node] -= 1
 
-    def observe_hop(self, src, dst, delay_s, smoothing=0.1):
-        old = self.delays.get((src, dst))
-        self.delays[(src, dst)] = delay_s if old is None else old + smoothing * (delay_s - old)
+    def observe_hop(self, src, dst, delay_s, smoothing=0.8):
+        old = self.delays.get((src, dst), 0.05)
+        self.delays[(src, dst)] = old + smoothing * (delay_s - old)

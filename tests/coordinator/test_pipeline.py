@@ -1,5 +1,7 @@
 from collections import Counter
 
+import pytest
+
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import Pipeline, RequestInfo, Stage, Topology
 from coordinator.schedulers import make_scheduler
@@ -85,15 +87,28 @@ def test_baselines_build_valid_pipelines():
     assert "c" not in no_partial.arcs["b"] and "c" in no_partial.arcs["a"]
 
 
-def test_swarm_prefers_lowest_observed_delay():
+def test_swarm_picks_hops_in_inverse_proportion_to_their_delay():
+    # The Helix artifact's Swarm: IWRR where a hop's priority grows by its delay average per pick.
     plan = diamond_plan()
-    sched = make_scheduler("swarm", plan, _kv(plan))
-    sched.observe_hop(COORDINATOR, "a", 0.5)
-    sched.observe_hop(COORDINATOR, "b", 0.2)
-    assert sched.schedule(RequestInfo(0, 1, 1)).nodes[0] == "b"
-    for _ in range(30):
-        sched.observe_hop(COORDINATOR, "b", 2.0)
-    assert sched.schedule(RequestInfo(1, 1, 1)).nodes[0] == "a"
+    sched = make_scheduler("swarm", plan, _kv(plan, cap=1e9))
+    for _ in range(10):   # averages move 0.8 of the way per observation: converged
+        sched.observe_hop(COORDINATOR, "a", 0.5)
+        sched.observe_hop(COORDINATOR, "b", 0.1)
+    firsts = Counter()
+    for rid in range(600):
+        firsts[sched.schedule(RequestInfo(rid, 1, 1)).nodes[0]] += 1
+        sched.release(rid)
+    assert 4.5 < firsts["b"] / firsts["a"] < 5.5, firsts
+
+
+def test_swarm_averages_start_at_50_ms_and_move_80_percent():
+    plan = diamond_plan()
+    sched = make_scheduler("swarm", plan, _kv(plan, cap=1e9))
+    # No observation yet: both hops equal, ties to the first candidate, then alternation.
+    got = [sched.schedule(RequestInfo(rid, 1, 1)).nodes[0] for rid in range(4)]
+    assert got in (["a", "b", "a", "b"], ["b", "a", "b", "a"])
+    sched.observe_hop(COORDINATOR, "a", 1.05)
+    assert sched._delay_s[(COORDINATOR, "a")] == pytest.approx(0.05 + 0.8 * 1.0)
 
 
 def test_release_returns_kv_to_zero():

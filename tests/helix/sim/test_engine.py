@@ -118,3 +118,16 @@ def test_event_log_only_when_asked():
     times = [t for t, _, _ in sim.event_log]
     assert times == sorted(times)
     assert make_sim(two_node_plan(), burst(1, 10, 2), SimConfig(duration_s=None)).event_log is None
+
+
+def test_swarm_delays_are_observed_once_per_request_and_hop_on_the_prompt_pass():
+    # As the Helix artifact's Swarm: a hop's delay is logged the first time a request crosses it.
+    workload = tuple(TraceRequest(0.05 * i, 30 + 7 * (i % 5), 5 + i % 9) for i in range(20))
+    cfg = SimConfig(mode="online", duration_s=None, chunk_tokens=16)
+    sim = make_sim(small_diamond_plan(), workload, cfg, scheduler="swarm")
+    seen = []
+    real = sim.scheduler.observe_hop
+    sim.scheduler.observe_hop = lambda a, b, d: (seen.append((a, b)), real(a, b, d))
+    r = sim.run()
+    assert r.requests_completed == 20
+    assert len(seen) == 20 * 2   # every pipeline here has two stages: two hops into a node each
