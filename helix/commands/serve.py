@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
           max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
           max_model_len: Optional[int] = typer.Option(None, min=1, help="most prompt + output tokens per request (as vLLM's --max-model-len; default and upper limit: the checkpoint's max_position_embeddings)"),
-          worker_host: str = typer.Option("127.0.0.1", help="address Ray workers bind (a reachable one on a real cluster)"),
+          worker_host: Optional[str] = typer.Option(None, help="address every Ray worker binds (default: the address Ray reports for the worker's node when joining a cluster with --address / RAY_ADDRESS; 127.0.0.1 with a local Ray)"),
+          node_timeout: float = typer.Option(60.0, min=0.0, help="seconds to wait for each plan node's Ray node (resource helix_node:NAME) to join before failing with the `ray start` line to run there"),
           api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize (as vLLM's --api-key; env HELIX_API_KEY)"),
           api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
           max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
@@ -44,7 +46,9 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
         raise HelixUserError("--api-key-health needs --api-key")
     from helix.net.keys import ClusterKeys
     cluster_keys = ClusterKeys.load(keys) if keys is not None else None
-    exposed = sorted({h for h in (host, worker_host) if not _loopback(h)})
+    joins = address or os.environ.get("RAY_ADDRESS")
+    workers_bind = worker_host or ("each Ray node's address" if joins else "127.0.0.1")
+    exposed = sorted({h for h in (host, workers_bind) if not _loopback(h)})
     if exposed and cluster_keys is None:
         typer.echo(f"warning: serving on {', '.join(exposed)} without --keys: anyone who reaches "
                    "the gRPC or data-plane ports can register a worker, reconfigure one or inject "
@@ -53,7 +57,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
-                           launch=LaunchConfig(address=address, bind_host=worker_host),
+                           launch=LaunchConfig(address=address, bind_host=worker_host,
+                                               node_timeout_s=node_timeout),
                            runtime=RuntimeConfig(max_waiting_requests=max_waiting,
                                                  max_model_len=max_model_len),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,

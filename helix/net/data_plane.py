@@ -32,13 +32,23 @@ PeerBook = Mapping[str, str]
 
 def advertised_host(bind_host: str) -> str:
     """The address others should dial: ``bind_host`` itself, or this machine's address when binding
-    every interface (``0.0.0.0``)."""
+    every interface (``0.0.0.0``): the host name's address unless that is a loopback one (Debian
+    maps the host name to 127.0.1.1, containers often to 127.0.0.1), else the address of the
+    interface that routes outward (found as Ray finds a node's address; no packet is sent)."""
     if bind_host not in ("0.0.0.0", "", "*"):
         return bind_host
     try:
-        return socket.gethostbyname(socket.gethostname())
+        named = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        named = "127.0.0.1"
+    if not named.startswith("127."):
+        return named
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("8.8.8.8", 80))   # UDP connect only picks the route
+            return probe.getsockname()[0]
+    except OSError:   # no route out: this machine is all there is
+        return named
 
 
 class DataPlane:

@@ -5,12 +5,19 @@ machine joins the cluster with ``ray start --address=HEAD --resources='{"helix_n
 the worker for ``<name>`` lands on it. Without ``RAY_ADDRESS`` / ``--address`` we start a local Ray in
 this process that offers every node's resource, so all workers share this machine.
 
+Addresses: a worker binds the address Ray reports for the node it runs on (asked inside the actor,
+so a worker that Ray restarts on a replacement machine binds that machine's), and the coordinator
+and the other stages dial what it reports: no 127.0.0.1 assumed. A local Ray started here keeps
+workers on 127.0.0.1 (nothing exposed); ``LaunchConfig.bind_host`` overrides both.
+
 Every wait has a timeout; an actor that fails to start or a node resource that never appears is a
 :class:`~helix.errors.HelixUserError` naming the node.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import os
 import socket
@@ -37,11 +44,14 @@ class LaunchConfig:
     address: str | None = None
     """Ray cluster to join (None: ``RAY_ADDRESS`` if set, else a local Ray started here)."""
     start_timeout_s: float = 120.0
-    """Longest wait for node resources to appear and for each actor to report its addresses."""
+    """Longest wait for the actors to report their addresses, once their nodes are there."""
+    node_timeout_s: float = 60.0
+    """Longest wait for a Ray node offering each plan node's ``helix_node:<name>`` to be alive."""
     torch_threads: int | None = 1
     """Intra-op threads per worker (1 keeps several CPU workers on one machine from fighting)."""
-    bind_host: str = "127.0.0.1"
-    """Address workers bind; use the machine's reachable address on a real cluster."""
+    bind_host: str | None = None
+    """Address every worker binds. None: the address Ray reports for the worker's node when joining
+    a cluster (each machine its own), 127.0.0.1 with a local Ray started here."""
     max_restarts: int = 3
     """Times Ray restarts a worker whose process died (it then registers and rejoins)."""
     connect_timeout_s: float = 60.0
@@ -57,6 +67,8 @@ class RayLauncher:
         self.progress = progress or log.info
         self._actors: dict[str, object] = {}
         self._started_ray = False
+        self.node_ips: dict[str, tuple[str, ...]] = {}
+        """Plan node -> addresses of the live Ray nodes offering its resource (after :meth:`start`)."""
 
     def start(self, nodes: Sequence[str], model_path: str,
               coordinator_address: str | None = None, keys=None) -> list[WorkerHandle]:
@@ -69,9 +81,9 @@ class RayLauncher:
         self.progress(f"starting Ray ({'joining ' + address if address else 'local'}) for "
                       f"{len(nodes)} worker(s) ...")
         self._connect(nodes)
+        _check_coordinator_reachable(self.node_ips, coordinator_address)
         self.progress(f"Ray ready ({time.monotonic() - t0:.1f} s); starting workers {', '.join(nodes)}")
-        from worker.actor import WorkerActor
-        remote_cls = ray.remote(WorkerActor)
+        remote_cls = _ray_worker_class()
         tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
         for node in nodes:
             self._actors[node] = remote_cls.options(
@@ -94,7 +106,7 @@ class RayLauncher:
             except ray.exceptions.RayError as exc:
                 raise HelixUserError(f"worker {node!r} failed to start: {_last_line(exc)}") from None
             self.progress(f"worker {node} up ({len(addresses)}/{len(nodes)}, "
-                          f"{time.monotonic() - t0:.1f} s)")
+                          f"{time.monotonic() - t0:.1f} s) at {addresses[node]['data']}")
         return [WorkerHandle(n, addresses[n]["control"], addresses[n]["data"]) for n in nodes]
 
     def _connect(self, nodes: Sequence[str]) -> None:
@@ -125,20 +137,24 @@ class RayLauncher:
                         raise HelixUserError(f"could not start a local Ray: {_last_line(exc)}") from None
                     log.warning("starting a local Ray failed (%s); trying once more", _last_line(exc))
             self._started_ray = True
+            if self.config.bind_host is None:   # this machine only: keep the workers off the network
+                self.config = dataclasses.replace(self.config, bind_host="127.0.0.1")
         self._wait_for_resources(nodes)
 
     def _wait_for_resources(self, nodes: Sequence[str]) -> None:
+        """Wait up to ``node_timeout_s`` for a live Ray node offering each plan node's resource;
+        past it, an error naming the missing nodes with the ``ray start`` line for each."""
         import ray
-        deadline = time.monotonic() + self.config.start_timeout_s
+        deadline = time.monotonic() + self.config.node_timeout_s
         while True:
-            have = ray.cluster_resources()
-            missing = [n for n in nodes if have.get(node_resource(n), 0) < 1]
+            offered = offered_resources(ray.nodes())
+            missing = [n for n in nodes if not offered.get(node_resource(n))]
             if not missing:
+                self.node_ips = {n: offered[node_resource(n)] for n in nodes}
                 return
             if time.monotonic() > deadline:
-                raise HelixUserError(
-                    f"no Ray node offers {', '.join(node_resource(n) for n in missing)}; start each "
-                    f"machine with: ray start --address=HEAD --resources='{{\"helix_node:<name>\": 1}}'")
+                raise HelixUserError(missing_nodes_message(
+                    missing, ray.get_runtime_context().gcs_address, self.config.node_timeout_s))
             time.sleep(0.5)
 
     def worker_pid(self, node: str) -> int:
@@ -160,6 +176,72 @@ class RayLauncher:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def offered_resources(ray_nodes: list[dict]) -> dict[str, tuple[str, ...]]:
+    """``helix_node:<name>`` -> addresses of the live Ray nodes offering one unit of it, from
+    ``ray.nodes()``."""
+    offered: dict[str, list[str]] = {}
+    for n in ray_nodes:
+        if not n.get("Alive"):
+            continue
+        for resource, amount in n.get("Resources", {}).items():
+            if resource.startswith("helix_node:") and amount >= 1:
+                offered.setdefault(resource, []).append(n["NodeManagerAddress"])
+    return {r: tuple(sorted(set(ips))) for r, ips in offered.items()}
+
+
+def missing_nodes_message(missing: Sequence[str], head_address: str, timeout_s: float) -> str:
+    """What to run on each missing machine, with the cluster's real head address."""
+    lines = [f"no Ray node offers {', '.join(node_resource(n) for n in missing)} after "
+             f"{timeout_s:g} s (--node-timeout): plan node(s) {', '.join(missing)} have no machine. "
+             f"Start each on its machine with:"]
+    lines += [f"  ray start --address={head_address} --resources='{{\"{node_resource(n)}\": 1}}'"
+              for n in missing]
+    return "\n".join(lines)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_coordinator_reachable(node_ips: dict[str, tuple[str, ...]],
+                                 coordinator_address: str | None) -> None:
+    """A coordinator on a loopback address cannot be reached by a worker on another machine (it
+    would fail to register, and its tokens would never come back): say so before starting any.
+    Ray nodes on loopback addresses (a test cluster on one machine) and on this machine's own
+    address are this machine."""
+    import ray
+    if not coordinator_address or not _is_loopback(coordinator_address.rpartition(":")[0]):
+        return
+    here = ray.util.get_node_ip_address()
+    far = {n: ips for n, ips in node_ips.items() if any(ip != here and not _is_loopback(ip) for ip in ips)}
+    if far:
+        where = ", ".join(f"{n} ({'/'.join(ips)})" for n, ips in sorted(far.items()))
+        raise HelixUserError(f"the coordinator listens on {coordinator_address}, which worker(s) on "
+                             f"other machines cannot reach: {where}; pass --host with this machine's "
+                             f"address ({here}) or 0.0.0.0")
+
+
+def _ray_worker_class():
+    """:class:`worker.actor.WorkerActor` as a Ray actor class that binds its node's address when
+    given no host (the node is only known inside the actor) and says which Ray node it is on."""
+    import ray
+    from worker.actor import WorkerActor
+
+    class RayWorkerActor(WorkerActor):
+        def __init__(self, node: str, model_path: str, host: str | None = None, *args, **kwargs):
+            super().__init__(node, model_path, host or ray.util.get_node_ip_address(), *args, **kwargs)
+
+        def ray_node(self) -> dict[str, str]:
+            """``{"node_id", "ip"}`` of the Ray node this worker runs on."""
+            return {"node_id": ray.get_runtime_context().get_node_id(),
+                    "ip": ray.util.get_node_ip_address()}
+
+    return ray.remote(RayWorkerActor)
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:

@@ -27,12 +27,14 @@ def branching_plan(kv_tokens: int | dict[str, int] = BRANCHING_KV_TOKENS, **serv
     return with_kv(plan, kv_tokens, **serving)
 
 
-def two_stage_plan(kv_tokens: int = BRANCHING_KV_TOKENS) -> Plan:
-    """One pipeline of two workers: cpu-0 [0,4) then cpu-1 [4,8) (float32, ``kv_tokens`` each)."""
+def two_stage_plan(kv_tokens: int = BRANCHING_KV_TOKENS, nodes: tuple[str, str] = ("cpu-0", "cpu-1")) -> Plan:
+    """One pipeline of two workers: ``nodes`` (cpu-0 [0,4) then cpu-1 [4,8)), float32, ``kv_tokens``
+    each."""
+    first, second = nodes
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 4, 8)),
-                arc_flows=(ArcFlow("coordinator", "cpu-0", 100.0), ArcFlow("cpu-0", "cpu-1", 100.0),
-                           ArcFlow("cpu-1", "coordinator", 100.0)),
+                placements=(NodePlacement(first, 0, 4), NodePlacement(second, 4, 8)),
+                arc_flows=(ArcFlow("coordinator", first, 100.0), ArcFlow(first, second, 100.0),
+                           ArcFlow(second, "coordinator", 100.0)),
                 max_flow_tokens_per_s=100.0, method="test")
     return with_kv(plan, kv_tokens)
 

@@ -1,0 +1,165 @@
+"""``helix serve --address`` on a real multi-node Ray cluster on this machine (issue 15, item 1).
+
+Three Ray nodes (``ray.cluster_utils.Cluster``): the head on this machine's own address and two more
+on 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux, so each node has an address of its own,
+neither the head's nor 127.0.0.1). Each declares one plan node's ``helix_node:<name>``. Checked: every
+worker runs on the Ray node that declared its resource (the node id, asked inside the actor), binds
+and reports that node's address, the pipelines (cpu-0 -> cpu-1 | cpu-2) answer exactly as the
+single-node stack and as ``transformers``, and a plan node nobody offers fails within the node
+timeout, named, with the ``ray start`` line to run and the cluster's real head address (from the
+launcher and from the real CLI).
+
+The cluster writes its address file into a temp dir of its own (``RAY_TMPDIR``), so a plain
+``ray.init()`` elsewhere on this machine never joins it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from helix.client import Client
+from helix.errors import HelixUserError
+from helix.net.control import WORKER_SERVICE, ControlClient
+from helix.server.launcher import LaunchConfig, RayLauncher, _check_coordinator_reachable
+from helix.server.stack import ServeOptions, ServeStack
+
+from tests.builders.cli import run_helix
+from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, two_stage_plan
+from tests.builders.stack import local_stack
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: Plan node -> the address of the Ray node that offers it; cpu-0 is on the head (this machine's).
+NODE_IPS = {"cpu-1": "127.0.0.2", "cpu-2": "127.0.0.3"}
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """(Cluster, {plan node: the Ray node that declared its resource}); the driver is connected."""
+    from ray.cluster_utils import Cluster
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    tmp = tempfile.mkdtemp(prefix="hxr", dir="/tmp")   # short: Ray's socket paths must fit 107 bytes
+    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")
+    c = None
+    try:
+        # No CPUs: the workers ask for none, and Ray then starts no idle worker processes.
+        c = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=0, resources={"helix_node:cpu-0": 1}, include_dashboard=False))
+        nodes = {"cpu-0": c.head_node}
+        for name, ip in NODE_IPS.items():
+            nodes[name] = c.add_node(num_cpus=0, node_ip_address=ip,
+                                     resources={f"helix_node:{name}": 1})
+        ray.init(address=c.address, logging_level="WARNING")
+        yield c, nodes
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if c is not None:
+            c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _actor(node: str):
+    """The live worker actor of ``node``, found by its name (as any Ray user would)."""
+    named = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(f"helix-worker-{node}-")]
+    assert len(named) == 1, named
+    return ray.get_actor(named[0]["name"], namespace=named[0]["namespace"])
+
+
+def _node_id(_worker) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _host(address: str) -> str:
+    return address.removeprefix("tcp://").rpartition(":")[0]
+
+
+def _generate(grpc_address: str, prompts: list[list[int]]) -> list[list[int]]:
+    with Client(grpc_address) as client:
+        return [list(client.generate(ids, temperature=0, max_tokens=MAX_TOKENS).token_ids)
+                for ids in prompts]
+
+
+def test_each_worker_runs_on_its_node_at_its_address_and_serves_as_one_node(cluster, tiny_model):
+    c, ray_nodes = cluster
+    ckpt, model = tiny_model
+    options = ServeOptions(model_name="tiny", launch=LaunchConfig(address=c.address,
+                                                                  node_timeout_s=30))
+    stack = ServeStack(branching_plan(), str(ckpt), options).start()
+    try:
+        prompts = [stack.coordinator.codec.encode(p) for p in PROMPTS[:6]]
+        for node, ray_node in ray_nodes.items():
+            assert ray.get(_actor(node).__ray_call__.remote(_node_id), timeout=30) == ray_node.node_id
+            worker = stack.coordinator.workers[node]
+            assert _host(worker.control_address) == ray_node.node_ip_address, worker
+            assert _host(worker.data_address) == ray_node.node_ip_address, worker
+        assert {_host(stack.coordinator.workers[n].data_address) for n in NODE_IPS} == \
+            set(NODE_IPS.values())   # not 127.0.0.1 by assumption
+        served = _generate(stack.grpc_address, prompts)
+        # Both pipelines carried requests: every node's data plane was used at its own address.
+        for node, worker in stack.coordinator.workers.items():
+            stats = ControlClient(worker.control_address, WORKER_SERVICE, 10).call("Stats")
+            assert stats["steps_total"] > 0, node
+    finally:
+        stack.close()
+    assert served == [hf_greedy(model, ids, MAX_TOKENS) for ids in prompts]
+    with local_stack(ckpt) as single:
+        assert _generate(single.grpc.address, prompts) == served
+
+
+def test_a_missing_node_is_named_with_its_ray_start_line_within_the_timeout(cluster, tiny_model):
+    c, _ = cluster
+    launcher = RayLauncher(LaunchConfig(address=c.address, node_timeout_s=2))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HelixUserError) as err:
+            launcher.start(["cpu-0", "eu-t4-9", "eu-t4-8"], str(tiny_model[0]))
+    finally:
+        launcher.shutdown()
+    assert 2 <= time.monotonic() - t0 < 15
+    message = str(err.value)
+    for node in ("eu-t4-9", "eu-t4-8"):
+        assert f"ray start --address={c.address} --resources='{{\"helix_node:{node}\": 1}}'" in message
+    assert "cpu-0" not in message   # offered: not named
+
+
+def test_helix_serve_node_timeout_fails_fast_with_the_line_to_run(cluster, tiny_model, tmp_path):
+    c, _ = cluster
+    plan = tmp_path / "plan.yaml"
+    two_stage_plan(nodes=("cpu-0", "eu-t4-9")).save(plan)
+    t0 = time.monotonic()
+    result = run_helix(["serve", str(plan), "--model", str(tiny_model[0]), "--port", "0",
+                        "--grpc-port", "0", "--address", c.address, "--node-timeout", "3"])
+    took = time.monotonic() - t0
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "eu-t4-9" in errors[0] and "3 s" in errors[0], result.stderr
+    assert f"  ray start --address={c.address} --resources='{{\"helix_node:eu-t4-9\": 1}}'" in \
+        result.stderr.splitlines()
+    assert "workers ready" not in result.stdout
+    assert took < 90   # Python and Ray's client start-up, plus the 3 s (was a fixed 120 s)
+
+
+def test_a_loopback_coordinator_is_refused_when_a_worker_is_on_another_machine():
+    here = ray.util.get_node_ip_address()
+    _check_coordinator_reachable({"cpu-0": (here,), "cpu-1": ("127.0.0.2",)}, "127.0.0.1:50051")
+    _check_coordinator_reachable({"far": ("10.9.9.9",)}, f"{here}:50051")   # reachable address
+    with pytest.raises(HelixUserError) as err:
+        _check_coordinator_reachable({"cpu-0": (here,), "far": ("10.9.9.9",)}, "127.0.0.1:50051")
+    assert "far (10.9.9.9)" in str(err.value) and "--host" in str(err.value)
+    assert "cpu-0" not in str(err.value)
