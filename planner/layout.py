@@ -39,6 +39,34 @@ def load_placement(path: str | Path, problem: PlacementProblem) -> Placement:
     return placement
 
 
+def load_running(path: str | Path, problem: PlacementProblem) -> tuple[Placement, tuple[str, ...]]:
+    """The placement a cluster runs (``path``: a plan.yaml or a reference layout) on the cluster
+    as it is now: when the plan was made for another version of the cluster spec (its spec hash
+    differs), its nodes that the cluster no longer has (they left) are dropped and returned, not
+    refused; otherwise (the same spec: a typo) and for everything else it is checked as
+    :func:`load_placement` does."""
+    from helix.plan import Plan
+
+    p = Path(path)
+    if p.suffix.lower() == ".ini":
+        return load_placement(p, problem), ()
+    try:
+        plan = Plan.load(p)
+    except SpecError as exc:
+        raise HelixUserError(str(exc)) from None
+    names = {n.name for n in problem.nodes}
+    changed = plan.spec_hash is not None and plan.spec_hash != problem.spec_hash
+    gone = tuple(sorted(x.node for x in plan.placements
+                        if changed and x.node not in names and x.end > x.start))
+    if plan.num_layers != problem.num_layers:
+        raise HelixUserError(f"{p}: the plan is for {plan.num_layers} layers, the cluster's "
+                             f"model {problem.model} has {problem.num_layers}")
+    placement = {x.node: (x.start, x.end) for x in plan.placements
+                 if x.end > x.start and x.node not in gone}
+    check_placement_fits(problem, placement, str(p))
+    return placement, gone
+
+
 def _node_at(problem: PlacementProblem, index: int, path: Path) -> str:
     if not 0 <= index < len(problem.nodes):
         raise HelixUserError(f"{path}: node index {index} is outside the cluster's "

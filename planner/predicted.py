@@ -34,7 +34,7 @@ from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS
-from planner.solve import solve
+from planner.solve import evaluate as evaluate_placement, solve
 
 log = logging.getLogger("helix.planner")
 
@@ -140,6 +140,32 @@ def _minus(node: NodeCapacity, placement, used: float) -> NodeCapacity:
     return dataclasses.replace(node, throughput_tokens_per_s=table)
 
 
+def best_routing(spec: ClusterSpec, problem: PlacementProblem, solved: Plan, cost: CostModel
+                 ) -> tuple[Plan, tuple[PipelineState, ...]]:
+    """``solved`` with the routing users get the most from (:func:`routings`; ties: the solver's
+    own flows) and its prediction, on ``problem``'s capacities."""
+    found, states = None, ()
+    for routed in routings(problem, solved):
+        prediction, routed_states = predict(spec, routed, cost)
+        if found is None or prediction.prompt_decode_tokens_per_s > \
+                found.prediction.prompt_decode_tokens_per_s * (1 + 1e-9):
+            found, states = dataclasses.replace(routed, prediction=prediction), routed_states
+    assert found is not None
+    return found, states
+
+
+def evaluate(spec: ClusterSpec, placement, *, model: ModelSpec | None = None,
+             problem: PlacementProblem | None = None, partial_inference: bool = True,
+             source: str = "given") -> Plan:
+    """``placement`` as it is (no search), as :func:`plan` would report it: its max flow, the
+    routing users get the most from and what they get (the running placement when re-planning)."""
+    problem = problem or build_problem(spec, model)
+    found, _ = best_routing(spec, problem, evaluate_placement(problem, placement, partial_inference,
+                                                              source),
+                            CostModel.for_cluster(spec, model))
+    return found
+
+
 def _key(plan: Plan) -> tuple:
     return tuple((p.node, p.start, p.end) for p in plan.placements)
 
@@ -163,14 +189,7 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
         solved = solve(inner, method, time_limit_s=share, **solve_kwargs)
         solved = dataclasses.replace(solved, extras={
             **solved.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
-        # The routing users get the most from (ties: the solver's own flows), on the capacities
-        # this round solved with.
-        found, states = None, ()
-        for routed in routings(inner, solved):
-            prediction, routed_states = predict(spec, routed, cost)
-            if found is None or prediction.prompt_decode_tokens_per_s > \
-                    found.prediction.prompt_decode_tokens_per_s * (1 + 1e-9):
-                found, states = dataclasses.replace(routed, prediction=prediction), routed_states
+        found, states = best_routing(spec, inner, solved, cost)
         prediction = found.prediction
         history.append(round(prediction.prompt_decode_tokens_per_s, 1))
         if best is None or prediction.prompt_decode_tokens_per_s > \

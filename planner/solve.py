@@ -150,6 +150,15 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     return _plan(problem, cand, bounds, gap, method, adapter.name, t0, partial, extras)
 
 
+def evaluate(problem: PlacementProblem, placement: Placement, partial_inference: bool = True,
+             source: str = "given") -> Plan:
+    """``placement`` as it is, no search: its verified max flow as a Plan (method ``source``) with
+    the fixed-point bound (``helix plan --from``'s running placement, re-planning)."""
+    cand = _evaluate(problem, placement, source, partial_inference)
+    return _plan(problem, cand, {"fixed_point": fixed_point_bound(problem)}, 0.01, source, None,
+                 time.perf_counter(), partial_inference, {})
+
+
 def _options(time_limit_s, threads, seed, gap, progress, t0, warm=None, stop=None):
     """Solver options ending ``time_limit_s`` after ``t0``."""
     def cb(elapsed, primal, dual):

@@ -7,6 +7,7 @@ terminal, a live line shows elapsed time, incumbent, bound and gap.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -42,11 +43,19 @@ def plan_command(
     compare: bool = typer.Option(False, "--compare", help="Run every method and compare."),
     start_from: Optional[Path] = typer.Option(
         None, "--from", help="An existing placement to evaluate and improve on: a plan.yaml, or a "
-        "reference *_sol.ini layout (node i = the cluster's i-th node)."),
+        "reference *_sol.ini layout (node i = the cluster's i-th node). With a plan.yaml this is "
+        "also a re-plan dry run: nodes that left are dropped, and the proposed moves (layers each "
+        "node loads, seconds over its link) are weighed against the gain over --horizon."),
+    horizon: float = typer.Option(600.0, "--horizon",
+                                  help="With --from: seconds over which moving layers must pay off."),
+    hysteresis: float = typer.Option(
+        0.05, "--hysteresis", help="With --from: a new placement must beat the running one by this "
+        "fraction after paying for its moves (0.05 = 5 %), so near-equal plans never alternate."),
 ) -> None:
     """Place the model's layers on the cluster by max flow (MILP with a proven bound)."""
     from rich.console import Console
 
+    from helix.errors import HelixUserError
     from helix.models import resolve_model
     from helix.spec import load_cluster
     from planner import METHODS
@@ -69,9 +78,13 @@ def plan_command(
     kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
                   seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
     console = Console(stderr=as_json)
+    if horizon <= 0 or hysteresis < 0:
+        raise HelixUserError(f"--horizon must be > 0 and --hysteresis >= 0, got {horizon:g} and "
+                             f"{hysteresis:g}")
+    dropped: tuple[str, ...] = ()
     if start_from is not None:
-        kwargs["start"] = _evaluate_start(console, problem, start_from, method, compare,
-                                          partial=not no_partial and max_depth is None)
+        kwargs["start"], dropped = _evaluate_start(console, problem, start_from, method, compare,
+                                                   partial=not no_partial and max_depth is None)
     if compare:
         plans = [_run(console, problem, m, kwargs, solve) for m in METHODS]
         if as_json:
@@ -82,6 +95,15 @@ def plan_command(
         return
     plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
     plan = with_flow_capacities(plan, problem)   # helix serve re-solves the flow when nodes die
+    decision = None
+    if start_from is not None and start_from.suffix.lower() != ".ini":
+        from planner import replan
+        running = predicted.evaluate(spec, kwargs["start"], model=chosen, problem=problem,
+                                     partial_inference=kwargs["partial_inference"] and max_depth is None,
+                                     source="running")
+        decision = replan.decide(spec, problem, running, plan, horizon_s=horizon,
+                                 hysteresis=hysteresis, dropped_nodes=dropped)
+        plan = dataclasses.replace(plan, extras={**plan.extras, "replan": decision.to_dict()})
     if output is not None:
         plan.save(output)
     if draw is not None:
@@ -93,22 +115,52 @@ def plan_command(
         console.print(_placement_table(problem, plan))
         console.print(_summary(plan))
         console.print(_serving_line(plan))
+        if decision is not None:
+            _print_replan(console, decision)
         if output is not None:
             console.print(f"wrote {output}")
 
 
 def _evaluate_start(console, problem, path: Path, method: str, compare: bool, partial: bool):
-    """The placement in ``path``, checked against the cluster; prints its max flow."""
+    """The placement in ``path`` on the cluster as it is (nodes that left dropped, and named), and
+    those nodes; prints its max flow."""
     from planner import METHODS, max_flow
-    from planner.layout import load_placement
-    placement = load_placement(path, problem)
+    from planner.layout import load_running
+    placement, dropped = load_running(path, problem)
+    if dropped:
+        one = len(dropped) == 1
+        console.print(f"{path}: {', '.join(dropped)} {'is' if one else 'are'} no longer in the "
+                      f"cluster: {'its' if one else 'their'} layers are dropped", soft_wrap=True,
+                      highlight=False)
     flow = max_flow(problem, placement, partial).value_tokens_per_s
     console.print(f"{path}: {len(placement)} nodes hold layers; max flow {flow:,.1f} tokens/s "
                   f"on this cluster", soft_wrap=True, highlight=False)
     if not compare and method in METHODS and not method.startswith("milp"):
         console.print(f"({method} is a baseline heuristic: it does not start from this placement)",
                       soft_wrap=True, highlight=False)
-    return placement
+    return placement, dropped
+
+
+def _print_replan(console, d) -> None:
+    """The re-plan dry run: the moves the proposal needs and whether it pays for them."""
+    from rich.table import Table
+    from helix.units import format_size
+
+    def rng(r):
+        return "-" if r is None else f"[{r[0]}, {r[1]})"
+    if d.moves:
+        t = Table(title=f"re-plan: {len(d.moves)} node{'s' if len(d.moves) != 1 else ''} change "
+                  f"their layers (switch after {d.switch_s:.1f} s)")
+        for col in ("node", "now", "proposed", "loads", "seconds", "meanwhile"):
+            t.add_column(col, justify="right" if col in ("loads", "seconds") else "left")
+        for m in d.moves:
+            t.add_row(m.node, rng(m.old), rng(m.new), format_size(m.load_bytes), f"{m.load_s:.1f}",
+                      "serves its old layers" if m.beside else "stops serving")
+        console.print(t)
+    verdict = "ADOPT" if d.adopt else "KEEP the running placement"
+    console.print(f"re-plan    running {d.current_tokens_per_s:,.1f} -> proposed "
+                  f"{d.proposed_tokens_per_s:,.1f} tokens/s (predicted): {verdict}: {d.reason}",
+                  soft_wrap=True, highlight=False)
 
 
 def _check_output_path(path: Optional[Path], option: str,
