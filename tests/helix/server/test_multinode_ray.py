@@ -5,9 +5,10 @@ on 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux, so each node has 
 neither the head's nor 127.0.0.1). Each declares one plan node's ``helix_node:<name>``. Checked: every
 worker runs on the Ray node that declared its resource (the node id, asked inside the actor), binds
 and reports that node's address, the pipelines (cpu-0 -> cpu-1 | cpu-2) answer exactly as the
-single-node stack and as ``transformers``, and a plan node nobody offers fails within the node
+single-node stack and as ``transformers``; a plan node nobody offers fails within the node
 timeout, named, with the ``ray start`` line to run and the cluster's real head address (from the
-launcher and from the real CLI).
+launcher and from the real CLI); and when a worker's machine is replaced by another offering its
+resource, Ray restarts the worker there and it rejoins from the new machine's address.
 
 The cluster writes its address file into a temp dir of its own (``RAY_TMPDIR``), so a plain
 ``ray.init()`` elsewhere on this machine never joins it.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -34,7 +36,9 @@ from tests.builders.stack import local_stack
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(sys.platform != "linux",
+                                 reason="nodes on 127.0.0.2/3 need Linux (all of 127/8 is loopback)")]
 
 #: Plan node -> the address of the Ray node that offers it; cpu-0 is on the head (this machine's).
 NODE_IPS = {"cpu-1": "127.0.0.2", "cpu-2": "127.0.0.3"}
@@ -94,28 +98,40 @@ def _generate(grpc_address: str, prompts: list[list[int]]) -> list[list[int]]:
                 for ids in prompts]
 
 
-def test_each_worker_runs_on_its_node_at_its_address_and_serves_as_one_node(cluster, tiny_model):
-    c, ray_nodes = cluster
-    ckpt, model = tiny_model
+@pytest.fixture(scope="module")
+def stack(cluster, tiny_model):
+    """``helix serve --address`` in this process (the launcher the CLI uses) on the cluster."""
+    c, _ = cluster
     options = ServeOptions(model_name="tiny", launch=LaunchConfig(address=c.address,
                                                                   node_timeout_s=30))
-    stack = ServeStack(branching_plan(), str(ckpt), options).start()
+    s = ServeStack(branching_plan(), str(tiny_model[0]), options).start()
     try:
-        prompts = [stack.coordinator.codec.encode(p) for p in PROMPTS[:6]]
-        for node, ray_node in ray_nodes.items():
-            assert ray.get(_actor(node).__ray_call__.remote(_node_id), timeout=30) == ray_node.node_id
-            worker = stack.coordinator.workers[node]
-            assert _host(worker.control_address) == ray_node.node_ip_address, worker
-            assert _host(worker.data_address) == ray_node.node_ip_address, worker
-        assert {_host(stack.coordinator.workers[n].data_address) for n in NODE_IPS} == \
-            set(NODE_IPS.values())   # not 127.0.0.1 by assumption
-        served = _generate(stack.grpc_address, prompts)
-        # Both pipelines carried requests: every node's data plane was used at its own address.
-        for node, worker in stack.coordinator.workers.items():
-            stats = ControlClient(worker.control_address, WORKER_SERVICE, 10).call("Stats")
-            assert stats["steps_total"] > 0, node
+        yield s
     finally:
-        stack.close()
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(stack) -> list[list[int]]:
+    return [stack.coordinator.codec.encode(p) for p in PROMPTS[:6]]
+
+
+def test_each_worker_runs_on_its_node_at_its_address_and_serves_as_one_node(
+        cluster, stack, prompts, tiny_model):
+    _, ray_nodes = cluster
+    ckpt, model = tiny_model
+    for node, ray_node in ray_nodes.items():
+        assert ray.get(_actor(node).__ray_call__.remote(_node_id), timeout=30) == ray_node.node_id
+        worker = stack.coordinator.workers[node]
+        assert _host(worker.control_address) == ray_node.node_ip_address, worker
+        assert _host(worker.data_address) == ray_node.node_ip_address, worker
+    assert {_host(stack.coordinator.workers[n].data_address) for n in NODE_IPS} == \
+        set(NODE_IPS.values())   # not 127.0.0.1 by assumption
+    served = _generate(stack.grpc_address, prompts)
+    # Both pipelines carried requests: every node's data plane was used at its own address.
+    for node, worker in stack.coordinator.workers.items():
+        stats = ControlClient(worker.control_address, WORKER_SERVICE, 10).call("Stats")
+        assert stats["steps_total"] > 0, node
     assert served == [hf_greedy(model, ids, MAX_TOKENS) for ids in prompts]
     with local_stack(ckpt) as single:
         assert _generate(single.grpc.address, prompts) == served
@@ -163,3 +179,26 @@ def test_a_loopback_coordinator_is_refused_when_a_worker_is_on_another_machine()
         _check_coordinator_reachable({"cpu-0": (here,), "far": ("10.9.9.9",)}, "127.0.0.1:50051")
     assert "far (10.9.9.9)" in str(err.value) and "--host" in str(err.value)
     assert "cpu-0" not in str(err.value)
+
+
+def test_a_worker_whose_machine_is_replaced_rejoins_from_the_new_machines_address(
+        cluster, stack, prompts, tiny_model):
+    """cpu-2's machine leaves and another (127.0.0.4) offering helix_node:cpu-2 has joined: Ray
+    restarts the worker there, it binds and registers that machine's address (asked inside the
+    actor, not the launcher's old answer), the coordinator routes to it again and the outputs stay
+    transformers'. Last in the module: it removes a node."""
+    c, ray_nodes = cluster
+    _, model = tiny_model
+    coord = stack.coordinator
+    spare = c.add_node(num_cpus=0, node_ip_address="127.0.0.4", resources={"helix_node:cpu-2": 1})
+    c.remove_node(ray_nodes.pop("cpu-2"))
+    deadline = time.monotonic() + 120
+    while coord.node_states()["cpu-2"] != "ok" or \
+            _host(coord.workers["cpu-2"].data_address) != "127.0.0.4":
+        assert time.monotonic() < deadline, (coord.node_states(), coord.workers["cpu-2"])
+        time.sleep(0.2)
+    assert ray.get(_actor("cpu-2").__ray_call__.remote(_node_id), timeout=30) == spare.node_id
+    before = coord.pipeline_counts[("cpu-0", "cpu-2")]
+    assert _generate(stack.grpc_address, prompts) == [hf_greedy(model, ids, MAX_TOKENS)
+                                                      for ids in prompts]
+    assert coord.pipeline_counts[("cpu-0", "cpu-2")] > before
