@@ -153,8 +153,10 @@ class RayLauncher:
                 self.node_ips = {n: offered[node_resource(n)] for n in nodes}
                 return
             if time.monotonic() > deadline:
-                raise HelixUserError(missing_nodes_message(
-                    missing, ray.get_runtime_context().gcs_address, self.config.node_timeout_s))
+                # The head's real address (a Ray client connection has none here: what was given).
+                head = (getattr(ray.get_runtime_context(), "gcs_address", None) or self.config.address
+                        or os.environ.get("RAY_ADDRESS") or "HEAD:6379")
+                raise HelixUserError(missing_nodes_message(missing, head, self.config.node_timeout_s))
             time.sleep(0.5)
 
     def worker_pid(self, node: str) -> int:
