@@ -4,12 +4,15 @@
    (``helix.net.wire`` messages built from and decoded back to ``InputBatch``/``StageInput``/tensors) vs raw
    pyzmq PUSH/PULL moving the same bytes, in the same run. Target: >= 70 % of raw (two frames,
    zero-copy); the fastest raw pattern for the size (one copied frame for small payloads) is shown too.
+   ``--curve`` adds the data plane with cluster keys (ZeroMQ CURVE: encrypted, authenticated) beside
+   the plain one, interleaved in the same run, with its ratio to plain.
 2. Coordinator: pipeline decisions/s of the shared Helix scheduler (IWRR + KV masking, with worker-stat
    corrections) on a 42-node plan of ``cluster_specs/hetero42.yaml``. Target: >= 20k/s.
 3. End to end: tokens/s and TTFT of 3 local Ray workers behind the OpenAI API vs the whole model in one
    single-process engine, same model (the demo checkpoint) and the same burst.
 
     python scripts/bench_runtime.py [--quick] [--no-write] [--only data,decisions,e2e] [--compare REV]
+                                    [--curve]
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ RAW_PATTERNS = {
     "raw1": "1 frame, copied",          # header + payload joined: the fastest raw pattern for small frames
 }
 RAW_HEADER = b'{"id":0,"pos":0}'
+CURVE = "helix+curve"
+
+
+def bench_keys():
+    """CURVE keys for the data plane (the TLS and token fields are not used by it)."""
+    import zmq
+    from helix.net.keys import ClusterKeys
+    server, client = zmq.curve_keypair(), zmq.curve_keypair()
+    return ClusterKeys(server[0], server[1], client[0], client[1], b"", b"", "unused-by-the-data-plane")
 
 
 def _payload(shape: tuple[int, int]):
@@ -49,7 +61,7 @@ def _use_code(code_dir: str | None) -> None:
 
 
 def _sender(kind: str, address: str, shape: tuple[int, int], count: int, code_dir: str | None,
-            cpu_s) -> None:
+            cpu_s, keys=None) -> None:
     """Send ``count`` messages; put this process's CPU seconds (its ZeroMQ I/O thread included) on
     ``cpu_s``."""
     import zmq
@@ -59,7 +71,7 @@ def _sender(kind: str, address: str, shape: tuple[int, int], count: int, code_di
         from helix.net.io_types import StageInput
         from helix.net.data_plane import DataPlane
         from helix.net.wire import InputBatch, WireInput
-        plane = DataPlane()
+        plane = DataPlane(keys=keys)
         plane.set_peers({"dst": address})
         c0 = time.process_time()
         for i in range(count):
@@ -84,7 +96,8 @@ def _sender(kind: str, address: str, shape: tuple[int, int], count: int, code_di
     cpu_s.put(time.process_time() - c0)
 
 
-def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None) -> tuple[float, float]:
+def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None,
+             keys=None) -> tuple[float, float]:
     """(Seconds from the first to the last of ``count`` messages (the first is not timed), CPU seconds
     of both processes for the whole run, ZeroMQ I/O threads included). Every
     message's header is checked (helix: request id and position; raw: payload length) and the last
@@ -95,7 +108,7 @@ def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None
     ctx = mp.get_context("spawn")
     if kind.startswith("helix"):
         from helix.net.data_plane import DataPlane
-        plane = DataPlane()
+        plane = DataPlane(keys=keys)
         address = plane.address
     else:
         sock = zmq.Context.instance().socket(zmq.PULL)
@@ -107,7 +120,7 @@ def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None
             (lambda flags=0: [sock.recv(flags)])
     nbytes = shape[0] * shape[1] * 4
     send_cpu_s = ctx.Queue()
-    proc = ctx.Process(target=_sender, args=(kind, address, shape, count, code_dir, send_cpu_s))
+    proc = ctx.Process(target=_sender, args=(kind, address, shape, count, code_dir, send_cpu_s, keys))
     proc.start()
     t0 = None
     c0 = time.process_time()
@@ -138,9 +151,10 @@ def _receive(kind: str, shape: tuple[int, int], count: int, code_dir: str | None
         (plane.close() if kind.startswith("helix") else sock.close(linger=0))
 
 
-def _receive_child(kind: str, shape: tuple[int, int], count: int, code_dir: str | None, results) -> None:
+def _receive_child(kind: str, shape: tuple[int, int], count: int, code_dir: str | None, results,
+                   keys=None) -> None:
     try:
-        results.put(_receive(kind, shape, count, code_dir))
+        results.put(_receive(kind, shape, count, code_dir, keys))
     except BaseException as exc:   # handed to the parent, which raises it
         results.put(exc)
 
@@ -149,7 +163,8 @@ def _run_pair(kind: str, shape: tuple[int, int], count: int, code_dir: str | Non
     """One timed run in two fresh processes (receiver and sender), whichever code they run."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    proc = ctx.Process(target=_receive_child, args=(kind, shape, count, code_dir, results))
+    keys = bench_keys() if kind == CURVE else None
+    proc = ctx.Process(target=_receive_child, args=(kind, shape, count, code_dir, results, keys))
     proc.start()
     try:
         out = results.get(timeout=600)
@@ -173,10 +188,12 @@ def checkout_tree(rev: str) -> tuple[str, str]:
     return folder, short
 
 
-def bench_data_plane(quick: bool, compare: str | None = None, rounds: int = 6) -> list[tuple]:
-    """Rows per payload size: each raw pattern, helix, and (``compare``) helix at an older revision."""
+def bench_data_plane(quick: bool, compare: str | None = None, rounds: int = 6,
+                     curve: bool = False) -> list[tuple]:
+    """Rows per payload size: each raw pattern, helix, (``curve``) helix with CURVE, and
+    (``compare``) helix at an older revision."""
     import shutil
-    code = {kind: None for kind in (*RAW_PATTERNS, "helix")}
+    code = {kind: None for kind in (*RAW_PATTERNS, "helix", *((CURVE,) if curve else ()))}
     if compare:
         folder, short = checkout_tree(compare)
         code[f"helix@{short}"] = folder
@@ -200,8 +217,10 @@ def _data_plane_rows(quick: bool, code: dict[str, str | None], rounds: int) -> l
             cpu[kind] = min(cpu.get(kind, float("inf")), cpu_s / count)
         fastest = max(res[k] for k in RAW_PATTERNS)
         for kind in code:
-            rows.append((f"{nbytes / 2**10:,.0f} KiB [{shape[0]}x{shape[1]}] fp32",
-                         f"{kind} ({RAW_PATTERNS[kind]})" if kind in RAW_PATTERNS else kind,
+            label = f"{kind} ({RAW_PATTERNS[kind]})" if kind in RAW_PATTERNS else kind
+            if kind == CURVE:
+                label += f" ({res[kind] / res['helix'] * 100:.0f} % of helix)"
+            rows.append((f"{nbytes / 2**10:,.0f} KiB [{shape[0]}x{shape[1]}] fp32", label,
                          f"{res[kind]:,.0f}", f"{res[kind] * nbytes / 1e9:.2f}",
                          f"{res[kind] / res['raw'] * 100:.0f} %", f"{res[kind] / fastest * 100:.0f} %",
                          f"{cpu[kind] * 1e6:,.0f}"))
@@ -343,6 +362,8 @@ def main() -> None:
                     help=f"run only these parts (comma list or repeated; of {', '.join(PARTS)})")
     ap.add_argument("--skip-e2e", action="store_true", help="same as leaving e2e out of --only")
     ap.add_argument("--rounds", type=int, default=6, help="data plane: interleaved runs per path (best kept)")
+    ap.add_argument("--curve", action="store_true",
+                    help="data plane: also time it with cluster keys (ZeroMQ CURVE), same run")
     ap.add_argument("--compare", metavar="REV",
                     help="data plane: also time the worker/ code of git revision REV (same run)")
     args = ap.parse_args()
@@ -350,7 +371,7 @@ def main() -> None:
     parts = tuple(p for p in parse_only(args.only) if not (args.skip_e2e and p == "e2e"))
     out = []
     if "data" in parts:
-        rows = bench_data_plane(args.quick, args.compare, args.rounds)
+        rows = bench_data_plane(args.quick, args.compare, args.rounds, args.curve)
         out.append(f"Data plane (two processes, loopback, best of {args.rounds} interleaved runs; target: "
                    "helix >= 70 % of raw; CPU: both processes per message, least of the runs):\n\n"
                    + table(("payload", "path", "frames/s", "GB/s", "vs raw", "vs fastest raw", "CPU µs/msg"),
@@ -372,6 +393,7 @@ def main() -> None:
         cmd = "python scripts/bench_runtime.py" + (" --quick" if args.quick else "") + \
             ("" if parts == PARTS else f" --only {','.join(parts)}") + \
             (f" --compare {args.compare}" if args.compare else "") + \
+            (" --curve" if args.curve else "") + \
             (f" --rounds {args.rounds}" if args.rounds != 6 else "")
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, " \
                   f"load avg {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
