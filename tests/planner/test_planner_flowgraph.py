@@ -82,3 +82,78 @@ def test_float_residue_that_breaks_preflow_push_still_gives_the_max_flow():
     g = build_graph(p, placement, partial_inference=False)
     assert res.value_tokens_per_s == pytest.approx(lp_max_flow(g), rel=1e-6, abs=1e-6)
     check_flow(p, placement, res, partial_inference=False)
+
+
+def _random_placement(rng, p, share=0.9):
+    L = p.num_layers
+    placement = {}
+    for n in p.nodes:
+        if rng.random() < share:
+            k = rng.randint(1, min(L, len(n.throughput_tokens_per_s)))
+            s = rng.randint(0, L - k)
+            placement[n.name] = (s, s + k)
+    return placement
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("partial", [True, False])
+def test_hubs_keep_the_max_flow_and_give_a_feasible_pair_flow(seed, partial):
+    """Arcs merged through hubs (where no link of a block can bind) give the max flow of the full
+    graph (HiGHS LP on the graph without hubs), and the pair flows they are split back into
+    pass the independent flow check (link and node capacities, conservation)."""
+    rng = random.Random(seed)
+    nodes = random_problem(rng, num_nodes=rng.randint(6, 18), num_layers=rng.randint(4, 9), kmax=5,
+                           regions=rng.randint(1, 3)).nodes
+    names = [n.name for n in nodes]
+    drop = {(a, b) for a in names for b in names if rng.random() < 0.05}
+    p = make_problem(nodes, rng.randint(4, 9), inter_region_cap=rng.uniform(20, 300),
+                     drop=drop)
+    placement = _random_placement(rng, p)
+    with_hubs = max_flow(p, placement, partial, hubs=True)
+    full = build_graph(p, placement, partial, hubs=False)
+    assert with_hubs.value_tokens_per_s == pytest.approx(lp_max_flow(full), rel=1e-6, abs=1e-6)
+    assert with_hubs.value_tokens_per_s == pytest.approx(
+        max_flow(p, placement, partial, hubs=False).value_tokens_per_s, rel=1e-9, abs=1e-9)
+    check_flow(p, placement, with_hubs, partial)
+    assert all(len(u) <= 2 for u in build_graph(p, placement, partial, hubs=False))
+
+
+def test_hubs_shrink_large_graphs_and_are_the_default_there():
+    rng = random.Random(5)
+    p = random_problem(rng, num_nodes=400, num_layers=12, kmax=6, regions=3,
+                       inter_region_cap=150.0)
+    placement = _random_placement(rng, p, share=1.0)
+    full = build_graph(p, placement, True, hubs=False)
+    merged = build_graph(p, placement, True)   # the default at this size
+    assert full.number_of_edges() > 20_000
+    assert merged.number_of_edges() < full.number_of_edges() / 5
+    assert any(len(v) > 2 for v in merged)  # hubs
+    res = max_flow(p, placement, True)
+    assert res.value_tokens_per_s == pytest.approx(
+        max_flow(p, placement, True, hubs=False).value_tokens_per_s, rel=1e-9)
+    check_flow(p, placement, res, True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_verify_checks_large_graphs_with_the_lp(seed, monkeypatch):
+    """Above verify.LP_MIN_ARCS arcs the second max-flow algorithm is HiGHS's LP: it agrees with
+    preflow-push on real placements and catches a flow that is not maximal."""
+    import dataclasses
+
+    from planner import verify as verify_mod
+    monkeypatch.setattr(verify_mod, "LP_MIN_ARCS", 0)
+    rng = random.Random(seed)
+    p = random_problem(rng, num_nodes=rng.randint(4, 10), num_layers=rng.randint(4, 8), kmax=4,
+                       regions=2, inter_region_cap=rng.uniform(20, 200))
+    placement = _random_placement(rng, p)
+    res = max_flow(p, placement, True)
+    assert verify_mod.lp_max_flow_value(build_graph(p, placement, True)) == pytest.approx(
+        res.value_tokens_per_s, rel=1e-7, abs=1e-7)
+    verify_mod.verify(p, placement, res, True)
+    if res.value_tokens_per_s > 1:   # half of every flow: feasible, but not the max
+        half = dataclasses.replace(
+            res, value_tokens_per_s=res.value_tokens_per_s / 2,
+            arc_flows={a: f / 2 for a, f in res.arc_flows.items()},
+            node_flows={n: f / 2 for n, f in res.node_flows.items()})
+        with pytest.raises(verify_mod.PlannerBug, match="max-flow LP"):
+            verify_mod.verify(p, placement, half, True)
