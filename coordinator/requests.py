@@ -132,8 +132,11 @@ class LiveRequest:
         done = len(self.output_token_ids)
         if not done:
             return self.params
+        # A guided request's automaton is rebuilt on the new last stage from the tokens it made.
+        resume = self.params.guided_resume_tokens + done if self.params.guided_regex else 0
         return dataclasses.replace(self.params, max_tokens=self.params.max_tokens - done,
-                                   min_tokens=max(0, self.params.min_tokens - done))
+                                   min_tokens=max(0, self.params.min_tokens - done),
+                                   guided_resume_tokens=resume)
 
 
 @dataclass(frozen=True)

@@ -29,43 +29,11 @@ from datetime import datetime
 from pathlib import Path
 
 from helix.errors import HelixUserError
+from helix.tokens import piece_bytes, tokenizer_kind
 
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
-
-
-@functools.cache
-def _byte_of_char() -> dict[str, int]:
-    """The inverse of GPT-2's ``bytes_to_unicode``: printable Latin-1 bytes stand for themselves,
-    the other bytes (controls, space, 0x7F-0xA0, 0xAD) for U+0100 onwards, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    others = [b for b in range(256) if b not in set(printable)]
-    table.update({chr(256 + i): b for i, b in enumerate(others)})
-    return table
-
-
-def _components(node) -> list[dict]:
-    """A decoder or pre-tokenizer JSON node and, for a ``Sequence``, its parts."""
-    if not isinstance(node, dict):
-        return []
-    parts = node.get("decoders") or node.get("pretokenizers") or []
-    return [node, *(p for part in parts for p in _components(part))]
-
-
-def tokenizer_kind(tokenizer_json: dict) -> str:
-    """``byte_level`` (GPT-2/Llama-3 style), ``sentencepiece`` (``▁`` spaces, ``<0xNN>`` byte
-    fallback) or ``text``, from the tokenizer's decoder and pre-tokenizer."""
-    types = {c.get("type") for key in ("decoder", "pre_tokenizer")
-             for c in _components(tokenizer_json.get(key))}
-    if "ByteLevel" in types:
-        return "byte_level"
-    model = tokenizer_json.get("model") or {}
-    if types & {"Metaspace", "ByteFallback"} or model.get("byte_fallback"):
-        return "sentencepiece"
-    return "text"
 
 
 def _token_text(value) -> str | None:
@@ -118,19 +86,9 @@ class TextCodec:
         piece = self.tokenizer.id_to_token(token_id)
         if piece is None:
             return None
-        if token_id in self._added_ids or self.kind == "text":
+        if token_id in self._added_ids:
             return piece.encode()
-        if self.kind == "byte_level":
-            table = _byte_of_char()
-            if all(c in table for c in piece):
-                return bytes(table[c] for c in piece)
-            return piece.encode()
-        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            try:
-                return bytes([int(piece[3:5], 16)])
-            except ValueError:
-                pass
-        return piece.replace("\u2581", " ").encode()
+        return piece_bytes(piece, self.kind)
 
     @functools.cached_property
     def _added_ids(self) -> frozenset[int]:

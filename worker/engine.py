@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import torch
 from helix.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.serving import ServingSpec
+from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, kv_bytes_per_block, num_blocks_for_budget
 from worker.model import SliceModel, SliceWeights
@@ -138,6 +140,11 @@ class SliceEngine:
         self.last_plan: StepPlan | None = None
         self.num_failed_steps = 0
         """Steps whose model run raised (their requests were dropped)."""
+        self.guides: GuideCompiler | None = None
+        """Compiles structured-output automata (set by :meth:`from_checkpoint`: it needs the
+        checkpoint's tokenizer); None = guided requests are refused."""
+        self._held: list[StageInput] = []          # inputs of requests whose automaton compiles
+        self._compiling: dict[Hashable, Future] = {}
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, start: int, end: int,
@@ -145,13 +152,19 @@ class SliceEngine:
         """Load layers ``[start, end)`` of a HF checkpoint folder (only those tensors)."""
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         weights, _ = load_slice(ckpt_dir, start, end, torch_dtype(config.dtype), device)
-        return cls(weights, config)
+        engine = cls(weights, config)
+        if weights.is_last:
+            engine.guides = GuideCompiler(ckpt_dir, config.eos_token_ids, weights.spec.vocab_size,
+                                          engine.device)
+        return engine
+
 
     # --- Engine interface ------------------------------------------------------------------------
     def step(self, inputs: Sequence[StageInput] = ()) -> list[StageOutput]:
         """Accept ``inputs``, run one iteration, return its outputs. Inputs refused and requests of a
         step that raised are dropped and reported by :meth:`take_failures`, never raised."""
         failed: set[Hashable] = set()
+        inputs = self._hold_for_guides(inputs)
         for item in inputs:
             if item.request_id in failed:
                 continue   # a later piece of a request refused earlier in this batch
@@ -210,9 +223,58 @@ class SliceEngine:
         for rid in request_ids:
             self.policy.finish(rid)
             self._reqs.pop(rid, None)
+            self._compiling.pop(rid, None)
+        if self._held:
+            gone = set(request_ids)
+            self._held = [i for i in self._held if i.request_id not in gone]
 
     def has_work(self) -> bool:
-        return any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
+        return (any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
+                or any(f.done() for f in self._compiling.values()))
+
+    # --- structured output --------------------------------------------------------------------------
+    def _hold_for_guides(self, inputs: Sequence[StageInput]) -> list[StageInput]:
+        """The inputs to accept now: held ones whose automaton is ready (in arrival order), then new
+        ones; a guided request's inputs wait (here, not in the step) while its regex compiles, and a
+        regex that does not compile fails the request."""
+        if not self.weights.is_last or not (self._held or any(
+                i.new_request is not None and i.new_request.sampling.guided_regex for i in inputs)):
+            return list(inputs)
+        ready, held, broken = [], [], {}
+        for item in [*self._held, *inputs]:
+            rid, new = item.request_id, item.new_request
+            fut = self._compiling.get(rid)
+            if fut is None and new is not None and new.sampling.guided_regex is not None:
+                if self.guides is None:
+                    broken[rid] = "structured output is not available on this engine (no checkpoint)"
+                    continue
+                fut = self._compiling[rid] = self.guides.compile(new.sampling.guided_regex)
+            if rid in broken:
+                continue
+            if fut is not None and not fut.done():
+                held.append(item)
+            elif fut is not None and fut.exception() is not None:
+                broken[rid] = _describe(fut.exception())
+            else:
+                ready.append(item)
+        self._held = held
+        if broken:
+            ready = [i for i in ready if i.request_id not in broken]
+            for rid, message in broken.items():
+                self._fail([rid], message)
+        return ready
+
+    def _new_guide(self, new: NewRequest) -> Guide:
+        """The automaton of a guided request, walked through the tokens an earlier pipeline
+        generated (``guided_resume_tokens``, the end of its prompt) when it was moved here."""
+        compiled = self._compiling.pop(new.request_id, None)   # done: _hold_for_guides saw to it
+        if compiled is None or not compiled.done():
+            raise RuntimeError(f"request {new.request_id!r}: admitted before its automaton compiled")
+        guide = Guide(compiled.result())
+        resume = new.sampling.guided_resume_tokens
+        for token_id in (new.prompt_token_ids[-resume:] if resume else ()):
+            guide.advance(token_id)
+        return guide
 
     # --- inputs -----------------------------------------------------------------------------------
     def _accept(self, item: StageInput) -> None:
@@ -260,6 +322,8 @@ class SliceEngine:
                 raise HelixUserError(f"logprobs={new.sampling.logprobs} exceeds the vocabulary "
                                      f"({w.spec.vocab_size} tokens)")
             req.sampling = self.sampler.new_state(new.sampling, new.prompt_token_ids)
+            if new.sampling.guided_regex is not None:
+                req.sampling.guide = self._new_guide(new)
             req.next_emit = new.num_prompt_tokens - 1   # positions before the prompt's last sample nothing
         self.policy.add(new.request_id, new.num_prompt_tokens, new.sampling.max_tokens,
                         num_available_tokens=0)
@@ -303,6 +367,8 @@ class SliceEngine:
         for s, st, tok in zip(chosen, states, tokens):
             req = self._reqs[s.request_id]
             st.output_token_ids.append(tok.token_id)
+            if st.guide is not None:
+                st.guide.advance(tok.token_id)
             req.next_emit = s.end
             reason = self._finish_reason(st, tok.token_id)
             outs.append(StageOutput(s.request_id, s.end, token=tok, finish_reason=reason,
@@ -320,6 +386,8 @@ class SliceEngine:
                 return "stop"
             if not p.ignore_eos and token_id in self.sampler.eos_token_ids:
                 return "stop"
+        if st.guide is not None and st.guide.finished:
+            return "stop"   # the reply matches its format and nothing may follow
         if len(st.output_token_ids) >= p.max_tokens:
             return "length"
         return None

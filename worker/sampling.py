@@ -5,7 +5,9 @@ tokens, presence / frequency over output tokens), EOS / stop tokens masked while
 ``min_tokens`` were produced, then temperature (below 1e-5 = greedy argmax), min_p, top_k, top_p, and a draw.
 A request with a ``seed`` draws from its own generator, so its tokens do not depend on its neighbours in
 the batch. Logprobs are those of the raw model distribution (``log_softmax`` of the logits before any
-processing), like vLLM's default ``raw_logprobs``.
+processing), like vLLM's default ``raw_logprobs``. A structured-output request (``guided_regex``)
+keeps only the tokens its automaton allows (``worker.guided``), after the penalties and the
+``min_tokens`` ban.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helix.net.sampling import SampledToken, SamplingParams
+from worker.guided import Guide
 
 
 @dataclass
@@ -26,6 +29,8 @@ class SamplingState:
     prompt_token_ids: tuple[int, ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    guide: Guide | None = None
+    """Structured output: the request's token automaton (only its allowed tokens are sampled)."""
 
 
 class Sampler:
@@ -49,6 +54,7 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(
             s.params.logprobs is not None for s in states) else None
         logits = self._penalize(logits.clone(), states)
+        logits = _constrained(logits, states)
         out = []
         greedy_ids = logits.argmax(dim=-1).tolist()
         for row, st in enumerate(states):
@@ -122,3 +128,20 @@ def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def _renormalized(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     probs = torch.where(keep, probs, torch.zeros_like(probs))
     return probs / probs.sum()
+
+
+def _constrained(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
+    """Rows of guided requests keep only the tokens their automaton allows (after the penalties and
+    the ``min_tokens`` ban: should those leave none of the allowed tokens, the automaton wins and
+    its tokens are drawn alike). One masked fill over all guided rows."""
+    rows = [row for row, st in enumerate(states) if st.guide is not None]
+    if not rows:
+        return logits
+    banned = torch.stack([states[row].guide.banned() for row in rows])   # [guided rows, vocab]
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    masked = logits.index_select(0, index).masked_fill_(banned, float("-inf"))
+    dead = ~torch.isfinite(masked).any(dim=-1)
+    if dead.any():
+        masked[dead] = torch.zeros_like(masked[dead]).masked_fill_(banned[dead], float("-inf"))
+    logits.index_copy_(0, index, masked)
+    return logits

@@ -33,6 +33,12 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     """Top-n logprobs to return per token (plus the sampled token's)."""
+    guided_regex: str | None = None
+    """Structured output: the reply must match this regex (built from a JSON schema by the server);
+    the last stage masks every token that would leave it (``worker.guided``). None = free text."""
+    guided_resume_tokens: int = 0
+    """How many of the last prompt tokens were already generated under ``guided_regex`` (a request
+    moved to another pipeline after a failure): the last stage walks the automaton through them."""
 
     def __post_init__(self) -> None:
         # Every caller (HTTP schemas, the gRPC API, the wire decoder) builds these from untrusted
@@ -73,6 +79,7 @@ class SamplingParams:
         for ok, name, msg in checks:
             if not ok:
                 raise HelixUserError(f"sampling params: {name} {msg}, got {getattr(self, name)!r}")
+        _check_guided(self.guided_regex, self.guided_resume_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -108,3 +115,11 @@ class SampledToken:
     token_id: int
     logprob: float
     top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+def _check_guided(regex, resume_tokens) -> None:
+    if regex is not None and not isinstance(regex, str):
+        raise HelixUserError(f"sampling params: guided_regex must be a string or null, got {regex!r:.40}")
+    if not (_is_int64(resume_tokens) and resume_tokens >= 0):
+        raise HelixUserError(f"sampling params: guided_resume_tokens must be an integer >= 0, "
+                             f"got {resume_tokens!r:.40}")

@@ -17,6 +17,7 @@ mid-stream cancels its request (KV freed on every stage).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -184,7 +185,7 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
         self._check_fields(body)
-        params = body.params()
+        params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
         prompts = body.prompts()
         if len(prompts) > 1:
@@ -237,7 +238,7 @@ class OpenAIServer:
     async def chat(self, body: ChatRequest, request: Request):
         self._check_model(body.model)
         self._check_fields(body)
-        params = body.params()
+        params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
         ids = await self._chat_ids(body.message_dicts())
         lp = self._logprobs(params, body.return_tokens_as_token_ids)

@@ -4,7 +4,7 @@
 Unknown fields are ignored with a logged warning, as vLLM does (clients send harmless OpenAI fields
 such as ``store``, ``metadata``, ``service_tier``); ``helix serve --strict`` refuses them (HTTP 400)
 instead, so a typo never silently changes sampling (:func:`unknown_fields`). Fields we know and
-cannot honour are always a 400 naming the field (``tools``, a JSON ``response_format``). Besides OpenAI's
+cannot honour are always a 400 naming the field (``tools``). Besides OpenAI's
 fields we take vLLM's extra sampling names (``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``). Fields OpenAI defines but Helix does not implement
 (``n`` > 1, ``best_of``, ``echo``, ``suffix``, ``logit_bias``) are refused with a clear message.
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from helix.errors import HelixUserError
 from helix.net.sampling import MAX_LOGPROBS, SamplingParams
+from helix.server.structured import guided_regex
 
 
 _DEFAULT_MAX_TOKENS = 16
@@ -76,7 +77,8 @@ class _Sampling(BaseModel):
     return_tokens_as_token_ids: StrictBool = False
     """vLLM extra: logprob entries name tokens ``token_id:<id>`` instead of their text."""
     response_format: dict | None = None
-    """Only ``{"type": "text"}`` (the default); structured output is refused with a 400."""
+    """``{"type": "text"}`` (the default), ``json_object`` or ``json_schema``: structured output
+    (:meth:`guided_regex`)."""
     tools: list | None = None
     tool_choice: Any = None
 
@@ -87,9 +89,6 @@ class _Sampling(BaseModel):
             raise HelixUserError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise HelixUserError("stream_options is only allowed with stream=true")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise HelixUserError(f"response_format {self.response_format.get('type')!r} is not supported "
-                                 f"(structured output); only {{'type': 'text'}}")
         if self.tools:
             raise HelixUserError("tools are not supported (no tool calling)")
         if self.tool_choice not in (None, "none", "auto"):
@@ -99,6 +98,11 @@ class _Sampling(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def guided_regex(self) -> str | None:
+        """The regex the reply must match under ``response_format`` (None: free text); a bad or
+        unsupported schema is a :class:`HelixUserError` (:mod:`helix.server.structured`)."""
+        return guided_regex(self.response_format)
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)

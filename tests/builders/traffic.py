@@ -13,8 +13,9 @@ VIA_2 = ("cpu-0", "cpu-2")
 """The branching plan's pipeline through cpu-2 (the node failure tests take away)."""
 
 
-def submit_all(coord, prompts, n: int) -> list:
-    """Submit ``n`` greedy requests (prompts round robin); a thread per request collects its events."""
+def submit_all(coord, prompts, n: int, params: SamplingParams | None = None) -> list:
+    """Submit ``n`` requests (prompts round robin; greedy, :data:`MAX_TOKENS`, unless ``params``);
+    a thread per request collects its events: ``[results, threads]``, each result (tokens, Done)."""
     results: list = [None] * n
 
     def collect(k, handle):
@@ -28,7 +29,7 @@ def submit_all(coord, prompts, n: int) -> list:
     threads = []
     for k in range(n):
         handle = coord.submit(list(prompts[k % len(prompts)]),
-                              SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+                              params or SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
         t = threading.Thread(target=collect, args=(k, handle), daemon=True)
         t.start()
         threads.append(t)

@@ -1,8 +1,9 @@
 """The OpenAI / vLLM surface (issue 14): harmless unknown fields are ignored (``--strict`` refuses
-them), a list of prompts gets one choice each, tools and structured output are a 400 naming the
-field, and vLLM's routes (``/v1/models/{id}``, ``/version``, ``/ping``, ``/tokenize``,
-``/detokenize``) answer as vLLM's do. The real ``openai`` client where it can say it, raw HTTP
-otherwise; three real workers, the coordinator and uvicorn in this process."""
+them), a list of prompts gets one choice each, tools and an unknown ``response_format`` type are a
+400 naming the field (structured output itself: ``test_structured_output``), and vLLM's routes
+(``/v1/models/{id}``, ``/version``, ``/ping``, ``/tokenize``, ``/detokenize``) answer as vLLM's do.
+The real ``openai`` client where it can say it, raw HTTP otherwise; three real workers, the
+coordinator and uvicorn in this process."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def test_known_but_unsupported_fields_name_themselves(client):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError, match="tools are not supported"):
         client.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=[tool])
-    with pytest.raises(openai.BadRequestError, match="response_format 'json_object'"):
+    with pytest.raises(openai.BadRequestError, match="response_format.type must be"):
         client.chat.completions.create(model=MODEL_NAME, messages=msgs,
-                                       response_format={"type": "json_object"})
+                                       response_format={"type": "json_yaml"})
 
 
 def test_a_list_of_prompts_gets_one_choice_each_in_order(client):

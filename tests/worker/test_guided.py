@@ -1,0 +1,159 @@
+"""Structured output on the engine (issue 14): the last stage samples only what keeps the reply a
+prefix of its regex and stops once it is complete; a request moved to another pipeline resumes its
+automaton from the tokens it had; a compiling regex holds only its own request; a regex that cannot
+be built fails only its request. The demo checkpoint (random weights, its real tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+pytest.importorskip("outlines_core")
+pytest.importorskip("transformers")
+
+from helix.net.io_types import NewRequest, StageInput  # noqa: E402
+from helix.net.sampling import SamplingParams  # noqa: E402
+from helix.server.structured import guided_regex  # noqa: E402
+from worker.engine import EngineConfig, SliceEngine  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["name", "ok", "tags"]}
+REGEX = guided_regex({"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}})
+PROMPT = (1, 40, 41, 42, 43)
+
+
+@pytest.fixture(scope="module")
+def demo_ckpt(tmp_path_factory):
+    from helix.commands.demo_checkpoint import write_tiny_checkpoint
+    path = tmp_path_factory.mktemp("guided_ckpt")
+    write_tiny_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def codec(demo_ckpt):
+    from coordinator.textcodec import TextCodec
+    return TextCodec(demo_ckpt)
+
+
+def _engine(ckpt) -> SliceEngine:
+    engine = SliceEngine.from_checkpoint(ckpt, 0, 8, EngineConfig(eos_token_ids=(2,)))
+    assert engine.weights.is_first and engine.weights.is_last
+    return engine
+
+
+def _input(rid, ids, params: SamplingParams) -> StageInput:
+    return StageInput(rid, 0, token_ids=tuple(ids), new_request=NewRequest(rid, len(ids), params,
+                                                                          tuple(ids)))
+
+
+def _run(engine: SliceEngine, inputs, max_steps: int = 2000, on_step=None):
+    """Step until idle: (tokens by request, finish reasons, failures)."""
+    tokens, reasons, failures = defaultdict(list), {}, {}
+    pending = list(inputs)
+    for i in range(max_steps):
+        for o in engine.step(pending):
+            tokens[o.request_id].append(o.token.token_id)
+            if o.finish_reason:
+                reasons[o.request_id] = o.finish_reason
+        pending = []
+        failures.update((f.request_id, f.message) for f in engine.take_failures())
+        if on_step is not None:
+            on_step(i, tokens)
+        if not engine.has_work():
+            if not engine._held:
+                return dict(tokens), reasons, failures
+            time.sleep(0.005)   # an automaton compiles: the worker's loop polls like this
+    raise AssertionError("engine did not go idle")
+
+
+def _text(codec, ids) -> str:
+    return codec.decode([t for t in ids if t != 2])
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 1), (1.0, 7), (1.3, 3)])
+def test_every_reply_matches_its_schema_and_stops_there(demo_ckpt, codec, temperature, seed):
+    params = SamplingParams(temperature=temperature, seed=seed, max_tokens=200, guided_regex=REGEX)
+    tokens, reasons, failures = _run(_engine(demo_ckpt), [_input("r", PROMPT, params)])
+    assert not failures and reasons["r"] == "stop"
+    text = _text(codec, tokens["r"])
+    assert re.fullmatch(REGEX, text), text
+    doc = json.loads(text)
+    assert set(doc) == {"name", "ok", "tags"} and isinstance(doc["ok"], bool)
+    assert len(doc["name"]) <= 6 and set(doc["tags"]) <= {"a", "b"} and len(doc["tags"]) <= 2
+
+
+def test_without_the_regex_the_same_sampling_is_no_json(demo_ckpt, codec):
+    """The test above can fail: the random model left free does not write JSON."""
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    tokens, _, _ = _run(_engine(demo_ckpt), [_input("r", PROMPT, params)])
+    with pytest.raises(ValueError):
+        json.loads(_text(codec, tokens["r"]))
+
+
+@pytest.mark.parametrize("cut", [1, 5, 12])
+def test_a_moved_request_resumes_its_automaton(demo_ckpt, cut):
+    """After a failover the new last stage gets prompt + the tokens generated so far, and
+    ``guided_resume_tokens`` says how many of them to walk: it continues as if never moved."""
+    params = SamplingParams(temperature=0.0, max_tokens=200, guided_regex=REGEX)
+    whole, _, _ = _run(_engine(demo_ckpt), [_input("r", PROMPT, params)])
+    done = whole["r"][:cut]
+    moved = SamplingParams(temperature=0.0, max_tokens=200 - cut, guided_regex=REGEX,
+                           guided_resume_tokens=cut)
+    rest, reasons, failures = _run(_engine(demo_ckpt), [_input("m", PROMPT + tuple(done), moved)])
+    assert not failures and reasons["m"] == "stop"
+    assert done + rest["m"] == whole["r"]
+
+
+def test_a_resumed_prefix_that_breaks_the_format_fails_only_its_request(demo_ckpt):
+    bad = SamplingParams(temperature=0.0, max_tokens=20, guided_regex=REGEX, guided_resume_tokens=2)
+    plain = SamplingParams(temperature=0.0, max_tokens=5)
+    tokens, _, failures = _run(_engine(demo_ckpt), [_input("bad", PROMPT, bad),
+                                                    _input("ok", PROMPT, plain)])
+    assert "does not continue" in failures["bad"] and len(tokens["ok"]) == 5
+
+
+def test_a_compiling_regex_holds_only_its_request(demo_ckpt, codec):
+    """While its automaton compiles (a slow compile stood in for by a busy compiler thread), a guided
+    request's inputs wait; a plain request beside it runs to the end; then the guided one runs."""
+    engine = _engine(demo_ckpt)
+    gate = threading.Event()
+    engine.guides._pool.submit(gate.wait)   # the compiler's one thread is busy until the gate opens
+    guided = SamplingParams(temperature=0.0, max_tokens=200, guided_regex=REGEX)
+    plain = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    seen = {}
+
+    def on_step(i, tokens):
+        if len(tokens["p"]) == 8 and "plain_done_at" not in seen:
+            seen["plain_done_at"] = i
+            seen["guided_then"] = len(tokens["g"])
+            assert [i.request_id for i in engine._held] == ["g"]
+            gate.set()
+    tokens, reasons, failures = _run(engine, [_input("g", PROMPT, guided), _input("p", PROMPT, plain)],
+                                     on_step=on_step)
+    assert seen["guided_then"] == 0 and reasons == {"p": "length", "g": "stop"} and not failures
+    json.loads(_text(codec, tokens["g"]))
+
+
+def test_a_regex_that_cannot_be_built_fails_only_its_request(demo_ckpt):
+    bad = SamplingParams(max_tokens=5, guided_regex="(?=a)b")   # look-ahead: no automaton
+    plain = SamplingParams(temperature=0.0, max_tokens=5)
+    tokens, _, failures = _run(_engine(demo_ckpt), [_input("bad", PROMPT, bad),
+                                                    _input("ok", PROMPT, plain)])
+    assert "structured output" in failures["bad"] and len(tokens["ok"]) == 5
+
+
+def test_the_regex_and_resume_count_cross_the_wire():
+    """What the last stage needs travels in NewRequest's SamplingParams over the data plane."""
+    from helix.net.wire import InputBatch, WireInput, decode, encode
+    params = SamplingParams(max_tokens=9, guided_regex=REGEX, guided_resume_tokens=3)
+    batch = InputBatch((WireInput(_input(7, PROMPT, params)),))
+    got = decode([bytes(f) for f in encode(batch)]).inputs[0].item.new_request.sampling
+    assert got == params
