@@ -4,6 +4,7 @@ can neither inject work on the data plane nor reconfigure a worker nor register 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -74,24 +75,31 @@ def _injected_request(coord) -> list:
     return encode(InputBatch((WireInput(StageInput(10**6, 0, token_ids=ids, new_request=new), route),)))
 
 
-def test_a_stranger_cannot_inject_work_on_the_data_plane(secured):
+def test_a_stranger_cannot_inject_work_on_the_data_plane(secured, tmp_path):
     keys, coord, servers, _, _, _ = secured
     first = servers[0]
     before = first.stats()
-    raw = zmq.Context.instance().socket(zmq.PUSH)
+    generate(tmp_path / "other")
+    other = ClusterKeys.load(tmp_path / "other")
+    raw = zmq.Context.instance().socket(zmq.PUSH)   # no CURVE at all
     raw.connect(first.data.address)
     raw.send_multipart(_injected_request(coord))
+    forged = DataPlane(keys=dataclasses.replace(   # CURVE, the right server key, not a member's key
+        keys, curve_client_public=other.curve_client_public, curve_client_secret=other.curve_client_secret))
+    forged.set_peers({"cpu-0": first.data.address})
+    forged.send_frames("cpu-0", _injected_request(coord))
     try:
         deadline = time.monotonic() + 10
-        while first.data._gate.refused == 0 and time.monotonic() < deadline:
+        while first.data._gate.refused < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert first.data._gate.refused >= 1
+        assert first.data._gate.refused >= 2
         time.sleep(1.0)
         after = first.stats()
         assert (after.steps_total, after.num_requests, after.kv_blocks_used) == \
             (before.steps_total, before.num_requests, before.kv_blocks_used)
     finally:
         raw.close(linger=0)
+        forged.close()
     # The same message from a cluster member is work (so the check above could have failed).
     member = DataPlane(keys=keys)
     member.set_peers({"cpu-0": first.data.address})
