@@ -29,10 +29,12 @@ import torch
 from helix.errors import HelixUserError
 from helix.tokens import piece_bytes, tokenizer_kind
 
-_CACHE_SIZE = 64
+_CACHE_SIZE = 16
 """Compiled regexes kept per engine."""
-_MASKS_KEPT = 1024
-"""Token masks kept per compiled regex (one per automaton state visited lately)."""
+_MASK_BYTES = 8 * 2**20
+"""Token masks (one ``vocab_size``-byte bool per automaton state visited lately) kept per compiled
+regex, on the engine's device: at most 16 x 8 MiB per engine (512 states at a 16k vocabulary,
+64 at 128k)."""
 
 
 def token_bytes_map(ckpt_dir: str | Path, vocab_size: int,
@@ -58,7 +60,7 @@ def token_bytes_map(ckpt_dir: str | Path, vocab_size: int,
 
 class GuideIndex:
     """One compiled regex: an ``outlines_core.Index`` and, per visited state, the mask of the tokens
-    it bans (kept for the last :data:`_MASKS_KEPT` states: ``vocab_size`` bytes each)."""
+    it bans (the states visited last, within :data:`_MASK_BYTES`)."""
 
     def __init__(self, index, eos_token_ids: Sequence[int], index_eos: int, vocab_size: int,
                  device: torch.device) -> None:
@@ -68,6 +70,7 @@ class GuideIndex:
         self.vocab_size = vocab_size
         self.device = device
         self._banned: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._masks_kept = max(8, _MASK_BYTES // max(1, vocab_size))
         self._only_end: dict[int, bool] = {}   # final states only: few
         self._lock = threading.Lock()
 
@@ -93,7 +96,7 @@ class GuideIndex:
                 mask = torch.ones(self.vocab_size, dtype=torch.bool)
                 mask[self.allowed_ids(state)] = False
                 mask = self._banned[state] = mask.to(self.device)
-                while len(self._banned) > _MASKS_KEPT:
+                while len(self._banned) > self._masks_kept:
                     self._banned.popitem(last=False)
             else:
                 self._banned.move_to_end(state)
