@@ -168,3 +168,34 @@ def test_requests_moved_off_a_dead_node_keep_their_format(tiny_model):
     assert moved == reference
     for tokens in moved:
         validate(json.loads(stack.coordinator.codec.decode(tokens)))
+
+
+def test_openai_parse_with_a_pydantic_model(client):
+    """The openai client's own structured-output path: ``chat.completions.parse`` sends the model's
+    strict JSON schema (titles, ``additionalProperties: false``) and parses the reply into it."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Place(BaseModel):
+        city: str = Field(max_length=12)
+        sunny: bool
+        kind: Literal["town", "village"]
+    for seed in (None, 21, 22):
+        reply = client.chat.completions.parse(model=MODEL_NAME, messages=MESSAGES, max_tokens=300,
+                                              response_format=Place, seed=seed,
+                                              temperature=0.0 if seed is None else 1.0)
+        place = reply.choices[0].message.parsed
+        assert isinstance(place, Place) and len(place.city) <= 12
+
+
+def test_langchain_with_structured_output(stack):
+    """LangChain's ``with_structured_output(method="json_schema")`` (skipped without it)."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    schema = {"title": "place", "description": "A place.", "type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"], "additionalProperties": False}
+    llm = langchain_openai.ChatOpenAI(model=MODEL_NAME, base_url=stack.url + "/v1", api_key="none",
+                                      temperature=0, max_tokens=200, max_retries=0, timeout=60)
+    out = llm.with_structured_output(schema, method="json_schema").invoke("Describe a place.")
+    assert set(out) == {"city", "sunny"} and isinstance(out["sunny"], bool)
