@@ -4,6 +4,7 @@ can neither inject work on the data plane nor reconfigure a worker nor register 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -60,11 +61,20 @@ def test_greedy_tokens_equal_transformers_through_two_secured_workers(secured, t
         ids = coord.codec.encode(PROMPTS[i])
         with Client(grpc_server.address, tls_cert=folder / "grpc.crt") as c:
             out = c.generate(ids, temperature=0, max_tokens=8)
+            async_out = asyncio.run(_agenerate(c, ids))
         assert list(out.token_ids) == hf_greedy(model, ids, 8), PROMPTS[i]
+        assert async_out.token_ids == out.token_ids
     assert set(coord.pipeline_counts) == {("cpu-0", "cpu-1")}
     with Client(grpc_server.address) as plain, pytest.raises(ClientError) as refused:
         plain.generate(ids, max_tokens=2)   # the client API speaks TLS only
     assert refused.value.code == "UNAVAILABLE"
+
+
+async def _agenerate(client, ids):
+    try:
+        return await client.agenerate(ids, temperature=0, max_tokens=8)
+    finally:
+        await client.aclose()
 
 
 def _injected_request(coord) -> list:
