@@ -5,7 +5,7 @@ layers with room for ``n`` positions in each has ``n * k`` token-layers; a reque
 those layers for ``p`` prompt and ``o`` output tokens will use ``(p + o) * j`` of them at its longest.
 
 The coordinator does not know ``o`` in advance, so it reserves an *expected* output length (the
-workload mean, or ``max_tokens`` when smaller). A node is masked for a request when its estimate plus
+workload mean, or ``max_tokens`` when smaller; live, the running mean of :class:`OutputLengthMean`). A node is masked for a request when its estimate plus
 that request's reservation would pass ``high_water`` times its capacity (Helix section 5: "nodes
 whose KV cache would pass a high-water mark are masked out"). The estimate is an estimate: the worker
 still tracks its real blocks and preempts on overflow. The live coordinator corrects the estimate
@@ -20,9 +20,11 @@ shrunk ones that did not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from helix.serving import ServingSpec
+from helix.spec import WorkloadSpec
 
 _LOG_LIMIT = 4096
 """Change-log entries kept; a reader further behind than this re-tests every node."""
@@ -186,3 +188,32 @@ class FitMask:
                 if (o if o > r else r) + tokens * bl[1] <= limit[node]:   # = fits()
                     mask |= bl[0]
         return mask
+
+
+class OutputLengthMean:
+    """The output length the live coordinator reserves KV for: a running mean of the lengths
+    served, seeded with ``seed_tokens`` (the workload's mean output) until requests finish.
+
+    A request without ``max_tokens`` may run to the end of the context; reserving that much would
+    let one request hold the KV of dozens and admission would collapse. So a request reserves
+    ``min(max_tokens, mean)`` (section 5's "expected output length"), and one that outgrows its
+    reservation is the workers' business: their paged KV takes blocks as it grows and preempts and
+    recomputes the newest request when a pool runs short, and the stats poll corrects the
+    estimate with the real block counts. The mean is cumulative over the first ``window`` lengths
+    and exponentially weighted (1 / ``window``) after, so it follows a changing mix. Pure."""
+
+    def __init__(self, seed_tokens: float = WorkloadSpec().mean_output_tokens, window: int = 256) -> None:
+        if not seed_tokens > 0 or window < 1:
+            raise ValueError(f"seed_tokens must be > 0 and window >= 1, got {seed_tokens}, {window}")
+        self.mean = float(seed_tokens)
+        self.window = window
+        self.count = 1   # the seed counts as one observation
+
+    def observe(self, output_tokens: int) -> None:
+        """A request finished (stop or length) after ``output_tokens`` tokens."""
+        self.count += 1
+        self.mean += (output_tokens - self.mean) / min(self.count, self.window)
+
+    def reservation(self, max_tokens: int) -> int:
+        """Output tokens to reserve for a request allowed ``max_tokens`` (at least 1)."""
+        return max(1, min(max_tokens, math.ceil(self.mean)))

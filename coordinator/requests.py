@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from coordinator.pipeline import Pipeline, Topology
 from coordinator.textcodec import Detokenizer
@@ -31,6 +33,8 @@ class Delta:
     token_ids: tuple[int, ...]
     text: str
     tokens: tuple[SampledToken, ...] = ()
+    prompt_logprobs: tuple[SampledToken, ...] = ()
+    """On the first delta of a request that asked for ``prompt_logprobs``: prompt tokens 1.. scored."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ class LiveRequest:
         resume = self.params.guided_resume_tokens + done if self.params.guided_regex else 0
         return dataclasses.replace(self.params, max_tokens=self.params.max_tokens - done,
                                    min_tokens=max(0, self.params.min_tokens - done),
-                                   guided_resume_tokens=resume)
+                                   guided_resume_tokens=resume,
+                                   prompt_logprobs=None)   # they came with the first token
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,29 @@ class RequestLimits:
     max_kv_tokens: int
     """Most prompt + ``max_tokens`` tokens the roomiest pipeline admits when empty."""
     max_logprobs: int = MAX_LOGPROBS
+    default_max_tokens: int | None = None
+    """The checkpoint's ``generation_config.json`` ``max_new_tokens``: what a request without
+    ``max_tokens`` generates at most (within the context); None: to the end of the context."""
+
+    def resolve(self, num_prompt_tokens: int, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens`` set: a request without one generates to the end of the
+        context, as vLLM's ``get_max_tokens`` (or to the checkpoint's ``max_new_tokens`` when
+        smaller). Here the end is also where the roomiest pipeline's KV ends (``max_kv_tokens``),
+        so such a request is never refused for asking too much."""
+        if params.max_tokens is not None:
+            return params
+        room = min(self.max_context_tokens, self.max_kv_tokens) - num_prompt_tokens
+        if room < 1 and num_prompt_tokens:
+            raise HelixUserError(f"the prompt ({num_prompt_tokens} tokens) leaves no room to generate "
+                                 f"within the model's context of {self.max_context_tokens} tokens"
+                                 f"{self._kv_note()}")
+        limit = max(1, room if self.default_max_tokens is None else min(room, self.default_max_tokens))
+        return dataclasses.replace(params, max_tokens=limit)
+
+    def _kv_note(self) -> str:
+        if self.max_kv_tokens >= self.max_context_tokens:
+            return ""
+        return f" (the KV cache of the roomiest pipeline holds {self.max_kv_tokens})"
 
     def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> tuple[int, ...]:
         """The prompt as a tuple; :class:`HelixUserError` naming the first problem."""
@@ -167,6 +195,12 @@ class RequestLimits:
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
             raise HelixUserError(f"stop_token_ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise HelixUserError(f"logit_bias token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > self.max_logprobs:
+            raise HelixUserError(f"prompt_logprobs must be in [0, {self.max_logprobs}], "
+                                 f"got {params.prompt_logprobs}")
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise HelixUserError(f"logprobs must be in [0, {self.max_logprobs}], got {params.logprobs}")
         total = len(ids) + params.max_tokens
@@ -200,3 +234,14 @@ def max_kv_tokens(topology: Topology, limits: Mapping[str, tuple[float, int]]) -
         if topology.has_path(topology.mask_of(n for n in topology.nodes if room.get(n, -1) >= tokens)):
             return tokens
     return 0
+
+
+def generation_max_new_tokens(model_path: str | Path) -> int | None:
+    """``max_new_tokens`` of the checkpoint's ``generation_config.json`` (vLLM's default
+    ``max_tokens`` when a request sets none), or None when it has none (or no such file)."""
+    path = Path(model_path) / "generation_config.json"
+    try:
+        value = json.loads(path.read_text()).get("max_new_tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value >= 1 else None

@@ -32,15 +32,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.health import HealthConfig, NodeHealth
-from coordinator.kv_estimator import KVEstimator
+from coordinator.kv_estimator import KVEstimator, OutputLengthMean
 from coordinator.membership import Membership, NoPipeline
 from coordinator.pipeline import RequestInfo
-from coordinator.requests import Delta, Done, LiveRequest, RequestHandle, RequestLimits, max_kv_tokens
+from coordinator.requests import (Delta, Done, LiveRequest, RequestHandle, RequestLimits,
+                                  generation_max_new_tokens, max_kv_tokens)
 from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
 from helix.serving import ServingLimits
+from helix.spec import WorkloadSpec
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
@@ -81,6 +83,9 @@ class RuntimeConfig:
     max_model_len: int | None = None
     """Most prompt + output tokens a request may have (vLLM's ``--max-model-len``), at most the
     checkpoint's ``max_position_embeddings``; None: that."""
+    expected_output_tokens: float = WorkloadSpec().mean_output_tokens
+    """Seed of the running mean of output lengths that requests reserve KV for (see
+    :class:`~coordinator.kv_estimator.OutputLengthMean`)."""
     engine: dict = field(default_factory=dict)
     """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
     plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
@@ -174,6 +179,8 @@ class Coordinator(Membership):
         self._waiting: deque[LiveRequest] = deque()
         self._next_id = 0
         self.limits: RequestLimits | None = None
+        self.output_length = OutputLengthMean(config.expected_output_tokens)
+        """What a request reserves KV for (the running mean of served output lengths)."""
         self._kv_tokens: dict[frozenset[str], int] = {}   # _max_kv_tokens by excluded nodes
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -220,7 +227,8 @@ class Coordinator(Membership):
         self.scheduler = live_scheduler(self.plan, kv)
         self._flows = self.plan.arc_flows   # what the scheduler routes on (re-solved when nodes die)
         self.limits = RequestLimits(self.codec.vocab_size, self.codec.max_context_tokens,
-                                    self._max_kv_tokens())
+                                    self._max_kv_tokens(),
+                                    default_max_tokens=generation_max_new_tokens(self.model_path))
         for target, name in ((self._receive_loop, "receiver"), (self._stats_loop, "stats")):
             t = threading.Thread(target=target, name=f"helix-coordinator-{name}", daemon=True)
             t.start()
@@ -243,6 +251,7 @@ class Coordinator(Membership):
         """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`."""
         if self.scheduler is None:
             raise RuntimeError("coordinator has no workers yet (call attach)")
+        params = self.limits.resolve(len(prompt_token_ids), params)
         prompt = self.limits.check(prompt_token_ids, params)
         bad_stop = [s for s in stop if not isinstance(s, str)]
         if bad_stop:
@@ -276,7 +285,8 @@ class Coordinator(Membership):
         """Reserve a pipeline for ``req`` and send it to the first stage; False when every pipeline
         is masked. A send that raises undoes the reservation, then re-raises."""
         ids, params = req.dispatch_token_ids(), req.dispatch_params()
-        info = RequestInfo(req.request_id, len(ids), params.max_tokens)
+        # KV for the expected output, not for max_tokens (which may be the whole context).
+        info = RequestInfo(req.request_id, len(ids), self.output_length.reservation(params.max_tokens))
         pipeline = self.scheduler.schedule(info)
         if pipeline is None:
             return False
@@ -345,6 +355,8 @@ class Coordinator(Membership):
                 retry_after_s: int | None = None) -> None:
         """Finish ``req`` (under the lock): release KV, tell the caller."""
         req.done = True
+        if reason in ("stop", "length"):
+            self.output_length.observe(req.num_output_tokens)
         self._live.pop(req.request_id, None)
         self._alias.pop(req.handle.request_id, None)
         if req.pipeline is not None:
@@ -419,7 +431,7 @@ class Coordinator(Membership):
         req.num_output_tokens += 1
         req.output_token_ids.append(ev.token.token_id)
         text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)
-        req.handle.push(Delta((ev.token.token_id,), text, (ev.token,)))
+        req.handle.push(Delta((ev.token.token_id,), text, (ev.token,), ev.prompt_logprobs))
         if ev.finish_reason is not None:
             self._end(req, ev.finish_reason, release_stages=False)
         elif req.detok.stopped:

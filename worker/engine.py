@@ -31,6 +31,7 @@ import torch
 
 from helix.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
+from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
 from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
@@ -109,6 +110,7 @@ class _Request:
     num_inputs: int = 0
     next_emit: int = 0      # first position whose output was not emitted yet
     sampling: SamplingState | None = None
+    prompt_lps: list[SampledToken] | None = None   # last stage, when asked: prompt tokens 1.. scored
 
 
 class SliceEngine:
@@ -205,9 +207,13 @@ class SliceEngine:
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
             chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
-            keep = torch.tensor([s.row_start + s.end - s.start - 1 for s in chosen], dtype=torch.long,
-                                device=self.device)
-            outputs, finished, fed_back = self._sample(chosen, self.model.forward(x, batch, keep))
+            scored = self._prompt_rows(spans)
+            rows = [s.row_start + s.end - s.start - 1 for s in chosen]
+            rows += [s.row_start + p - s.start for s, first, end in scored for p in range(first, end)]
+            h = self.model.forward(x, batch, torch.tensor(rows, dtype=torch.long, device=self.device))
+            if scored:
+                self._score_prompts(scored, h[len(chosen):])
+            outputs, finished, fed_back = self._sample(chosen, h[:len(chosen)])
         else:
             outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch)), [], []
         self.policy.complete(plan, finished)
@@ -312,16 +318,24 @@ class SliceEngine:
                                  f"slice [{w.start}, {w.end})")
         if enter != w.start and w.is_first:
             raise HelixUserError(f"request {new.request_id!r}: the first stage cannot skip layers")
+        if new.sampling.max_tokens is None:   # the coordinator resolves it before dispatch
+            raise HelixUserError(f"request {new.request_id!r}: max_tokens is not set")
         req = _Request(new, enter - w.start)
         if w.is_last:
             # What the sampler indexes by token id must lie in the vocabulary (it would raise inside
             # a step shared with other requests).
             self._check_token_ids("stop_token_ids", new.sampling.stop_token_ids)
+            self._check_token_ids("logit_bias token ids", [t for t, _ in new.sampling.logit_bias])
             self._check_token_ids("prompt token ids", new.prompt_token_ids)
             if (new.sampling.logprobs or 0) > w.spec.vocab_size:
                 raise HelixUserError(f"logprobs={new.sampling.logprobs} exceeds the vocabulary "
                                      f"({w.spec.vocab_size} tokens)")
             req.sampling = self.sampler.new_state(new.sampling, new.prompt_token_ids)
+            if new.sampling.prompt_logprobs is not None:
+                if len(new.prompt_token_ids) != new.num_prompt_tokens:
+                    raise HelixUserError(f"request {new.request_id!r}: prompt_logprobs needs the "
+                                         f"prompt's token ids")
+                req.prompt_lps = []
             if new.sampling.guided_regex is not None:
                 req.sampling.guide = self._new_guide(new)
             req.next_emit = new.num_prompt_tokens - 1   # positions before the prompt's last sample nothing
@@ -356,6 +370,39 @@ class SliceEngine:
                 req.next_emit = s.end
         return outs
 
+    def _prompt_rows(self, spans: Sequence[RowSpan]) -> list[tuple[RowSpan, int, int]]:
+        """(span, first, end): positions ``[first, end)`` of the span whose logits score the prompt
+        token after them, for requests that asked for prompt logprobs, each position once (a
+        recompute after preemption scores nothing again)."""
+        out = []
+        for s in spans:
+            req = self._reqs[s.request_id]
+            if req.prompt_lps is None:
+                continue
+            first, end = max(s.start, len(req.prompt_lps)), min(s.end, req.new.num_prompt_tokens - 1)
+            if first < end:
+                out.append((s, first, end))
+        return out
+
+    def _score_prompts(self, scored: Sequence[tuple[RowSpan, int, int]], x: torch.Tensor) -> None:
+        """vLLM's prompt logprobs: the raw ``log_softmax`` at position ``p`` scores prompt token
+        ``p + 1`` (and gives the top ``prompt_logprobs``); ``x`` holds the rows in ``scored`` order."""
+        logprobs = torch.log_softmax(self.model.logits(x), dim=-1)   # [rows, vocab]
+        at = 0
+        for s, first, end in scored:
+            req = self._reqs[s.request_id]
+            block, at = logprobs[at:at + end - first], at + end - first
+            target = torch.tensor(req.new.prompt_token_ids[first + 1:end + 1], dtype=torch.long,
+                                  device=block.device)
+            values = block.gather(1, target[:, None])[:, 0].tolist()
+            k = min(req.new.sampling.prompt_logprobs, block.shape[-1])
+            tops = [()] * len(values)
+            if k:
+                top_vals, top_ids = block.topk(k, dim=-1)
+                tops = [tuple(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+            req.prompt_lps.extend(SampledToken(t, v, top) for t, v, top in
+                                  zip(target.tolist(), values, tops))
+
     def _sample(self, chosen: Sequence[RowSpan], x: torch.Tensor):
         """Sample the last row of each ``chosen`` span; ``x`` holds exactly those rows, in order."""
         if not chosen:
@@ -371,8 +418,10 @@ class SliceEngine:
                 st.guide.advance(tok.token_id)
             req.next_emit = s.end
             reason = self._finish_reason(st, tok.token_id)
+            first = len(st.output_token_ids) == 1
             outs.append(StageOutput(s.request_id, s.end, token=tok, finish_reason=reason,
-                                    new_request=req.new if len(st.output_token_ids) == 1 else None))
+                                    new_request=req.new if first else None,
+                                    prompt_logprobs=tuple(req.prompt_lps or ()) if first else ()))
             if reason is not None:
                 finished.append(s.request_id)
             elif self.weights.is_first:

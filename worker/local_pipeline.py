@@ -32,6 +32,8 @@ class LocalPipeline:
         self.tokens: dict[Hashable, list[int]] = {}
         self.logprobs: dict[Hashable, list] = {}
         self.finish_reasons: dict[Hashable, str] = {}
+        self.prompt_logprobs: dict[Hashable, tuple] = {}
+        """What the last stage sent with a request's first token (``SamplingParams.prompt_logprobs``)."""
 
     def submit(self, prompt: Prompt) -> None:
         new = NewRequest(prompt.request_id, len(prompt.token_ids), prompt.sampling,
@@ -76,6 +78,8 @@ class LocalPipeline:
         for o in outs:
             self.tokens[o.request_id].append(o.token.token_id)
             self.logprobs[o.request_id].append(o.token)
+            if o.prompt_logprobs:
+                self.prompt_logprobs[o.request_id] = o.prompt_logprobs
             if o.finish_reason is not None:
                 self.finish_reasons[o.request_id] = o.finish_reason
                 for e in self.engines[:-1]:

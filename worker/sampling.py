@@ -1,8 +1,9 @@
 """Token sampling with vLLM's ``SamplingParams`` names and semantics.
 
-Order of operations (as vLLM's sampler): penalties on the raw logits (repetition over prompt + output
-tokens, presence / frequency over output tokens), EOS / stop tokens masked while fewer than
-``min_tokens`` were produced, then temperature (below 1e-5 = greedy argmax), min_p, top_k, top_p, and a draw.
+Order of operations (as vLLM's sampler): ``logit_bias`` added to the raw logits, then penalties
+(repetition over prompt + output tokens, presence / frequency over output tokens), EOS / stop tokens
+masked while fewer than ``min_tokens`` were produced, then temperature (below 1e-5 = greedy argmax),
+min_p, top_k, top_p, and a draw.
 A request with a ``seed`` draws from its own generator, so its tokens do not depend on its neighbours in
 the batch. Logprobs are those of the raw model distribution (``log_softmax`` of the logits before any
 processing), like vLLM's default ``raw_logprobs``. A structured-output request (``guided_regex``)
@@ -67,6 +68,10 @@ class Sampler:
         vocab = logits.shape[-1]
         for row, st in enumerate(states):
             p = st.params
+            if p.logit_bias:   # before the penalties, as vLLM's logits processors
+                ids, bias = zip(*p.logit_bias)
+                logits[row, torch.tensor(ids, dtype=torch.long, device=logits.device)] += \
+                    torch.tensor(bias, dtype=logits.dtype, device=logits.device)
             if p.repetition_penalty != 1.0:
                 seen = torch.tensor(sorted({*st.prompt_token_ids, *st.output_token_ids}),
                                     dtype=torch.long, device=logits.device)

@@ -301,7 +301,8 @@ class WorkerServer:
         tokens, feed, sends = [], defaultdict(list), []
         for o in outputs:
             route = self._routes[o.request_id]
-            tokens.append(TokenEvent(o.request_id, o.start_position, o.token, o.finish_reason, self.node))
+            tokens.append(TokenEvent(o.request_id, o.start_position, o.token, o.finish_reason, self.node,
+                                     o.prompt_logprobs))
             if o.finish_reason is not None:
                 for node in set(route.nodes) - {self.node}:
                     sends.append((node, Release((o.request_id,))))

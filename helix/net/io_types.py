@@ -65,6 +65,9 @@ class StageOutput:
     """Last stage: ``"stop"`` (EOS or a stop token) or ``"length"`` (max_tokens); None while running."""
     new_request: NewRequest | None = None
     """Set on a request's first output so the caller can forward it to the next stage."""
+    prompt_logprobs: tuple[SampledToken, ...] = ()
+    """Last stage, on a request's first token when it asked for ``prompt_logprobs``: the logprob of
+    each prompt token after the first (``token_id`` is the prompt's token)."""
 
 
 class Engine(Protocol):

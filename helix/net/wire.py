@@ -131,6 +131,8 @@ class TokenEvent:
     token: SampledToken
     finish_reason: str | None
     node: str
+    prompt_logprobs: tuple[SampledToken, ...] = ()
+    """On a request's first token, when it asked for them (see ``StageOutput.prompt_logprobs``)."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ def _header_map(msg: Message, out: _Payload) -> dict:
     if isinstance(msg, TokenBatch):
         return {"kind": "tok", "items": [
             {"id": t.request_id, "pos": t.position, "t": t.token.token_id, "lp": t.token.logprob,
-             "top": [list(x) for x in t.token.top_logprobs], "fin": t.finish_reason, "node": t.node}
+             "top": [list(x) for x in t.token.top_logprobs], "fin": t.finish_reason, "node": t.node,
+             **({"plp": [[p.token_id, p.logprob, [list(x) for x in p.top_logprobs]]
+                         for p in t.prompt_logprobs]} if t.prompt_logprobs else {})}
             for t in msg.tokens]}
     if isinstance(msg, Release):
         return {"kind": "rel", "ids": list(msg.request_ids)}
@@ -353,7 +357,9 @@ def _decode_map(frames: Sequence, start: int, end: int, inline_start: int) -> Me
     if kind == "tok":
         events = tuple(
             TokenEvent(d["id"], d["pos"], SampledToken(d["t"], d["lp"], tuple(map(tuple, d["top"]))),
-                       d["fin"], d["node"]) for d in head["items"])
+                       d["fin"], d["node"],
+                       tuple(SampledToken(t, lp, tuple(map(tuple, top))) for t, lp, top in d.get("plp", ())))
+            for d in head["items"])
         if any(e.finish_reason is not None and type(e.finish_reason) is not str for e in events):
             raise WireError("finish reason is neither a string nor null")
         return TokenBatch(events)

@@ -11,7 +11,9 @@ queue is full, 504 (``timeout_error``) when the workers produce nothing for ``re
 500 (``server_error``) when generation fails. A stream that fails or times out sends one
 ``data: {"error": ...}`` event and then ``data: [DONE]`` (as vLLM does). Streamed chunks carry
 ``logprobs`` when requested, in the same format as the non-streamed reply. A client that disconnects
-mid-stream cancels its request (KV freed on every stage).
+mid-stream cancels its request (KV freed on every stage). ``n``, several prompts and ``echo``: one
+choice per sequence (:mod:`helix.server.choices`), streamed interleaved, each chunk naming its
+``index``. Chat without ``max_tokens`` generates to the end of the context (vLLM's default).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coordinator.requests import Delta, Done, RequestHandle, RequestTimeout
+from coordinator.requests import Delta, Done, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.errors import HelixUserError
+from helix.server.choices import Choice, child_params, merged, usage
 from helix.server.guard import HttpOptions, install as install_guards
-from helix.server.logprobs import LogprobsBuilder
+from helix.server.logprobs import LogprobsBuilder, joined
 from helix.server.utility import add_utility_routes
 from helix.server.metrics import ServingMetrics
 from helix.server.schemas import ChatRequest, CompletionRequest, unknown_fields
@@ -109,9 +112,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail), kind)
 
 
-def _usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+def _raise_failed(done: Done) -> None:
+    """A Done that ended in an error: 503 (no pipeline now) or 500 (generation failed)."""
+    if done.error is not None and done.retry_after_s is not None:
+        raise NoPipeline(done.error, done.retry_after_s)
+    if done.error is not None:
+        raise GenerationFailed(done.error)
 
 
 def _sse(obj) -> str:
@@ -188,52 +194,17 @@ class OpenAIServer:
         params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
         prompts = body.prompts()
-        if len(prompts) > 1:
-            return await self._completions_batch(body, params, prompts)
-        ids = await self._prompt_ids(prompts[0])
-        lp = self._logprobs(params, body.return_tokens_as_token_ids)
-        handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
+        ids = [await self._prompt_ids(p) for p in prompts]
+        echo = [(p if isinstance(p, str) else self.coordinator.codec.decode(i)) if body.echo else None
+                for p, i in zip(prompts, ids)]
+        choices = self._submit(ids, params, body, echo, body.echo_only())
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, body.include_usage(), lp, chat=False,
-                                continuous_usage_prompt=len(ids) if body.continuous_usage() else None)
-        text, done, tokens = await self._collect(handle)
-        choice = {"index": 0, "text": text, "logprobs": lp and lp.completion(tokens),
-                  "finish_reason": done.finish_reason}
+            return self._stream(choices, rid, body, chat=False)
+        await self._collect(choices)
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [choice], "usage": _usage(done)}
-
-    async def _completions_batch(self, body: CompletionRequest, params, prompts: list):
-        """Several prompts in one request (LangChain's batches): one choice each, ``index`` in
-        order, usage summed. Every prompt is checked and admitted before any output is awaited; a
-        refused one cancels the others."""
-        if body.stream:
-            raise HelixUserError(f"stream=true with {len(prompts)} prompts is not supported; send "
-                                 f"one prompt per streamed request")
-        handles = []
-        try:
-            for prompt in prompts:
-                ids = await self._prompt_ids(prompt)
-                handles.append(self.coordinator.submit(ids, params, body.stop_strings(),
-                                                       loop=asyncio.get_running_loop()))
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-        results = await asyncio.gather(*(self._collect(h) for h in handles), return_exceptions=True)
-        failed = next((r for r in results if isinstance(r, BaseException)), None)
-        if failed is not None:
-            raise failed
-        choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        for i, (text, done, tokens) in enumerate(results):
-            lp = self._logprobs(params, body.return_tokens_as_token_ids)
-            choices.append({"index": i, "text": text, "logprobs": lp and lp.completion(tokens),
-                            "finish_reason": done.finish_reason})
-            for k, v in _usage(done).items():
-                usage[k] += v
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": self.model_name, "choices": choices,
-                "usage": usage}
+                "model": self.model_name, "choices": [c.completion() for c in choices],
+                "usage": usage(choices)}
 
     async def chat(self, body: ChatRequest, request: Request):
         self._check_model(body.model)
@@ -241,98 +212,114 @@ class OpenAIServer:
         params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
         ids = await self._chat_ids(body.message_dicts())
-        lp = self._logprobs(params, body.return_tokens_as_token_ids)
-        handle = self.coordinator.submit(ids, params, body.stop_strings(), loop=asyncio.get_running_loop())
+        choices = self._submit([ids], params, body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
-            return self._stream(handle, rid, body.include_usage(), lp, chat=True,
-                                continuous_usage_prompt=len(ids) if body.continuous_usage() else None)
-        text, done, tokens = await self._collect(handle)
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": lp and lp.chat(tokens), "finish_reason": done.finish_reason}
+            return self._stream(choices, rid, body, chat=True)
+        await self._collect(choices)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [choice], "usage": _usage(done)}
+                "model": self.model_name, "choices": [c.chat() for c in choices],
+                "usage": usage(choices)}
 
-    async def _collect(self, handle: RequestHandle):
-        """(text, Done, sampled tokens); a timeout (504) or a failed generation (500) raises."""
-        text, tokens, done = [], [], None
+    def _submit(self, prompt_ids: list[list[int]], params, body, echo: list[str | None] | None = None,
+                echo_only: bool = False) -> list[Choice]:
+        """``body.n`` sequences of every prompt (:mod:`helix.server.choices`), all admitted (or
+        queued) before any output is awaited; a refused one cancels those already submitted."""
+        choices: list[Choice] = []
+        loop = asyncio.get_running_loop()
         try:
-            async for ev in handle.aevents(self.timeout_s):
-                if isinstance(ev, Delta):
-                    text.append(ev.text)
-                    tokens.extend(ev.tokens)
-                else:
-                    done = ev
-        finally:
-            handle.cancel()   # no-op when finished; frees KV when the client went away
-        if done.error is not None and done.retry_after_s is not None:
-            raise NoPipeline(done.error, done.retry_after_s)
-        if done.error is not None:
-            raise GenerationFailed(done.error)
-        return "".join(text), done, tokens
+            for i, ids in enumerate(prompt_ids):
+                for j in range(body.n):
+                    handle = self.coordinator.submit(ids, child_params(params, j), body.stop_strings(),
+                                                     loop=loop)
+                    lp = self._logprobs(params, body.return_tokens_as_token_ids)
+                    choices.append(Choice(len(choices), handle, i, ids, lp, echo[i] if echo else None,
+                                          echo_only))
+        except BaseException:
+            for c in choices:
+                c.handle.cancel()
+            raise
+        return choices
 
-    def _stream(self, handle: RequestHandle, rid: str, include_usage: bool,
-                logprobs: LogprobsBuilder | None, chat: bool,
-                continuous_usage_prompt: int | None = None) -> StreamingResponse:
-        return StreamingResponse(self._sse_events(handle, rid, include_usage, logprobs, chat,
-                                                  continuous_usage_prompt),
+    async def _collect(self, choices: list[Choice]) -> None:
+        """Every choice's output and Done; a timeout (504) or a failed generation (500) raises and
+        cancels the other choices."""
+        try:
+            async for c, ev in merged(choices, self.timeout_s):
+                if isinstance(ev, Delta):
+                    c.take(ev)
+                    continue
+                _raise_failed(ev)
+                c.done = ev
+        finally:
+            for c in choices:
+                c.handle.cancel()   # no-op when finished; frees KV when the client went away
+
+    def _stream(self, choices: list[Choice], rid: str, body, chat: bool) -> StreamingResponse:
+        return StreamingResponse(self._sse_events(choices, rid, body.include_usage(), chat,
+                                                  body.continuous_usage()),
                                  media_type="text/event-stream")
 
-    async def _sse_events(self, handle: RequestHandle, rid: str, include_usage: bool,
-                          logprobs: LogprobsBuilder | None, chat: bool,
-                          continuous_usage_prompt: int | None = None) -> AsyncIterator[str]:
-        """Chat: a role chunk first. Then a chunk per text delta (with the logprobs of the tokens
-        since the last chunk), a finish chunk (logprobs of tokens whose text was held back or cut by a
-        stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error event.
-        With ``continuous_usage_prompt`` (the prompt's length) every chunk carries the usage so far:
-        the completion tokens sent up to and including it."""
+    async def _sse_events(self, choices: list[Choice], rid: str, include_usage: bool, chat: bool,
+                          continuous_usage: bool = False) -> AsyncIterator[str]:
+        """Chat: a role chunk per choice first. Then a chunk per text delta of a choice (with the
+        logprobs of its tokens since its last chunk; a completion's first carries the echoed prompt
+        and its logprobs), a finish chunk per choice (logprobs of tokens whose text was held back or
+        cut by a stop string), the usage chunk if asked, and ``data: [DONE]`` — also after an error
+        event. With ``continuous_usage`` every chunk carries the usage so far: the prompts and the
+        completion tokens sent up to and including it."""
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_name}
         extra = {"usage": None} if include_usage else {}   # OpenAI: null on all but the usage chunk
+        prompt_tokens = usage(choices)["prompt_tokens"]
         sent_tokens = 0
 
-        def chunk(text: str | None, tokens=(), finish=None, delta: dict | None = None) -> str:
+        def chunk(c: Choice, text: str | None, tokens=(), finish=None, delta: dict | None = None,
+                  echo_lp: dict | None = None) -> str:
             nonlocal sent_tokens
             sent_tokens += len(tokens)
-            usage = extra
-            if continuous_usage_prompt is not None:
-                usage = {"usage": {"prompt_tokens": continuous_usage_prompt,
-                                   "completion_tokens": sent_tokens,
-                                   "total_tokens": continuous_usage_prompt + sent_tokens}}
-            lp = None
-            if logprobs is not None and tokens:
-                lp = logprobs.chat(tokens) if chat else logprobs.completion(tokens)
+            use = extra
+            if continuous_usage:
+                use = {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent_tokens,
+                                 "total_tokens": prompt_tokens + sent_tokens}}
+            lp = echo_lp
+            if c.logprobs is not None and tokens:
+                lp = c.logprobs.chat(tokens) if chat else joined(lp, c.logprobs.completion(tokens))
             if chat:
                 delta = delta or ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                choice = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            return _sse({**head, "choices": [choice], **usage})
+                choice = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            return _sse({**head, "choices": [choice], **use})
         try:
             if chat:
-                yield chunk(None, delta={"role": "assistant", "content": ""})
-            pending = []   # sampled tokens not yet sent (their text is held back)
-            async for ev in handle.aevents(self.timeout_s):
+                for c in choices:
+                    yield chunk(c, None, delta={"role": "assistant", "content": ""})
+            pending = {c.index: [] for c in choices}   # tokens not yet sent (text held back)
+            async for c, ev in merged(choices, self.timeout_s):
                 if isinstance(ev, Delta):
-                    pending.extend(ev.tokens)
-                    if ev.text:
-                        yield chunk(ev.text, pending)
-                        pending = []
+                    text, tokens, first = c.take(ev)
+                    pending[c.index].extend(tokens)
+                    if first and c.echo_text is not None:   # the prompt goes first
+                        sent, pending[c.index] = (pending[c.index], []) if text else ([], pending[c.index])
+                        yield chunk(c, c.echo_text + text, sent, echo_lp=c.echo_logprobs())
+                    elif text:
+                        yield chunk(c, text, pending[c.index])
+                        pending[c.index] = []
                     continue
+                c.done = ev
                 if ev.error is not None:
                     # Not a silent [DONE] after partial text: a finish chunk that says it failed.
-                    yield chunk(None, pending, finish="error")
-                    pending = []
-                    if ev.retry_after_s is not None:
-                        raise NoPipeline(ev.error, ev.retry_after_s)
-                    raise GenerationFailed(ev.error)
-                yield chunk(None, pending, finish=ev.finish_reason)
-                if include_usage:
-                    yield _sse({**head, "choices": [], "usage": _usage(ev)})
+                    yield chunk(c, None, pending.pop(c.index), finish="error")
+                    _raise_failed(ev)
+                yield chunk(c, None, pending.pop(c.index), finish=ev.finish_reason)
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": usage(choices)})
         except Exception as exc:   # not GeneratorExit / CancelledError: a disconnect just ends here
             yield _sse(_stream_error(exc))
         finally:
-            handle.cancel()   # client disconnect lands here (GeneratorExit / CancelledError)
+            for c in choices:
+                c.handle.cancel()   # client disconnect lands here (GeneratorExit / CancelledError)
         yield "data: [DONE]\n\n"
 
     def models(self) -> dict:

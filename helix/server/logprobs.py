@@ -43,6 +43,21 @@ class LogprobsBuilder:
                 "top_logprobs": [{self._name(i): lp for i, lp in t.top_logprobs} for t in tokens],
                 "text_offset": offsets}
 
+    def prompt(self, token_ids: Sequence[int], scored: Sequence[SampledToken]) -> dict:
+        """Completions-format logprobs of an echoed prompt: ``scored[i]`` is token ``i + 1``'s
+        (``SamplingParams.prompt_logprobs``); the first token has none (``null`` logprob and top)."""
+        offsets = []
+        for t in token_ids:
+            offsets.append(self.text_offset)
+            self.text_offset += len(self.codec.decode([t]))
+        entries = [None, *scored][:len(token_ids)]
+        entries += [None] * (len(token_ids) - len(entries))
+        return {"tokens": [self._name(t) for t in token_ids],
+                "token_logprobs": [e and e.logprob for e in entries],
+                "top_logprobs": [e and {self._name(i): lp for i, lp in e.top_logprobs}
+                                 for e in entries],
+                "text_offset": offsets}
+
     def _entry(self, token_id: int, logprob: float) -> dict:
         raw = self.codec.token_bytes(token_id)   # None: an id the tokenizer lacks (OpenAI's null)
         return {"token": self._name(token_id), "logprob": logprob,
@@ -53,3 +68,10 @@ class LogprobsBuilder:
         return {"content": [{**self._entry(t.token_id, t.logprob),
                              "top_logprobs": [self._entry(i, lp) for i, lp in t.top_logprobs]}
                             for t in tokens]}
+
+
+def joined(first: dict | None, second: dict) -> dict:
+    """Two completions-format logprobs objects, one after the other (``first`` may be None)."""
+    if first is None:
+        return second
+    return {k: first[k] + second[k] for k in second}

@@ -6,12 +6,15 @@ such as ``store``, ``metadata``, ``service_tier``); ``helix serve --strict`` ref
 instead, so a typo never silently changes sampling (:func:`unknown_fields`). Fields we know and
 cannot honour are always a 400 naming the field (``tools``). Besides OpenAI's
 fields we take vLLM's extra sampling names (``top_k``, ``min_p``, ``repetition_penalty``,
-``min_tokens``, ``ignore_eos``, ``stop_token_ids``). Fields OpenAI defines but Helix does not implement
-(``n`` > 1, ``best_of``, ``echo``, ``suffix``, ``logit_bias``) are refused with a clear message.
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``). ``suffix``, which OpenAI defines and Helix does
+not implement, is refused with a clear message; ``best_of`` is not a field (vLLM's current engine
+dropped it: an unknown field, ignored). ``max_tokens`` defaults as vLLM's: 16 for completions, the end
+of the context for chat (None here; the coordinator resolves it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -22,7 +25,10 @@ from helix.server.structured import guided_regex
 
 
 _DEFAULT_MAX_TOKENS = 16
-"""OpenAI's default for ``max_tokens`` when a request sets none."""
+"""OpenAI's and vLLM's default for a completion's ``max_tokens`` when a request sets none."""
+
+MAX_N = 128
+"""Most choices one request may ask for (``n``)."""
 
 
 class StreamOptions(BaseModel):
@@ -83,10 +89,8 @@ class _Sampling(BaseModel):
     tool_choice: Any = None
 
     def _check_supported(self) -> None:
-        if self.n != 1:
-            raise HelixUserError(f"n={self.n} is not supported (only n=1)")
-        if self.logit_bias:
-            raise HelixUserError("logit_bias is not supported")
+        if not 1 <= self.n <= MAX_N:
+            raise HelixUserError(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.stream_options is not None and not self.stream:
             raise HelixUserError("stream_options is only allowed with stream=true")
         if self.tools:
@@ -111,8 +115,19 @@ class _Sampling(BaseModel):
         """vLLM's ``continuous_usage_stats``: usage in every chunk (only with ``include_usage``)."""
         return self.include_usage() and self.stream_options.continuous_usage_stats
 
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs; keys must spell token ids (OpenAI's format).
+        The range is checked by :class:`SamplingParams`, the vocabulary by the coordinator."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 18):
+                raise HelixUserError(f"logit_bias keys must be token ids, got {key!r:.40}")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
+
     def sampling(self, max_tokens: int | None, logprobs: int | None,
-                 max_tokens_field: str = "max_tokens") -> SamplingParams:
+                 max_tokens_field: str = "max_tokens",
+                 default_max_tokens: int | None = _DEFAULT_MAX_TOKENS) -> SamplingParams:
         self._check_supported()
         if max_tokens is not None and max_tokens <= 0:
             raise HelixUserError(f"{max_tokens_field} must be >= 1, got {max_tokens}")
@@ -121,27 +136,32 @@ class _Sampling(BaseModel):
             seed=self.seed, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             stop_token_ids=tuple(self.stop_token_ids or ()),
-            max_tokens=_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs)
+            max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            logit_bias=self.logit_bias_pairs())
 
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
+    """Return the prompt before the completion (and, with ``logprobs``, its tokens' logprobs)."""
     suffix: str | None = None
-    best_of: StrictInt | None = None
+
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the prompt alone, nothing generated (vLLM runs one
+        token and drops it; scoring harnesses ask this for prompt logprobs)."""
+        return self.echo and self.max_tokens == 0
 
     def params(self) -> SamplingParams:
-        if self.echo:
-            raise HelixUserError("echo is not supported")
         if self.suffix:
             raise HelixUserError("suffix is not supported")
-        if self.best_of not in (None, 1):
-            raise HelixUserError("best_of is not supported")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise HelixUserError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        return self.sampling(self.max_tokens, self.logprobs)
+        params = self.sampling(1 if self.echo_only() else self.max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:   # vLLM: echo's prompt logprobs, same count
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
     def prompts(self) -> list[str | list[int]]:
         """Every prompt of the request, in order: one string or id list, or a list of them (as
@@ -186,8 +206,9 @@ class ChatRequest(_Sampling):
             raise HelixUserError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}")
         n_logprobs = (self.top_logprobs or 0) if self.logprobs else None
         # An explicit None check: `or` would turn max_completion_tokens=0 into the default.
+        # No limit: to the end of the context (None, resolved by the coordinator), as vLLM.
         if self.max_completion_tokens is None:
-            return self.sampling(self.max_tokens, n_logprobs)
+            return self.sampling(self.max_tokens, n_logprobs, default_max_tokens=None)
         return self.sampling(self.max_completion_tokens, n_logprobs, "max_completion_tokens")
 
     def message_dicts(self) -> list[dict]:

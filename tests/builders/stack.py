@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from coordinator.grpc_api import CoordinatorService, Registry
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
+from helix.plan import Plan
 from helix.server.app import create_app
 from helix.server.http import HttpThread
 from helix.server.metrics import ServingMetrics
@@ -51,12 +52,14 @@ class LocalStack:
 
 
 @contextmanager
-def local_stack(ckpt, config: RuntimeConfig | None = None):
-    servers = [WorkerServer(p.node, str(ckpt), torch_threads=1) for p in branching_plan().placements]
+def local_stack(ckpt, config: RuntimeConfig | None = None, plan: Plan | None = None):
+    """The stack serving ``plan`` (default :func:`branching_plan`) of checkpoint ``ckpt``."""
+    plan = plan or branching_plan()
+    servers = [WorkerServer(p.node, str(ckpt), torch_threads=1) for p in plan.placements]
     metrics = ServingMetrics(MODEL_NAME)
     coord = grpc = http = None
     try:
-        coord = Coordinator(branching_plan(), str(ckpt), config or RuntimeConfig(stats_interval_s=0.2),
+        coord = Coordinator(plan, str(ckpt), config or RuntimeConfig(stats_interval_s=0.2),
                             observer=metrics)
         coord.attach([WorkerHandle(s.node, s.control.address, s.data.address) for s in servers])
         service = CoordinatorService(Registry(), MODEL_NAME)

@@ -55,3 +55,29 @@ def test_bad_requests_are_refused_with_the_reason(prompt, params, match):
 def test_a_request_at_every_bound_passes():
     assert LIMITS.check([0, 99] * 5, SamplingParams(max_tokens=30, stop_token_ids=(99,),
                                                     logprobs=20)) == (0, 99) * 5
+
+
+def test_no_max_tokens_means_the_end_of_the_context_or_of_the_kv():
+    limits = RequestLimits(vocab_size=100, max_context_tokens=512, max_kv_tokens=400)
+    unset = SamplingParams(max_tokens=None)
+    assert limits.resolve(30, unset).max_tokens == 370            # the KV ends before the context
+    roomy = RequestLimits(vocab_size=100, max_context_tokens=512, max_kv_tokens=4096)
+    assert roomy.resolve(30, unset).max_tokens == 482             # the context's end, as vLLM
+    capped = RequestLimits(100, 512, 4096, default_max_tokens=40)  # generation_config.json
+    assert capped.resolve(30, unset).max_tokens == 40
+    assert capped.resolve(500, unset).max_tokens == 12
+    assert roomy.resolve(30, SamplingParams(max_tokens=7)).max_tokens == 7   # the request's own
+    with pytest.raises(HelixUserError, match="leaves no room to generate"):
+        roomy.resolve(512, unset)
+    roomy.check(range(1, 31), roomy.resolve(30, unset))           # a resolved request passes
+
+
+def test_reservations_follow_the_mean_of_served_lengths():
+    from coordinator.kv_estimator import OutputLengthMean
+    mean = OutputLengthMean(232, window=4)
+    assert mean.reservation(16) == 16 and mean.reservation(10_000) == 232
+    for _ in range(40):
+        mean.observe(50)
+    assert mean.mean == pytest.approx(50, abs=0.01)                # follows the served mix
+    mean.observe(0)
+    assert mean.reservation(10_000) == 38 and mean.reservation(1) == 1   # ceil(37.5)

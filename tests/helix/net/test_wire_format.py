@@ -187,3 +187,18 @@ def test_offsets_beyond_int64_are_wire_errors(offset):
     item = {"id": 1, "pos": 0, "dt": "float32", "sh": [1, 4], "f": 0, "o": offset}
     with pytest.raises(WireError):
         decode([_head(wire._MAP, 0, msgpack.packb({"kind": "in", "items": [item]}))])
+
+
+def test_logit_bias_prompt_logprobs_and_scored_prompts_round_trip():
+    from helix.net.sampling import SampledToken, SamplingParams
+    from helix.net.wire import TokenBatch, TokenEvent
+    params = SamplingParams(max_tokens=5, logit_bias={9: -100, 3: 2.5}, prompt_logprobs=2)
+    assert params.logit_bias == ((3, 2.5), (9, -100.0))
+    new = NewRequest(4, 3, params, (1, 2, 3))
+    msg = InputBatch((WireInput(StageInput(4, 0, token_ids=(1, 2, 3), new_request=new),
+                                Route((Hop("a", 0),))),))
+    _assert_same(_round_trip(msg), msg)
+    scored = (SampledToken(2, -1.5, ((2, -1.5), (7, -2.0))), SampledToken(3, -0.25, ()))
+    events = TokenBatch((TokenEvent(4, 3, SampledToken(8, -0.1), None, "b", scored),
+                         TokenEvent(5, 9, SampledToken(1, -0.2), "stop", "b")))
+    assert _round_trip(events) == events

@@ -23,3 +23,19 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def plan3() -> Plan:
     return branching_plan()
+
+
+@pytest.fixture(scope="module")
+def tiny_stack(tiny_model):
+    """The in-process serving stack (:func:`tests.builders.stack.local_stack`) over the tiny model:
+    one per test module that asks for it."""
+    from tests.builders.stack import local_stack
+    with local_stack(tiny_model[0]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def openai_client(tiny_stack):
+    """The real ``openai`` client of :func:`tiny_stack` (no retries)."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=tiny_stack.url + "/v1", api_key="none", max_retries=0, timeout=60)
