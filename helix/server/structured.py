@@ -10,7 +10,9 @@ automaton and masks sampling with it (:mod:`worker.guided`). Whitespace between 
 most one space (outlines' default allows any run of blanks, which a model can fill until
 ``max_tokens``); ``strict`` is accepted and changes nothing, as every schema is enforced.
 
-Keywords ``outlines_core`` would silently ignore (numeric bounds, ``uniqueItems``, ``not``,
+A schema is checked against its JSON-schema meta-schema first (``jsonschema``, which Ray brings;
+skipped without it), as outlines ignores malformed keywords (``"required": "a"``). Keywords
+``outlines_core`` would silently ignore (numeric bounds, ``uniqueItems``, ``not``,
 ``if``/``then``/``else``, ...) are refused: a reply that does not validate against the schema the
 client sent would be worse than a 400 naming the keyword.
 """
@@ -74,8 +76,25 @@ def guided_regex(response_format: dict | None) -> str | None:
     if not isinstance(schema, dict):
         raise HelixUserError(f"response_format.json_schema.schema must be a JSON object (a JSON "
                              f"schema), got {type(schema).__name__}")
+    _check_meta(schema)
     _check_keywords(schema, "schema")
     return _regex(json.dumps(schema, sort_keys=True))
+
+
+def _check_meta(schema: dict) -> None:
+    """The schema against its JSON-schema meta-schema (``jsonschema``, which Ray brings; skipped
+    without it): outlines ignores a malformed keyword (``"required": "a"``, ``"minLength": "x"``)."""
+    try:
+        from jsonschema import SchemaError
+        from jsonschema.validators import validator_for
+    except ImportError:
+        return
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.absolute_path)
+        raise HelixUserError(f"response_format.json_schema.schema{where}: {exc.message[:160]} "
+                             f"(not a valid JSON schema)") from None
 
 
 def _check_keywords(schema: Any, where: str) -> None:
@@ -122,6 +141,6 @@ def _regex(schema_json: str) -> str:
     try:
         re.compile(regex)   # a bad "pattern" passes outlines and would fail on the last stage
     except re.error as exc:
-        raise HelixUserError(f"response_format.json_schema.schema: a 'pattern' is not a valid "
-                             f"regular expression ({exc})") from None
+        raise HelixUserError(f"response_format.json_schema.schema gives no valid regular expression "
+                             f"({exc}): check its 'pattern's and its min/max bounds") from None
     return regex
