@@ -8,13 +8,16 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
 
 1. start with one decode per step everywhere;
 2. step time of every node at its batch (:meth:`CostModel.stage_step_moments`), with the wait
-   behind the step in progress (busy fraction x E[t^2] / (2 E[t])) and behind the message a link
-   is sending (links are FIFOs: :meth:`_Model.link_waits`); round trip R and first-token time F
-   of every pipeline; a request's stay ``T = F + (o - 1) R``;
-3. requests in flight per pipeline by progressive filling: every pipeline grows in proportion to
-   its share of requests times its stay (the scheduler sends it that share of the arrivals), until
-   a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines through that node
-   stop growing, the others go on;
+   behind the step in progress (busy fraction x E[t^2] / (2 E[t])) and behind the messages a
+   link is sending (links are FIFO queues, M/G/1: :meth:`_Model.link_waits`); round trip R and
+   first-token time F of every pipeline; a request's stay ``T = F + (o - 1) R``;
+3. requests in flight per pipeline by progressive filling: every max-flow pipeline grows in
+   proportion to its share of requests times its stay (the scheduler sends it that share of the
+   arrivals), until a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines
+   through that node stop growing, the others go on. Then the paths over the placement's other
+   usable hops (:func:`helix.pipelines.fallback_pipelines`, share 0) grow alike into what is
+   left: the coordinator's scheduler falls back to them when the flow paths' nodes are full, and
+   the baselines' schedulers use every usable hop;
 4. per node the decode batch = decode tokens/s through it / steps per s (each pipeline's decodes
    travel in :data:`DECODE_WAVES` waves, or fewer when it holds fewer requests, one step per wave
    per round trip, but never more steps than back to back); back to 2 until the batches settle
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helix.costmodel import CostModel
-from helix.pipelines import PlanPipeline, enumerate_pipelines
+from helix.pipelines import PlanPipeline, enumerate_pipelines, fallback_pipelines
 from helix.plan import COORDINATOR, Plan, Prediction
 from helix.spec import ClusterSpec
 
@@ -76,7 +79,10 @@ class _Model:
         self.cost = cost
         w = cost.workload
         self.p, self.o = w.mean_prompt_tokens, w.mean_output_tokens
-        self.paths = enumerate_pipelines(plan)
+        flow_paths = enumerate_pipelines(plan)
+        # Where the scheduler goes when the flow paths' nodes are full (share 0): it falls back
+        # to any usable hop, so these fill what the flow paths leave.
+        self.paths = flow_paths + (fallback_pipelines(plan, flow_paths) if flow_paths else ())
         placed = {q.node: q for q in plan.placements if q.num_layers > 0}
         used = sorted({s.node for q in self.paths for s in q.stages})
         self.nodes = used
@@ -130,7 +136,8 @@ class _Model:
         s_prompt, s_decode = p * self.link_token_s, batch * self.link_token_s
         weight_prompt = p / (p + o)    # share of the link's busy time spent on prompts
         residual = weight_prompt * s_prompt / 2 + (1 - weight_prompt) * s_decode / 2
-        return self.link_incidence @ (busy * residual)
+        # Pollaczek-Khinchine: a FIFO at utilization u makes a message wait u E[s^2] / (2 E[s] (1 - u)).
+        return self.link_incidence @ (busy * residual / (1.0 - busy))
 
     def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean step, its residual seen by an arrival E[t^2] / (2 E[t]), step carrying one more
@@ -176,14 +183,27 @@ class _Model:
         return N, rate, R, F, F0, batch, busy
 
     def fill(self, stay: np.ndarray) -> np.ndarray:
-        """Requests in flight per pipeline at saturation (progressive filling, see the module)."""
+        """Requests in flight per pipeline at saturation (progressive filling, see the module):
+        the max-flow paths first, in proportion to their shares; then, where their nodes are
+        full, the fallback paths (share 0), each at an equal request rate."""
         A, n = self.incidence, len(self.paths)
-        grow = self.share * stay
         caps = [(A.T, self.kv_requests)]
         tokens = A.T * ((self.p + self.o) / stay)    # tokens/s per node per request in flight
         caps.append((tokens, self.compute_tokens_per_s))
         N = np.zeros(n)
+        primary = self.share > 0
+        N = self._grow(N, np.where(primary, self.share * stay, 0.0), caps)
+        if (~primary).any():
+            N = self._grow(N, np.where(primary, 0.0, 1.0), caps)
+        return N
+
+    def _grow(self, N: np.ndarray, grow: np.ndarray, caps) -> np.ndarray:
+        """Raise ``N`` along ``grow`` until every growing path meets a full node."""
         live = grow > 0
+        for coef, cap in caps:   # paths through nodes already full do not start
+            full = coef @ N >= cap * (1 - 1e-9)
+            if full.any():
+                live &= ~(coef[full].sum(axis=0) > 0)
         for _ in range(2 * len(self.nodes) + 1):
             if not live.any():
                 break
@@ -247,6 +267,6 @@ def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
     total = float(rate.sum())
     return Prediction(
         prompt_decode_tokens_per_s=total * (m.p + m.o), decode_tokens_per_s=total * m.o,
-        requests_per_s=total, pipelines=len(m.paths), requests_in_flight=float(N.sum()),
+        requests_per_s=total, pipelines=int(np.count_nonzero(N > 1e-9)), requests_in_flight=float(N.sum()),
         online_load=load, ttft_p50_s=_ttft_median(F0_on, F_on - F0_on, rate_on),
         tpot_p50_s=_median(R_on, rate_on)), states

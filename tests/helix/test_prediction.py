@@ -57,9 +57,9 @@ def test_two_stage_pipeline_by_hand():
                  4096 * 2 / spec.link("a", "b").bandwidth_bytes_per_s,
                  2 / spec.link("b", "coordinator").bandwidth_bytes_per_s]
     link += D * sum(per_token)   # this path's decode messages (the model uses the smallest batch)
-    # Each link is a FIFO: busy rate (p + o) x per-token time; a message waits its residual.
-    link += sum(min(0.95, rate * (p + o) * s) * (p / (p + o) * p * s / 2 + o / (p + o) * D * s / 2)
-                for s in per_token)
+    # Each link is a FIFO (M/G/1): a message waits u E[s^2] / (2 E[s] (1 - u)).
+    link += sum((u := min(0.95, rate * (p + o) * s)) * (p / (p + o) * p * s / 2 + o / (p + o) * D * s / 2)
+                / (1 - u) for s in per_token)
     wait = [ti + u * r for ti, u, r in zip(t, busy, residual)]
     R = sum(wait) + link
     assert state.round_trip_s == pytest.approx(R, rel=0.01)
@@ -75,6 +75,25 @@ def test_two_stage_pipeline_by_hand():
     # Online at 75 %: latencies exist, and a token's time is at least the two decode steps.
     assert pred.tpot_p50_s >= sum(cost.stage_step_s(n, 16, 1) for n in (a, b))
     assert pred.ttft_p50_s > pred.tpot_p50_s
+
+
+def test_fallback_paths_fill_what_the_flow_paths_leave():
+    """Flow only through a; b holds the whole model too. The scheduler sends requests to b when
+    a's KV is full (its fallback to any usable hop), so b's KV counts as well."""
+    spec = two_stage_spec()
+    plan = Plan(model="llama-2-7b", num_layers=32,
+                placements=(NodePlacement("a", 0, 32), NodePlacement("b", 0, 32)),
+                arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "coordinator", 1.0)),
+                max_flow_tokens_per_s=1.0)
+    cost = CostModel.for_cluster(spec)
+    pred, states = predict(spec, plan, cost)
+    assert [s.pipeline.nodes for s in states] == [("a",), ("b",)]
+    assert [s.pipeline.share for s in states] == [1.0, 0.0]
+    kv = [0.9 * cost.kv_capacity_tokens(spec.node(n), 32, first=True, last=True) / 500
+          for n in ("a", "b")]
+    assert [s.requests_in_flight for s in states] == pytest.approx(kv, rel=1e-6)
+    assert pred.pipelines == 2
+    assert pred.requests_per_s == pytest.approx(sum(s.requests_per_s for s in states))
 
 
 def test_pipeline_shares_follow_the_flow_splits():
