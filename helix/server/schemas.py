@@ -71,7 +71,8 @@ class _Sampling(BaseModel):
     seed: StrictInt | None = None
     presence_penalty: StrictFloat = 0.0
     frequency_penalty: StrictFloat = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    """Token id (a string) -> bias in [-100, 100], added to the logits before sampling."""
     user: str | None = None
     # vLLM extras
     top_k: StrictInt = 0

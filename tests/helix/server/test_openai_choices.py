@@ -119,7 +119,7 @@ def test_logit_bias_forces_and_bans_tokens(stack, client):
 @pytest.mark.parametrize("bias, message", [
     ({"999999": 5}, "outside the vocabulary"), ({"5": 101}, "must be in [-100, 100]"),
     ({"5": -100.5}, "must be in [-100, 100]"), ({"abc": 1}, "must be token ids"),
-    ({"-3": 1}, "must be token ids")])
+    ({"-3": 1}, "must be token ids"), ({"5": "3"}, "logit_bias.5"), ({"5": True}, "logit_bias.5")])
 def test_bad_logit_bias_is_a_400(client, bias, message):
     with pytest.raises(openai.BadRequestError, match=message.replace("[", r"\[").replace("]", r"\]")):
         client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1, logit_bias=bias)
