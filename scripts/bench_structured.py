@@ -14,7 +14,11 @@ Formats: the serving test's schema (``tests/helix/server/test_structured_output.
 ``{"type": "object"}`` (what ``json_object`` would cost without the two-level limit).
 
 Also the sampler's mask (``worker.sampling._constrained``) on 8 rows of ``[8, 32000]`` logits, in
-the state with the most allowed tokens (inside a string) and the fewest.
+the state with the most allowed tokens (inside a string) and the fewest, on one torch thread; and,
+served (the serving tests' in-process stack: three workers, two pipelines, the demo checkpoint), the
+time to the first token of ``json_object`` requests sent one at a time (a last stage compiles on its
+first one), and 8 concurrent greedy requests with and without the test schema: mean time per output
+token.
 
     python scripts/bench_structured.py [--deep] [--no-write]
 """
@@ -78,6 +82,8 @@ def _mask_cost(vocabulary, regex: str) -> tuple[float, float, int, int]:
     from worker.guided import Guide, GuideIndex
     from worker.sampling import SamplingState, _constrained
     from helix.net.sampling import SamplingParams
+    torch.set_num_threads(1)   # as served workers run here; with 2 threads on this loaded 2-core
+    # machine the same mask took 5-140 ms from run to run (the pool's threads wait for cores)
     gi = GuideIndex(Index(regex, vocabulary), (2,), 2, 32000, torch.device("cpu"))
     states = list(gi.index.get_transitions())
     sizes = {s: len(gi.allowed_ids(s)) for s in states}
@@ -95,6 +101,49 @@ def _mask_cost(vocabulary, regex: str) -> tuple[float, float, int, int]:
             _constrained(logits.clone(), rows)
         out.append((time.perf_counter() - t0) / 50 * 1e3)
     return out[0], out[1], max(sizes.values()), min(sizes.values())
+
+
+def _first(handle) -> tuple[float, list[int]]:
+    """(seconds to the first token, all tokens) of one coordinator request."""
+    t0, first, tokens = time.perf_counter(), None, []
+    for ev in handle.events(timeout_s=120):
+        if hasattr(ev, "token_ids"):
+            first = first or time.perf_counter() - t0
+            tokens.extend(ev.token_ids)
+    return first, tokens
+
+
+def _served(ckpt: Path) -> list[str]:
+    """Lines on the live stack: json_object TTFT one at a time; per-token time, guided vs free."""
+    import statistics
+
+    from helix.net.sampling import SamplingParams
+    from helix.server.structured import guided_regex
+    from tests.builders.stack import local_stack
+    from tests.builders.traffic import submit_all
+    from tests.helix.server.test_structured_output import FORMAT
+    obj = SamplingParams(temperature=0.0, max_tokens=200, guided_regex=guided_regex({"type": "json_object"}))
+    schema = SamplingParams(temperature=0.0, max_tokens=300, guided_regex=guided_regex(FORMAT))
+    prompts = [[1, 30 + k, 31, 32 + k] for k in range(8)]
+    lines = []
+    with local_stack(ckpt) as stack:
+        coord = stack.coordinator
+        ttft = [_first(coord.submit(prompts[k % 8], obj))[0] for k in range(8)]
+        lines.append(f"json_object, one request at a time: time to first token {ttft[0] * 1e3:.0f} ms "
+                     f"and {ttft[1] * 1e3:.0f} ms for the first two (a last stage compiles on its first "
+                     f"json_object request), median {statistics.median(ttft[2:]) * 1e3:.0f} ms for the "
+                     f"6 after.")
+        for name, params in (("test schema", schema),
+                             ("free", SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))):
+            t0 = time.perf_counter()
+            results, threads = submit_all(coord, prompts, 8, params)
+            for t in threads:
+                t.join(timeout=120)
+            wall = time.perf_counter() - t0
+            n = sum(len(tokens) for tokens, _ in results)
+            lines.append(f"8 concurrent greedy, {name}: {n} tokens in {wall:.2f} s, "
+                         f"{wall / n * 8 * 1e3:.1f} ms per token per request.")
+    return lines
 
 
 def main() -> None:
@@ -131,15 +180,18 @@ def main() -> None:
     head = ("| tokenizer | tokens | vocabulary (s) | format | regex (chars) | automaton states | "
             "compile (s) |")
     table = "\n".join([head, "|" + "---|" * 7] + ["| " + " | ".join(r) + " |" for r in rows])
-    mask = (f"Mask of 8 guided rows of [8, 32000] logits (bpe32k, test schema): {most:.2f} ms a step "
+    mask = (f"Mask of 8 guided rows of [8, 32000] logits (bpe32k, test schema, one torch thread): "
+            f"{most:.2f} ms a step "
             f"with {n_most:,} tokens allowed per row, {fewest:.2f} ms with {n_fewest}.")
-    print(table, mask, sep="\n")
+    served = _served(demo)
+    print(table, mask, *served, sep="\n")
     if not args.no_write:
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_structured.py"
                  f"{' --deep' if args.deep else ''}`\n\n{platform.node() or 'this machine'}, "
                  f"{os.cpu_count()} cores, load average {load0:.1f} at the start, "
                  f"{os.getloadavg()[0]:.1f} at the end (shared machine: times are upper bounds). "
-                 f"outlines-core {_version()}; one compile each, on one thread.\n\n{table}\n\n{mask}\n")
+                 f"outlines-core {_version()}; one compile each, on one thread.\n\n{table}\n\n{mask}\n\n"
+                 + "".join(f"- {line}\n" for line in served))
         path = ROOT / "BENCHMARKS.md"
         text = path.read_text()
         if SECTION not in text:
