@@ -5,11 +5,12 @@ layers with room for ``n`` positions in each has ``n * k`` token-layers; a reque
 those layers for ``p`` prompt and ``o`` output tokens will use ``(p + o) * j`` of them at its longest.
 
 The coordinator does not know ``o`` in advance, so it reserves an *expected* output length (the
-workload mean, or ``max_tokens`` when smaller; live, the running mean of :class:`OutputLengthMean`). A node is masked for a request when its estimate plus
-that request's reservation would pass ``high_water`` times its capacity (Helix section 5: "nodes
-whose KV cache would pass a high-water mark are masked out"). The estimate is an estimate: the worker
-still tracks its real blocks and preempts on overflow. The live coordinator corrects the estimate
-with the workers' reported usage (:meth:`KVEstimator.observe`). Pure bookkeeping, no clock.
+workload mean, or ``max_tokens`` when smaller; live, the running mean of :class:`OutputLengthMean`).
+A node is masked for a request when its estimate plus that request's reservation would pass
+``high_water`` times its capacity (Helix section 5: "nodes whose KV cache would pass a high-water
+mark are masked out"). The estimate is an estimate: the worker still tracks its real blocks and
+preempts on overflow. The live coordinator corrects the estimate with the workers' reported usage
+(:meth:`KVEstimator.observe`). Pure bookkeeping, no clock.
 
 The decision path asks "does this request fit?" of many nodes per decision, while one decision
 changes only the few nodes of one pipeline. So the estimator logs the nodes whose estimate grew and

@@ -358,7 +358,8 @@ def _decode_map(frames: Sequence, start: int, end: int, inline_start: int) -> Me
         events = tuple(
             TokenEvent(d["id"], d["pos"], SampledToken(d["t"], d["lp"], tuple(map(tuple, d["top"]))),
                        d["fin"], d["node"],
-                       tuple(SampledToken(t, lp, tuple(map(tuple, top))) for t, lp, top in d.get("plp", ())))
+                       tuple(SampledToken(t, lp, tuple(map(tuple, top)))
+                             for t, lp, top in d.get("plp", ())))
             for d in head["items"])
         if any(e.finish_reason is not None and type(e.finish_reason) is not str for e in events):
             raise WireError("finish reason is neither a string nor null")
