@@ -15,7 +15,7 @@ in-link totals.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from planner.problem import COORDINATOR, NodeCapacity, PlacementProblem
 
@@ -34,11 +34,17 @@ def _link_total(problem: PlacementProblem, name: str, incoming: bool) -> float:
     return (into if incoming else out).get(name, 0.0)
 
 
+def _work_pairs(problem: PlacementProblem, node: NodeCapacity,
+                min_layers: int) -> tuple[tuple[int, float], ...]:
+    """(k, cap_i(k)) for every layer count k the node can hold: g_i is a function of these alone."""
+    cap_links = min(_link_total(problem, node.name, True), _link_total(problem, node.name, False))
+    return tuple((k, min(node.throughput(k), cap_links))
+                 for k in layer_counts(node, problem.num_layers) if k >= min_layers)
+
+
 def node_work_fn(problem: PlacementProblem, node: NodeCapacity, min_layers: int = 1):
     """g_i(F) = max_k k * min(F, cap_i(k)): the most layer-tokens/s node i can do at total flow F."""
-    cap_links = min(_link_total(problem, node.name, True), _link_total(problem, node.name, False))
-    pairs = [(k, min(node.throughput(k), cap_links)) for k in layer_counts(node, problem.num_layers)
-             if k >= min_layers]
+    pairs = _work_pairs(problem, node, min_layers)
 
     def g(F: float) -> float:
         return max((k * min(F, c) for k, c in pairs), default=0.0)
@@ -55,12 +61,14 @@ def fixed_point_bound(problem: PlacementProblem, min_layers: int = 1) -> float:
     ``min_layers``: only placements where every used node holds at least that many (--max-depth).
     """
     L = problem.num_layers
-    by_region: dict[str, list] = defaultdict(list)
-    breaks = {0.0}
+    # Nodes with the same (k, cap) pairs have the same g: summed once with their count (a
+    # 1,000-node cluster has a few dozen), and each region's sum is kept per F, as every cut
+    # subset scans the same breakpoints.
+    kinds: dict[str, Counter] = defaultdict(Counter)
     for n in problem.nodes:
-        g, caps = node_work_fn(problem, n, min_layers)
-        by_region[n.region].append(g)
-        breaks.update(caps)
+        kinds[n.region][_work_pairs(problem, n, min_layers)] += 1
+    breaks = {0.0} | {c for per in kinds.values() for pairs in per for _, c in pairs}
+    by_region = {r: _region_work_fn(per) for r, per in kinds.items()}
     region_in = _region_inflow(problem)
     coord = min(_link_total(problem, COORDINATOR, False), _link_total(problem, COORDINATOR, True))
     pts = sorted({b for b in breaks if b <= coord} | {coord})
@@ -72,11 +80,23 @@ def fixed_point_bound(problem: PlacementProblem, min_layers: int = 1) -> float:
     best = coord
     for cut in subsets:
         def h(F: float, cut=cut) -> float:
-            work = sum(L * region_in[r] if r in cut else sum(g(F) for g in by_region[r])
-                       for r in regions)
+            work = sum(L * region_in[r] if r in cut else by_region[r](F) for r in regions)
             return work / L - F
         best = min(best, _largest_root(h, pts))
     return best
+
+
+def _region_work_fn(kinds: Counter):
+    """F -> sum over a region's nodes of g_i(F), given its node kinds' (k, cap) pairs and counts."""
+    seen: dict[float, float] = {}
+
+    def work(F: float) -> float:
+        if F not in seen:
+            seen[F] = sum(count * max((k * min(F, c) for k, c in pairs), default=0.0)
+                          for pairs, count in kinds.items())
+        return seen[F]
+
+    return work
 
 
 def _largest_root(h, pts: list[float]) -> float:

@@ -7,6 +7,7 @@ import pytest
 
 from planner.flowgraph import SINK, SOURCE, arc_valid, build_graph, max_flow
 from planner.problem import COORDINATOR
+from planner.search.baselines import fits
 from planner.verify import check_flow
 from tests.builders.problems import make_node, make_problem, random_problem
 
@@ -134,26 +135,30 @@ def test_hubs_shrink_large_graphs_and_are_the_default_there():
     check_flow(p, placement, res, True)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_verify_checks_large_graphs_with_the_lp(seed, monkeypatch):
-    """Above verify.LP_MIN_ARCS arcs the second max-flow algorithm is HiGHS's LP: it agrees with
-    preflow-push on real placements and catches a flow that is not maximal."""
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("hubs", [False, True])
+def test_verify_checks_large_graphs_with_a_min_cut(seed, hubs, monkeypatch):
+    """Above verify.CUT_MIN_ARCS arcs the flow must leave a cut of its own value: true for the max
+    flows of random placements (with and without hubs), false for a flow that is not maximal."""
     import dataclasses
 
     from planner import verify as verify_mod
-    monkeypatch.setattr(verify_mod, "LP_MIN_ARCS", 0)
+    monkeypatch.setattr(verify_mod, "CUT_MIN_ARCS", 0)
+    monkeypatch.setattr(verify_mod, "build_graph",
+                        lambda *a: build_graph(*a, hubs=hubs))
     rng = random.Random(seed)
     p = random_problem(rng, num_nodes=rng.randint(4, 10), num_layers=rng.randint(4, 8), kmax=4,
                        regions=2, inter_region_cap=rng.uniform(20, 200))
-    placement = _random_placement(rng, p)
-    res = max_flow(p, placement, True)
-    assert verify_mod.lp_max_flow_value(build_graph(p, placement, True)) == pytest.approx(
-        res.value_tokens_per_s, rel=1e-7, abs=1e-7)
+    placement = {n: r for n, r in _random_placement(rng, p).items()
+                 if fits(p.node(n), *r, p.num_layers)}
+    res = max_flow(p, placement, True, hubs=hubs)
+    assert verify_mod.cut_capacity(build_graph(p, placement, True, hubs=hubs), res) == \
+        pytest.approx(lp_max_flow(build_graph(p, placement, True, hubs=False)), rel=1e-7, abs=1e-7)
     verify_mod.verify(p, placement, res, True)
     if res.value_tokens_per_s > 1:   # half of every flow: feasible, but not the max
         half = dataclasses.replace(
             res, value_tokens_per_s=res.value_tokens_per_s / 2,
             arc_flows={a: f / 2 for a, f in res.arc_flows.items()},
             node_flows={n: f / 2 for n, f in res.node_flows.items()})
-        with pytest.raises(verify_mod.PlannerBug, match="max-flow LP"):
+        with pytest.raises(verify_mod.PlannerBug, match="not maximal"):
             verify_mod.verify(p, placement, half, True)

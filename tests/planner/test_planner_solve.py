@@ -157,3 +157,16 @@ def test_short_time_limit_is_respected():
     assert plan.solve_seconds < 1.5
     assert plan.max_flow_tokens_per_s > 0
     assert plan.upper_bound_tokens_per_s >= plan.max_flow_tokens_per_s
+
+
+def test_gap_target_met_by_a_warm_start_skips_the_rest(reference):
+    """--gap is a stopping rule: once a warm start is within it of the fixed-point bound the
+    remaining (costlier) warm starts are skipped and named; the status still tells the truth."""
+    loose = solve(reference, "milp", threads=1, time_limit_s=60, gap=1.5)
+    assert loose.extras["warm_starts_skipped"]   # petals (952 of 2,046) already meets 150 %
+    assert loose.upper_bound_tokens_per_s <= loose.max_flow_tokens_per_s * 2.5 + 1e-6
+    assert loose.extras["status"] in ("gap", "optimal")
+    tight = solve(reference, "milp", threads=1, time_limit_s=60, gap=0.0)
+    assert "warm_starts_skipped" not in tight.extras or \
+        tight.max_flow_tokens_per_s >= tight.upper_bound_tokens_per_s * (1 - 1e-6)
+    assert tight.max_flow_tokens_per_s >= loose.max_flow_tokens_per_s
