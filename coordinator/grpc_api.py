@@ -13,9 +13,13 @@
   "data"}``; ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
   (``--keys``) it needs the cluster token, as every worker call does (:mod:`helix.net.control`).
 - ``Info``: the served model and nodes.
+- ``Drain`` ``{"node", "force": bool, "move": bool}``, ``Undrain`` ``{"node"}`` and ``Nodes`` ``{}``
+  (:mod:`coordinator.drain`): a node's status after the change, or every node's (``{"nodes": [...]}``).
+  An unknown node answers ``NOT_FOUND``, a drain that would leave some layer unserved
+  ``FAILED_PRECONDITION``.
 
-``Generate`` and ``Info`` (:data:`CLIENT_METHODS`) are the client API: ``--api-key`` guards them, as
-it guards the HTTP API, not the cluster token.
+``Generate``, ``Info`` and the drain calls (:data:`CLIENT_METHODS`) are the client API:
+``--api-key`` guards them (``Info`` excepted), as it guards the HTTP API, not the cluster token.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from coordinator.drain import DrainRefused, UnknownNode
 from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull, WorkerHandle
 from helix.errors import HelixUserError
@@ -37,7 +42,7 @@ from helix.net.sampling import SamplingParams
 log = logging.getLogger("helix.coordinator")
 
 #: Methods clients call (not cluster members): open to callers without the cluster token.
-CLIENT_METHODS = ("Generate", "Info")
+CLIENT_METHODS = ("Generate", "Info", "Drain", "Undrain", "Nodes")
 
 
 class Registry:
@@ -118,6 +123,13 @@ def _delta(ev: Delta, with_logprobs: bool) -> dict:
     return msg
 
 
+def _node(req: dict) -> str:
+    node = req.get("node")
+    if not isinstance(node, str) or not node:
+        raise HelixUserError(f"'node' must be a node name, got {node!r}")
+    return node
+
+
 def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> None:
     context.set_code(code)
     context.set_details(details)
@@ -183,6 +195,33 @@ class CoordinatorService:
         except RequestTimeout as exc:
             _fail(context, grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
 
+    def _admin(self, context: grpc.ServicerContext, action) -> dict:
+        """``action(coordinator)`` for an authorized caller; its errors as gRPC statuses."""
+        if not self._authorized(context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (send metadata "
+                          "'authorization: Bearer <key>')")
+        coord = self.coordinator
+        if coord is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is still starting")
+        try:
+            return action(coord)
+        except UnknownNode as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except DrainRefused as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    def drain(self, req: dict, context: grpc.ServicerContext) -> dict:
+        node = _node(req)
+        force, move = bool(req.get("force", False)), bool(req.get("move", False))
+        return self._admin(context, lambda c: c.drain(node, force=force, move=move).to_dict())
+
+    def undrain(self, req: dict, context: grpc.ServicerContext) -> dict:
+        node = _node(req)
+        return self._admin(context, lambda c: c.undrain(node).to_dict())
+
+    def nodes(self, _req: dict, context: grpc.ServicerContext) -> dict:
+        return self._admin(context, lambda c: {"nodes": [s.to_dict() for s in c.nodes_status()]})
+
     def info(self, _req: dict, _ctx) -> dict:
         coord = self.coordinator
         return {"model": self.model_name,
@@ -212,5 +251,6 @@ class CoordinatorService:
 
     def handler(self) -> grpc.GenericRpcHandler:
         return service_handler(COORDINATOR_SERVICE,
-                               {"Register": self.register, "Info": self.info},
+                               {"Register": self.register, "Info": self.info, "Drain": self.drain,
+                                "Undrain": self.undrain, "Nodes": self.nodes},
                                {"Generate": self.generate})

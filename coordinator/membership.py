@@ -92,11 +92,13 @@ class Membership:
         and a node that answers again is released of the requests that moved away from it."""
         timeout_s = min(2.0, self.config.health.suspect_after_s)
         nodes = list(self.clients)
+        polled_s = time.monotonic()
         replies = list(self._poll_pool.map(lambda n: self._poll_one(n, timeout_s), nodes))
         now = time.monotonic()
         with self._lock:
             for node, reply in zip(nodes, replies):
                 if isinstance(reply, WorkerStats):
+                    reply = self._fresh(reply, polled_s)
                     self.health.answered(node, now)
                     old = self.stats.get(node)
                     if old is not None and reply.steps_total > old.steps_total:
@@ -109,9 +111,10 @@ class Membership:
                 self._on_transition(t)
             if any(NodeState.DEAD in (t.old, t.new) for t in changes):
                 self._reflow()
+            draining = self.draining_nodes()
             for node in nodes:
                 s = self.stats[node]
-                usable = self.health.state(node) is NodeState.OK and not s.draining and s.configured
+                usable = self.health.state(node) is NodeState.OK and node not in draining and s.configured
                 self.scheduler.kv.observe(node, s.kv_used_token_layers if usable
                                           else 2 * s.kv_capacity_token_layers)
             self._update_route(now)
@@ -130,10 +133,11 @@ class Membership:
             return False
 
     def _reflow(self) -> None:
-        """Re-solve the max flow on the nodes not dead and schedule on it (under the lock); with
-        every node alive again, the plan's own flows come back. Plans without capacities keep
-        their flows (dead nodes are masked either way)."""
+        """Re-solve the max flow on the nodes neither dead nor draining and schedule on it (under the
+        lock); with every node back, the plan's own flows come back. Plans without capacities keep
+        their flows (dead and draining nodes are masked either way)."""
         alive = {n for n, s in self.health.states().items() if s is not NodeState.DEAD}
+        alive -= self.draining_nodes()
         flows = self.plan.arc_flows if alive >= set(self.workers) else surviving_flows(self.plan, alive)
         if flows is None or flows == self._flows:
             return
@@ -159,8 +163,9 @@ class Membership:
                 except Exception:
                     log.exception("coordinator: releasing moved requests on %s failed", t.node)
 
-    def _move(self, req: LiveRequest, dead: str) -> None:
-        """``req``'s pipeline lost ``dead``: free it on the other stages and start it again, under a
+    def _move(self, req: LiveRequest, dead: str | None) -> None:
+        """``req``'s pipeline lost ``dead`` (None: none lost, a drained node gives its requests away):
+        free it on the other stages (and on ``dead`` once it answers again) and start it again, under a
         new id, on another pipeline from its prompt and the tokens it already streamed (the caller
         sees a pause). Greedy output is unchanged; presence / frequency penalties then also count the
         earlier output as prompt, and a seeded draw restarts its generator."""
@@ -208,22 +213,17 @@ class Membership:
             raise NoPipeline(self._no_route_message(), self.config.retry_after_s)
 
     def _usable(self) -> set[str]:
-        return {n for n in self.health.usable() if not self.stats[n].draining and self.stats[n].configured}
+        draining = self.draining_nodes()
+        return {n for n in self.health.usable() if n not in draining and self.stats[n].configured}
 
     def _unusable_text(self) -> str:
         bad = {n: s.value for n, s in self.health.states().items() if s is not NodeState.OK}
+        bad = {n: "draining" for n in self.draining_nodes()} | bad
         return ", ".join(f"{n} {s}" for n, s in sorted(bad.items())) or "every node is draining"
 
     def _no_route_message(self) -> str:
         return (f"no pipeline can serve: {self._unusable_text()} (no live worker holds some layers "
                 f"for {self.config.health.no_route_grace_s:.0f} s)")
-
-    def node_states(self) -> dict[str, str]:
-        """Each node's health (``ok`` / ``suspect`` / ``dead``, or ``draining``), for /health and
-        /metrics."""
-        with self._lock:
-            return {n: ("draining" if s is NodeState.OK and self.stats[n].draining else s.value)
-                    for n, s in self.health.states().items()}
 
     def healthy(self, probe_timeout_s: float = 10.0) -> bool:
         """True when some pipeline of live (``ok``, not draining) nodes completed a generation step

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from coordinator.drain import DrainBook, Draining
 from coordinator.health import HealthConfig, NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
 from coordinator.membership import Membership, NoPipeline
@@ -145,7 +146,7 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
     return sched
 
 
-class Coordinator(Membership):
+class Coordinator(Draining, Membership):
     """Serves ``plan`` with the workers given to :meth:`attach`."""
 
     _make_scheduler = staticmethod(live_scheduler)
@@ -191,6 +192,7 @@ class Coordinator(Membership):
         self._engine: dict = {}
         self._stepped_s: dict[str, float] = {}
         self._no_route_since: float | None = None
+        self.drains = DrainBook()   # nodes drained by the operator (coordinator.drain)
         self._probe_lock = threading.Lock()
         self._poll_pool: ThreadPoolExecutor | None = None
         # Failover: the current id of a request that moved (by the id its caller holds), and the
@@ -326,7 +328,7 @@ class Coordinator(Membership):
 
     def _never_fits(self, req: LiveRequest) -> str | None:
         """Why no pipeline of nodes that still take requests can ever hold ``req``, or None."""
-        draining = frozenset(n for n, s in self.stats.items() if s.draining)
+        draining = frozenset(self.draining_nodes())
         room = self._max_kv_tokens(draining)
         total = len(req.prompt_token_ids) + req.params.max_tokens
         if total <= room:

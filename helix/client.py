@@ -219,6 +219,28 @@ class Client:
                         stop: str | Sequence[str] | None = None, **kwargs) -> Completion:
         return _join([c async for c in self.astream(prompt, sampling_params, stop=stop, **kwargs)])
 
+    def drain(self, node: str, force: bool = False, move: bool = False) -> dict:
+        """Take ``node`` out of routing (``helix drain``; :mod:`coordinator.drain`): its status
+        after it (``state`` draining or drained, ``requests`` left). ``ClientError`` NOT_FOUND for
+        an unknown node, FAILED_PRECONDITION when no pipeline would be left (``force`` drains anyway)."""
+        return self._unary("Drain", {"node": node, "force": force, "move": move})
+
+    def undrain(self, node: str) -> dict:
+        """Put ``node`` back into routing; its status after it."""
+        return self._unary("Undrain", {"node": node})
+
+    def nodes(self) -> list[dict]:
+        """Every node's status (state, layers, requests left)."""
+        return self._unary("Nodes", {})["nodes"]
+
+    def _unary(self, method: str, request: dict) -> dict:
+        rpc = self._channel.unary_unary(f"/{_SERVICE}/{method}", request_serializer=_ser,
+                                        response_deserializer=_de)
+        try:
+            return rpc(request, timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise ClientError(exc.code().name, exc.details() or "") from None
+
     def close(self) -> None:
         self._channel.close()
 

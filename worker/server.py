@@ -122,9 +122,10 @@ class WorkerServer:
                 draining=self._draining,
                 num_preemptions_total=e.policy.num_preemptions_total if e else 0)
 
-    def drain(self) -> None:
-        """Stop taking new requests (the coordinator stops routing here); running ones finish."""
-        self._draining = True
+    def drain(self, draining: bool = True) -> None:
+        """Stop taking new requests (the coordinator stops routing here); running ones finish.
+        ``draining=False`` takes requests again (``helix undrain``)."""
+        self._draining = draining
 
     def wait_stopped(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s``; True once :meth:`shutdown` ran (e.g. over gRPC)."""
@@ -154,8 +155,8 @@ class WorkerServer:
             threading.Thread(target=self.shutdown, daemon=True).start()
             return {}
 
-        def drain(_req, _ctx):
-            self.drain()
+        def drain(req, _ctx):
+            self.drain(bool(req.get("draining", True)))
             return {}
 
         return service_handler(WORKER_SERVICE, {

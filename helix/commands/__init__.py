@@ -12,6 +12,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.simulate",
     "helix.commands.serve",
     "helix.commands.bench",
+    "helix.commands.drain",
     "helix.commands.profile",
     "helix.commands.keys",
 )

@@ -26,7 +26,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           max_model_len: Optional[int] = typer.Option(None, min=1, help="most prompt + output tokens per request (as vLLM's --max-model-len; default and upper limit: the checkpoint's max_position_embeddings)"),
           worker_host: Optional[str] = typer.Option(None, help="address every Ray worker binds (default: the address Ray reports for the worker's node when joining a cluster with --address / RAY_ADDRESS; 127.0.0.1 with a local Ray)"),
           node_timeout: float = typer.Option(60.0, min=0.0, help="seconds to wait for each plan node's Ray node (resource helix_node:NAME) to join before failing with the `ray start` line to run there"),
-          api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize (as vLLM's --api-key; env HELIX_API_KEY)"),
+          api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize, /detokenize and /admin (helix drain), and on gRPC Generate and the drain calls (as vLLM's --api-key; env HELIX_API_KEY)"),
           api_key_health: bool = typer.Option(False, "--api-key-health", help="with --api-key: /health, /metrics and /ping need the key too"),
           max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
           request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)"),

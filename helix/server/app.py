@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.requests import Delta, Done, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.errors import HelixUserError
+from helix.server.admin import add_admin_routes
 from helix.server.choices import Choice, child_params, merged, usage
 from helix.server.guard import HttpOptions, install as install_guards
 from helix.server.logprobs import LogprobsBuilder, joined
@@ -348,6 +349,7 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", server.model, methods=["GET"])
     add_utility_routes(app, server)
+    add_admin_routes(app, coordinator)
 
     @app.get("/health")
     def health():

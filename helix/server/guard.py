@@ -2,8 +2,9 @@
 
 Two plain ASGI middlewares, outermost first:
 
-- :class:`ApiKeyGuard` (``helix serve --api-key``, as vLLM's ``--api-key``): every ``/v1`` route, and
-  ``/tokenize`` / ``/detokenize``, needs ``Authorization: Bearer <key>`` (compared in constant time);
+- :class:`ApiKeyGuard` (``helix serve --api-key``, as vLLM's ``--api-key``): every ``/v1`` route,
+  ``/tokenize`` / ``/detokenize`` and the ``/admin`` routes (draining nodes) need
+  ``Authorization: Bearer <key>`` (compared in constant time);
   ``/health`` and ``/metrics`` too when asked. A missing or wrong key is 401, before the body is read.
 - :class:`BodyGuard`: a body is read whole, with a byte limit (413 as soon as ``Content-Length`` or
   the bytes received pass it) and a deadline for the whole body (408: a client that announces more
@@ -34,7 +35,8 @@ class HttpOptions:
     """How the HTTP API guards itself (``helix serve --api-key ... --max-request-bytes ...``)."""
 
     api_key: str | None = None
-    """Bearer token every ``/v1`` route (and ``/tokenize``, ``/detokenize``) requires; None = open."""
+    """Bearer token every ``/v1`` route (and ``/tokenize``, ``/detokenize``, ``/admin``) requires;
+    None = open."""
     protect_health: bool = False
     """With a key: ``/health``, ``/metrics`` and ``/ping`` need it too (vLLM leaves them open)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -57,7 +59,7 @@ def install(app, options: HttpOptions) -> None:
         app.add_middleware(ApiKeyGuard, api_key=options.api_key, protect_health=options.protect_health)
 
 
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/admin")
 _HEALTH_PATHS = ("/health", "/metrics", "/ping")
 
 

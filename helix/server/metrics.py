@@ -16,7 +16,7 @@ _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5
 # vLLM's request-length buckets (build_1_2_5_buckets), to a million tokens.
 _TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-_NODE_STATES = ("ok", "suspect", "dead", "draining")
+_NODE_STATES = ("ok", "suspect", "dead", "draining", "drained")
 
 
 class ServingMetrics:
@@ -65,7 +65,7 @@ class ServingMetrics:
                               "no series for a node that does not answer (suspect, dead).",
                               m + ["node"], registry=r)
         self.node_state = Gauge("helix:node_state", "1 for each node's current health state "
-                                "(ok, suspect, dead, draining), 0 for the others.",
+                                "(ok, suspect, dead, draining, drained), 0 for the others.",
                                 m + ["node", "state"], registry=r)
         self._preemptions_seen: dict[str, int] = {}
 
@@ -105,7 +105,7 @@ class ServingMetrics:
         states = coordinator.node_states()
         for node, frac in coordinator.kv_usage_fraction().items():
             # A node that does not answer has no known KV use: its series is dropped, not frozen.
-            if states.get(node, "ok") in ("ok", "draining"):
+            if states.get(node, "ok") in ("ok", "draining", "drained"):
                 self.kv_usage.labels(m, node).set(frac)
             else:
                 try:

@@ -39,6 +39,16 @@ def two_stage_plan(kv_tokens: int = BRANCHING_KV_TOKENS, nodes: tuple[str, str] 
     return with_kv(plan, kv_tokens)
 
 
+def with_capacities(plan: Plan) -> Plan:
+    """The branching plan with the flow graph's capacities, as ``helix plan`` writes them: cpu-1 could
+    carry 250 tokens/s where the plan sends it 200."""
+    big = 1e6
+    table = {"nodes": {"cpu-0": 300.0, "cpu-1": 250.0, "cpu-2": 150.0},
+             "arcs": [["coordinator", "cpu-0", big], ["cpu-0", "cpu-1", big], ["cpu-0", "cpu-2", big],
+                      ["cpu-1", "coordinator", big], ["cpu-2", "coordinator", big]]}
+    return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
+
+
 def with_kv(plan: Plan, kv_tokens: int | dict[str, int], dtype: str = "float32", **serving) -> Plan:
     """``plan`` whose workers hold ``kv_tokens`` of KV each (or per node, given a dict)."""
     pools = kv_tokens if isinstance(kv_tokens, dict) else \

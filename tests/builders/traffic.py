@@ -1,8 +1,10 @@
-"""Traffic for failure tests: greedy requests submitted straight to a Coordinator, each collected
-by a thread, and checks that every one ended with the reference output."""
+"""Traffic for failure and drain tests: greedy requests submitted straight to a Coordinator (or
+streamed over HTTP), each collected by a thread, and checks that every one ended with the reference
+output."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -60,3 +62,43 @@ def in_flight_on(coord, node: str) -> bool:
     with coord._lock:
         return any(r.pipeline is not None and node in r.pipeline.nodes and r.num_output_tokens >= 1
                    for r in coord._live.values() if not r.done)
+
+
+def stream_all(url: str, model: str, prompts: list, n: int, max_tokens: int = MAX_TOKENS,
+               headers: dict | None = None) -> list:
+    """``n`` concurrent streamed completions (token-id prompts, greedy); a thread each collects the
+    text and the finish reason (an HTTP error or an error event: its text and ``"error"``)."""
+    import httpx
+    out: list = [None] * n
+
+    def one(k):
+        text, finish_reason = [], None
+        body = {"model": model, "prompt": list(prompts[k % len(prompts)]), "max_tokens": max_tokens,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120,
+                          headers=headers) as r:
+            if r.status_code != 200:
+                out[k] = (f"HTTP {r.status_code}: {r.read()!r}", "error")
+                return
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        out[k] = (f"error event: {chunk}", "error")
+                        return
+                    text.append(chunk["choices"][0]["text"])
+                    finish_reason = chunk["choices"][0]["finish_reason"] or finish_reason
+        out[k] = ("".join(text), finish_reason)
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    return [out, threads]
+
+
+def join_streams(streams) -> list:
+    """Every stream's ``(text, finish_reason)``, once all ended."""
+    out, threads = streams
+    for t in threads:
+        t.join(timeout=120)
+    assert all(o is not None for o in out), "a stream did not finish"
+    return out

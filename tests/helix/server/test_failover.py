@@ -6,7 +6,6 @@ and cpu-0 -> cpu-2, so a route always remains."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,9 +24,9 @@ from helix.server.http import HttpThread
 from helix.server.stack import ServeOptions, ServeStack
 from worker.server import WorkerServer
 
-from tests.builders.serving import PROMPTS, hf_greedy
-from tests.builders.traffic import (MAX_TOKENS, VIA_2, finish, in_flight_on, submit_all,
-                                    until)
+from tests.builders.serving import PROMPTS, hf_greedy, with_capacities
+from tests.builders.traffic import (MAX_TOKENS, VIA_2, finish, in_flight_on, join_streams, stream_all,
+                                    submit_all, until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals")]
@@ -97,17 +96,6 @@ def _encode(ckpt, text):
     return TextCodec(str(ckpt)).encode(text)
 
 
-def with_capacities(plan):
-    """The branching plan with the flow graph's capacities, as ``helix plan`` writes them: cpu-1 could
-    carry 250 tokens/s where the plan sends it 200."""
-    import dataclasses
-    big = 1e6
-    table = {"nodes": {"cpu-0": 300.0, "cpu-1": 250.0, "cpu-2": 150.0},
-             "arcs": [["coordinator", "cpu-0", big], ["cpu-0", "cpu-1", big], ["cpu-0", "cpu-2", big],
-                      ["cpu-1", "coordinator", big], ["cpu-2", "coordinator", big]]}
-    return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
-
-
 def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model, plan3, reference):
     plan3 = with_capacities(plan3)
     cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
@@ -144,38 +132,6 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         assert coord.pipeline_counts[VIA_2] > before
     finally:
         cluster.close()
-
-
-def stream_all(url: str, model: str, prompts: list, n: int) -> list:
-    """``n`` concurrent streamed completions (token-id prompts, greedy); a thread each collects the
-    text and the finish reason."""
-    out: list = [None] * n
-
-    def one(k):
-        text, finish_reason = [], None
-        body = {"model": model, "prompt": list(prompts[k % len(prompts)]), "max_tokens": MAX_TOKENS,
-                "temperature": 0, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    assert "error" not in chunk, chunk
-                    text.append(chunk["choices"][0]["text"])
-                    finish_reason = chunk["choices"][0]["finish_reason"] or finish_reason
-        out[k] = ("".join(text), finish_reason)
-    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(n)]
-    for t in threads:
-        t.start()
-    return [out, threads]
-
-
-def join_streams(streams) -> list:
-    out, threads = streams
-    for t in threads:
-        t.join(timeout=120)
-    assert all(o is not None for o in out), "a stream did not finish"
-    return out
 
 
 def test_frozen_node_gets_no_new_requests_and_its_requests_move(tiny_model, plan3, reference):

@@ -1,0 +1,64 @@
+"""Admin routes of the HTTP API: draining nodes (issue 16, :mod:`coordinator.drain`).
+
+- ``GET /admin/nodes``: ``{"nodes": [status, ...]}``, one per plan node (state ``ok`` / ``suspect`` /
+  ``dead`` / ``draining`` / ``drained``, its layers, the requests left on it);
+- ``GET /admin/nodes/{node}``: one node's status;
+- ``POST /admin/drain`` ``{"node", "force": false, "move": false}``: out of routing now; its
+  requests finish where they are (``move``: start again elsewhere); the node's status after it;
+- ``POST /admin/undrain`` ``{"node"}``: back into routing.
+
+``--api-key`` guards them as it guards ``/v1`` (:mod:`helix.server.guard`). An unknown node is 404,
+a drain that would leave some layer unserved 409 (``force`` drains anyway), a bad body 400. The
+routes are plain functions: FastAPI runs them off the event loop (a drain calls the worker).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+from starlette.exceptions import HTTPException
+
+from coordinator.drain import DrainRefused, UnknownNode
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: StrictStr
+    force: StrictBool = False
+    """Drain even the last node that keeps some layer served (new requests then wait, then 503)."""
+    move: StrictBool = False
+    """Move the node's requests to other pipelines (prefilled again) instead of letting them finish."""
+
+
+class UndrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: StrictStr
+
+
+def _call(action):
+    try:
+        return action()
+    except UnknownNode as exc:
+        raise HTTPException(404, str(exc)) from None
+    except DrainRefused as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+def add_admin_routes(app: FastAPI, coordinator) -> None:
+    """Add the routes to ``app`` for ``coordinator`` (a :class:`~coordinator.runtime.Coordinator`)."""
+
+    @app.get("/admin/nodes")
+    def nodes():
+        return {"nodes": [s.to_dict() for s in coordinator.nodes_status()]}
+
+    @app.get("/admin/nodes/{node}")
+    def node(node: str):
+        return _call(lambda: coordinator.node_status(node).to_dict())
+
+    @app.post("/admin/drain")
+    def drain(body: DrainRequest):
+        return _call(lambda: coordinator.drain(body.node, force=body.force, move=body.move).to_dict())
+
+    @app.post("/admin/undrain")
+    def undrain(body: UndrainRequest):
+        return _call(lambda: coordinator.undrain(body.node).to_dict())
