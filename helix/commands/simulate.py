@@ -75,6 +75,14 @@ def simulate(
     detect: float = typer.Option(0.3, "--detect", min=0.0, help="Seconds until the coordinator "
                                  "declares a failed node dead (helix serve: ~0.3 s for a killed "
                                  "process, 10 s for a frozen or cut-off one)."),
+    drain: list[str] = typer.Option([], "--drain", help="NODE@T: the node is drained T simulated "
+                                    "seconds in (helix drain): no new requests, its requests finish "
+                                    "where they are. Repeatable; the summary gives decode tok/s "
+                                    "before, while draining and after."),
+    drain_move: bool = typer.Option(False, "--drain-move", help="Drained nodes' requests move to "
+                                    "other pipelines at once (helix drain --move)."),
+    join: list[str] = typer.Option([], "--join", help="NODE@T: a node of the plan is absent until "
+                                   "T simulated seconds in, then takes requests. Repeatable."),
 ) -> None:
     """Simulate serving a trace on a cluster with a plan: throughput, latencies, utilization.
 
@@ -102,13 +110,17 @@ def simulate(
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
                        kv_high_water=high_water, seed=seed, link_sharing=link_sharing,
                        record_events=event_log is not None,
-                       failures=tuple(_failure(f, detect, spec) for f in fail))
+                       failures=tuple(_failure(f, detect, spec) for f in fail),
+                       drains=tuple(_elastic(d, "--drain", spec, drain_move) for d in drain),
+                       joins=tuple(_elastic(j, "--join", spec) for j in join))
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
     # Missing or unreadable data is a one-line error before any planning starts, not after it.
     from helix.sim.workload import load_azure_trace, resolve_trace
     load_azure_trace(resolve_trace(trace), max_prompt, max_output)
+    if compare_all and (drain or join):
+        raise HelixUserError("--drain and --join run with one plan, not with --compare")
     if compare_all:
         _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out)
     else:
@@ -128,11 +140,38 @@ def _failure(text: str, detect_s: float, spec):
     except ValueError:
         raise HelixUserError(f"--fail {text!r}: expected NODE@SECONDS or NODE@SECONDS+DOWN_SECONDS "
                              f"(times >= 0, down time > 0)") from None
+    _check_node(spec, node, f"--fail {text!r}")
+    return failure
+
+
+def _elastic(text: str, flag: str, spec, move: bool = False):
+    """``NODE@T`` as a :class:`~helix.sim.elastic.NodeDrain` (``--drain``) or ``NodeJoin``."""
+    from helix.sim.elastic import NodeDrain, NodeJoin
+    node, _, when = text.partition("@")
+    try:
+        at_s = float(when)
+        event = NodeDrain(node, at_s, move) if flag == "--drain" else NodeJoin(node, at_s)
+    except ValueError:
+        raise HelixUserError(f"{flag} {text!r}: expected NODE@SECONDS (time >= 0)") from None
+    _check_node(spec, node, f"{flag} {text!r}")
+    return event
+
+
+def _check_node(spec, node: str, what: str) -> None:
     names = [n.name for n in spec.nodes]
     if node not in names:
-        raise HelixUserError(f"--fail {text!r}: no node {node!r} in the cluster; nodes: "
+        raise HelixUserError(f"{what}: no node {node!r} in the cluster; nodes: "
                              f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
-    return failure
+
+
+def _check_events_in_plan(config, plan) -> None:
+    """Failures, drains and joins name nodes that hold layers in ``plan`` (one line otherwise)."""
+    placed = {p.node for p in plan.placements if p.num_layers > 0}
+    for flag, events in (("--fail", config.failures), ("--drain", config.drains), ("--join", config.joins)):
+        for e in events:
+            if e.node not in placed:
+                raise HelixUserError(f"{flag}: node {e.node!r} holds no layers in plan "
+                                     f"{plan.method!r}; placed nodes: {', '.join(sorted(placed))}")
 
 
 def _load_plan(spec, path: Path):
@@ -176,6 +215,7 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
         simrun.make_plan(spec, method, time_limit, config.seed)
     workload = simrun.make_workload(opts, config.mode, the_plan, config.seed, config.duration_s)
     config = dataclasses.replace(config, label=f"{the_plan.method}+{scheduler}")
+    _check_events_in_plan(config, the_plan)
     sim = simrun.build_simulator(spec, the_plan, workload, config, scheduler)
     result = sim.run()
     console.print(_summary_table([result], f"{cluster.name} {config.mode}, plan {the_plan.method} "
@@ -183,8 +223,12 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
     console.print(f"simulated {result.duration_s:.0f} s in {result.wall_s:.1f} s wall "
                   f"({result.sim_s_per_wall_s:.1f} sim s / wall s, {result.events} events); "
                   f"{result.requests_arrived} arrived, {result.requests_rejected} rejected"
-                  + (f", {result.requests_moved} moved off failed nodes ({result.moved_prefill_tokens} "
-                     f"tokens prefilled again)" if config.failures else ""))
+                  + (f", {result.requests_moved} moved to other pipelines ({result.moved_prefill_tokens} "
+                     f"tokens prefilled again)" if config.failures or config.drains else ""))
+    for phase in result.phases:
+        rate = phase["decode_tokens_per_s"]
+        console.print(f"  {phase['label']} ({phase['start_s']:.0f}-{phase['end_s']:.0f} s): "
+                      f"{'-' if rate is None else f'{rate:.1f}'} decode tok/s")
     if plot is not None:
         from helix.sim.plots import plot_results
         paths = plot_results([result], plot, {n.name: n.label for n in spec.nodes})

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
 from helix.plan import COORDINATOR
-from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, Event, LinkWake, NodeDetected, NodeDown,
-                              NodeUp, RequestArrival,
-                              RequestFinish, StepFinish, StepStart, TransferFinish)
+from helix.sim.elastic import ElasticHandlers, NodeDrain, NodeJoin
+from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event, LinkWake, NodeDetected,
+                              NodeDown, NodeJoins, NodeUp, RequestArrival, RequestFinish, StepFinish,
+                              StepStart, TransferFinish)
 from helix.sim.failures import FailureHandlers, NodeFailure
 from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
 from helix.sim.network import Network
@@ -69,9 +70,13 @@ class SimConfig:
     (debugging; off by default so memory stays bounded)."""
     failures: tuple[NodeFailure, ...] = ()
     """Workers that go down during the run (``helix simulate --fail NODE@T[+DOWN]``)."""
+    drains: tuple[NodeDrain, ...] = ()
+    """Workers drained during the run (``helix simulate --drain NODE@T``)."""
+    joins: tuple[NodeJoin, ...] = ()
+    """Workers absent until they join during the run (``helix simulate --join NODE@T``)."""
 
 
-class Simulator(FailureHandlers):
+class Simulator(FailureHandlers, ElasticHandlers):
     """One run: workers with real step policies, a real scheduler, simulated links and clock."""
 
     def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
@@ -107,12 +112,14 @@ class Simulator(FailureHandlers):
         if unknown:
             raise ValueError(f"failures name unknown node(s) {unknown}")
         self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
+        self._init_elastic()
         self.handlers: dict[type[Event], Callable[..., Iterable[Event]]] = {
             RequestArrival: self.on_arrival, CoordinatorSchedule: self.on_coordinator_schedule,
             TransferFinish: self.on_transfer_finish, LinkWake: self.on_link_wake,
             StepStart: self.on_step_start, StepFinish: self.on_step_finish,
             RequestFinish: self.on_request_finish, NodeDown: self.on_node_down,
-            NodeDetected: self.on_node_detected, NodeUp: self.on_node_up}
+            NodeDetected: self.on_node_detected, NodeUp: self.on_node_up,
+            DrainStart: self.on_drain_start, NodeJoins: self.on_node_joins}
         """The handler of each event type: it runs the event and returns the events it causes."""
 
     # --- loop ---------------------------------------------------------------------------------------
@@ -129,6 +136,8 @@ class Simulator(FailureHandlers):
             self.push(CoordinatorSchedule(0.0))
         for f in self.config.failures:
             self.push(NodeDown(f.at_s, self.workers[f.node], f.detect_s, f.down_for_s))
+        for ev in self._elastic_events():
+            self.push(ev)
         heap, pop, push, seq, handlers = (self._heap, heapq.heappop, heapq.heappush, self._seq,
                                           self.handlers)
         until = self.config.duration_s
@@ -181,7 +190,7 @@ class Simulator(FailureHandlers):
             info = RequestInfo(req.request_id, req.prompt_tokens, self.expected_output_tokens)
             pipeline = self.scheduler.schedule(info)
             if pipeline is None:
-                if self.scheduler.num_admitted == 0:
+                if self.scheduler.num_admitted == 0 and not self.absent:
                     self._reject(req)  # masked on an empty cluster: it can never fit
                     continue
                 break
@@ -208,6 +217,11 @@ class Simulator(FailureHandlers):
         req.sent_upto = [0] * len(pipeline.stages)
         req.sent_at_s = [now_s] * len(pipeline.stages)
         self.active[req.request_id] = req
+        for w in req.workers:
+            w.routed += 1
+            w.last_routed_s = now_s
+            if w.first_routed_s is None:
+                w.first_routed_s = now_s
         if req.admitted_s is None:   # not a request that moved off a dead node
             req.admitted_s = now_s
             if self.config.mode == "offline":
@@ -262,6 +276,8 @@ class Simulator(FailureHandlers):
         self.scheduler.release(req.request_id)
         self.metrics.on_finish(req.output_tokens, req.received, req.first_token_s, req.last_token_s)
         req.workers = ()
+        if self.draining:
+            self.note_drained(now_s)
         out.extend(self._kick_coordinator(now_s))
         return out
 
@@ -404,5 +420,6 @@ class Simulator(FailureHandlers):
             node_utilization={n: w.busy_s / span for n, w in self.workers.items()},
             link_utilization=links, throughput_timeline_tokens_per_s=timeline, bucket_s=m.bucket_s,
             wall_s=wall_s, events=self.events, requests_moved=self.requests_moved,
-            moved_prefill_tokens=self.moved_prefill_tokens,
+            moved_prefill_tokens=self.moved_prefill_tokens, phases=self.phases(end_s),
+            node_requests={n: w.routed for n, w in self.workers.items()},
             samples={"ttft_s": m.ttft_s, "itl_s": m.itl_s, "request_decode_s": m.request_decode_s})

@@ -151,6 +151,28 @@ class NodeUp(Event):
         self.worker = worker
 
 
+class DrainStart(Event):
+    """The operator drains a worker: no new requests go to it; its requests finish where they are,
+    or (``move``) start again on other pipelines."""
+
+    __slots__ = ("worker", "move")
+
+    def __init__(self, time_s: float, worker: "SimWorker", move: bool = False) -> None:
+        super().__init__(time_s)
+        self.worker = worker
+        self.move = move
+
+
+class NodeJoins(Event):
+    """A worker absent until now joins: it gets requests from now on."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, time_s: float, worker: "SimWorker") -> None:
+        super().__init__(time_s)
+        self.worker = worker
+
+
 class RequestFinish(Event):
     """The last token of a request reached the coordinator: free its KV everywhere."""
 

@@ -84,6 +84,8 @@ class FailureHandlers:
             if not x.down and not x.busy and not x.start_pending and x.policy.has_work():
                 x.start_pending = True
                 out.append(StepStart(now_s, x))
+        if self.draining:
+            self.note_drained(now_s)
         return out
 
     def _prompt_of(self, req: SimRequest) -> int:
@@ -98,6 +100,7 @@ class FailureHandlers:
             return NO_EVENTS
         w.down = False
         out = self._move_off(w, ev.time_s) if w.detected_epoch != w.epoch else []
-        self.scheduler.kv.observe(w.name, 0.0)
+        if self.takes_requests(w.name):   # a draining or not yet joined node stays masked
+            self.scheduler.kv.observe(w.name, 0.0)
         out.extend(self._kick_coordinator(ev.time_s))
         return out

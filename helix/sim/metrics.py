@@ -110,6 +110,12 @@ class SimResult:
     """Requests moved to another pipeline because theirs lost a node (``SimConfig.failures``)."""
     moved_prefill_tokens: int = 0
     """Tokens prefilled again for them."""
+    phases: tuple[dict, ...] = ()
+    """With drains or joins (``SimConfig.drains`` / ``joins``): decode throughput between the
+    run's marks (a drain, a drained node empty, a join), each ``{"label", "start_s", "end_s",
+    "decode_tokens_per_s"}``; empty otherwise."""
+    node_requests: dict[str, int] = field(default_factory=dict)
+    """Requests given a pipeline through each node (a moved request counts again)."""
     samples: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """Raw latency samples for plots (not written to JSON)."""
 
@@ -122,5 +128,6 @@ class SimResult:
         for key in ("ttft", "inter_token_latency", "request_decode_latency"):
             d[key] = dataclasses.asdict(d[key])
         d["throughput_timeline_tokens_per_s"] = list(self.throughput_timeline_tokens_per_s)
+        d["phases"] = list(self.phases)
         d["sim_s_per_wall_s"] = self.sim_s_per_wall_s
         return d

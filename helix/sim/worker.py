@@ -23,7 +23,8 @@ class SimWorker:
 
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
-                 "_num_partial", "peak_used_blocks", "down", "epoch", "detected_epoch")
+                 "_num_partial", "peak_used_blocks", "down", "epoch", "detected_epoch", "routed",
+                 "first_routed_s", "last_routed_s")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
@@ -55,6 +56,10 @@ class SimWorker:
         """Bumped when the worker goes down: a step it had started never finishes."""
         self.detected_epoch = 0
         """The last outage whose requests were moved (the coordinator noticed it)."""
+        self.routed = 0
+        """Requests the coordinator gave a pipeline through this worker (a moved one again)."""
+        self.first_routed_s: float | None = None
+        self.last_routed_s: float | None = None
 
     def go_down(self) -> None:
         """The process is gone: every request and all KV with it; a step in progress never ends."""

@@ -207,3 +207,31 @@ def test_online_rate_follows_the_prediction():
         prompt_decode_tokens_per_s=200.0, decode_tokens_per_s=40.0, requests_per_s=2.0,
         pipelines=1, requests_in_flight=10.0, online_load=0.75, ttft_p50_s=1.0, tpot_p50_s=0.1))
     assert online_rate_per_s(predicted, requests, 0.5) == pytest.approx(1.0)
+
+
+def test_drain_and_join_print_the_phases_and_write_them(plan_file, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--mode", "online", "--rate", "2",
+               "--duration", "60", "--drain", "l4-0@20", "--join", "a100-1@30", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "before drain l4-0 (0-20 s):" in text and "after join a100-1 (30-" in text
+    d = json.loads(out.read_text())
+    assert [p["label"] for p in d["phases"]][:3] == ["before drain l4-0", "after drain l4-0",
+                                                     "after join a100-1"]
+    assert d["node_requests"]["a100-1"] > 0 and d["node_requests"]["l4-0"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drain", "l4-0"], "--drain 'l4-0': expected NODE@SECONDS"),
+    (["--drain", "l4-0@-1"], "--drain 'l4-0@-1': expected NODE@SECONDS"),
+    (["--join", "gpu-9@3"], "--join 'gpu-9@3': no node 'gpu-9' in the cluster"),
+    (["--drain", "t4-0@3"], "--drain: node 't4-0' holds no layers in plan"),
+    (["--fail", "t4-0@3"], "--fail: node 't4-0' holds no layers in plan"),
+    (["--drain", "l4-0@3", "--compare"], "--drain and --join run with one plan"),
+])
+def test_bad_drains_and_joins_are_one_line_errors(plan_file, capsys, args, message):
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
