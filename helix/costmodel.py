@@ -311,6 +311,9 @@ class CostModel:
         p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
         kv_tokens = self.kv_capacity_tokens(node, num_layers)
         decode = min(self.serving.max_batch_seqs, int(kv_tokens // (p + o)))
+        chunk = self.serving.chunk_tokens
+        if chunk > 0:   # a step's budget holds its decodes and the prompts joining them (p : o)
+            decode = min(decode, int(chunk * o // (p + o)))
         if decode < 1:
             return OperatingPoint(0.0, 0, 0.0)
         prompt = decode * p / o
@@ -354,13 +357,26 @@ class CostModel:
         def step(prompt_tokens: float) -> float:   # k layers and the step's fixed cost
             return num_layers * self.layer_time_s(node, prompt_tokens, d, ctx, p / 2) \
                 + self.step_overhead_s(node, prompt_tokens, d, ctx, p / 2)
-        if joining >= 1:
-            t = step(joining * p + extra_prompt_tokens)
+        piece = self.prompt_piece_tokens(d)
+        share = joining * p / piece   # steps that carry a prompt piece
+        if share >= 1:
+            t = step(min(joining * p, self.prompt_room_tokens(d)) + extra_prompt_tokens)
             return t, t * t
-        # Prompts come whole: a fraction of the steps carries one (a layer's time is a max of
-        # compute and memory time, so spreading the prompt over every step would undercount it).
-        base, full = step(extra_prompt_tokens), step(p + extra_prompt_tokens)
-        return base + joining * (full - base), (1 - joining) * base ** 2 + joining * full ** 2
+        # Prompts come whole, or in chunks when the step's budget is smaller: a fraction of the
+        # steps carries a piece (a layer's time is a max of compute and memory time, so spreading
+        # the prompt over every step would undercount it).
+        base, full = step(extra_prompt_tokens), step(piece + extra_prompt_tokens)
+        return base + share * (full - base), (1 - share) * base ** 2 + share * full ** 2
+
+    def prompt_room_tokens(self, decode_seqs: float) -> float:
+        """Prompt tokens a step with ``decode_seqs`` decodes has room for (the step's token budget
+        less its decodes; unbounded with chunking off)."""
+        chunk = self.serving.chunk_tokens
+        return math.inf if chunk <= 0 else max(1.0, chunk - decode_seqs)
+
+    def prompt_piece_tokens(self, decode_seqs: float) -> float:
+        """Prompt tokens a step that carries some carries: a whole mean prompt, or the room left."""
+        return min(self.workload.mean_prompt_tokens, self.prompt_room_tokens(decode_seqs))
 
     def resident_requests(self, node: NodeSpec, num_layers: int, first: bool = False,
                           last: bool = False) -> float:

@@ -139,16 +139,18 @@ class _Model:
         # Pollaczek-Khinchine: a FIFO at utilization u makes a message wait u E[s^2] / (2 E[s] (1 - u)).
         return self.link_incidence @ (busy * residual / (1.0 - busy))
 
-    def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
         """(mean step, its residual seen by an arrival E[t^2] / (2 E[t]), step carrying one more
-        prompt) of every node at its decode batch."""
+        prompt or the first chunk of it, chunks a prompt takes) of every node at its decode
+        batch (chunked prefill: the step's token budget less its decodes per chunk)."""
         cost, p = self.cost, self.p
         moments = np.array([cost.stage_step_moments(n, int(k), d)
                             for n, k, d in zip(self.spec_nodes, self.layers, batch)])
         decode, residual = moments[:, 0], moments[:, 1] / (2 * moments[:, 0])
-        prompt = np.array([cost.stage_step_s(n, int(k), d, extra_prompt_tokens=p)
-                           for n, k, d in zip(self.spec_nodes, self.layers, batch)])
-        return decode, residual, prompt
+        piece = np.array([min(p, cost.prompt_room_tokens(d)) for d in batch])
+        prompt = np.array([cost.stage_step_s(n, int(k), d, extra_prompt_tokens=c)
+                           for n, k, d, c in zip(self.spec_nodes, self.layers, batch, piece)])
+        return decode, residual, prompt, np.ceil(p / piece)
 
     def solve(self, in_flight_of) -> tuple[np.ndarray, ...]:
         """Iterate to the fixed point; ``in_flight_of(stay_s)`` gives requests per pipeline."""
@@ -157,13 +159,17 @@ class _Model:
         busy = np.zeros(len(self.nodes))
         rate = np.zeros(len(self.paths))
         for _ in range(MAX_ITERATIONS):
-            step, residual, prompt_step = self.step_times(batch)
+            step, residual, prompt_step, chunks = self.step_times(batch)
             visit = step + busy * residual   # its own step, and what is left of the one running
             waits = self.link_waits(rate, float(batch.mean()))
             R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min() \
                 + waits
             F0 = self.incidence @ visit + self.link_latency + waits
-            F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p
+            # A chunked prompt's pieces follow each other down the pipeline, paced by its
+            # slowest stage: (chunks - 1) more of that stage's chunk steps.
+            pace = np.max(self.incidence * ((chunks - 1) * visit_chunk(prompt_step, step, visit)),
+                          axis=1) if (chunks > 1).any() else 0.0
+            F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p + pace
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
             rate = N / stay                               # requests/s per pipeline
@@ -221,6 +227,11 @@ class _Model:
                 if full.any():
                     live &= ~(coef[full].sum(axis=0) > 0)
         return N
+
+
+def visit_chunk(prompt_step: np.ndarray, step: np.ndarray, visit: np.ndarray) -> np.ndarray:
+    """Per node: a chunk's time there, its chunk step plus the wait a visit sees."""
+    return prompt_step + (visit - step)
 
 
 def _ttft_median(fixed_s: np.ndarray, mean_prompt_s: np.ndarray, weights: np.ndarray

@@ -17,6 +17,10 @@ from helix.errors import SpecError
 from helix.models import DTYPE_BYTES
 
 
+#: A step's token budget when chunked prefill is off (``chunk_tokens: 0``).
+UNCHUNKED_STEP_TOKENS = 2048
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -36,6 +40,10 @@ class ServingSpec(_Frozen):
     this fraction of the node's pool (Helix section 5)."""
     block_size_tokens: int = Field(16, ge=1)
     """Positions per block of a worker's paged KV cache."""
+    chunk_tokens: int = Field(2048, ge=0)
+    """Token budget of a worker step (decodes + prefill chunks: chunked prefill, Sarathi; 2048 as
+    vLLM's engine defaults to); 0 = whole prompts (Orca), a step then takes up to
+    :data:`UNCHUNKED_STEP_TOKENS` tokens and a longer prompt runs alone."""
 
 
 class ServingLimits(_Frozen):
@@ -48,6 +56,9 @@ class ServingLimits(_Frozen):
     max_batch_seqs: int = Field(ge=1)
     kv_high_water: float = Field(gt=0, le=1)
     block_size_tokens: int = Field(ge=1)
+    chunk_tokens: int = Field(512, ge=0)
+    """Step token budget (chunked prefill); 0 = whole prompts. The default is what workers of plans
+    written before this field ran with (the engine's own 512)."""
     kv_capacity_tokens: dict[str, int]
     """Node -> tokens of KV its pool holds on every layer of its slice; the worker's pool is this
     many tokens rounded down to whole blocks."""
@@ -66,7 +77,13 @@ class ServingLimits(_Frozen):
         return cls(dtype=dtype, gpu_memory_utilization=serving.gpu_memory_utilization,
                    max_batch_seqs=serving.max_batch_seqs, kv_high_water=serving.kv_high_water,
                    block_size_tokens=serving.block_size_tokens,
+                   chunk_tokens=serving.chunk_tokens,
                    kv_capacity_tokens=dict(kv_capacity_tokens))
+
+    @property
+    def step_tokens(self) -> int:
+        """A worker step's token budget: the chunk budget, or the unchunked one."""
+        return self.chunk_tokens or UNCHUNKED_STEP_TOKENS
 
     def kv_blocks(self, node: str) -> int:
         """Blocks of ``node``'s KV pool."""

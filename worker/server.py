@@ -114,6 +114,8 @@ class WorkerServer:
                 kv_blocks_used=e.blocks.num_used_blocks if e else 0,
                 block_size_tokens=e.blocks.block_size_tokens if e else 0,
                 dtype=e.config.dtype if e else "", max_batch_seqs=e.config.max_num_seqs if e else 0,
+                step_tokens=e.config.max_num_batched_tokens if e else 0,
+                chunked_prefill=e.config.chunked_prefill if e else True,
                 num_waiting=len(e.policy.waiting_ids) if e else 0,
                 num_running=len(e.policy.running_ids) if e else 0,
                 num_requests=len(self._routes),

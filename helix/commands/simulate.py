@@ -55,8 +55,9 @@ def simulate(
     max_prompt: int = typer.Option(2048, "--max-prompt", help="Drop requests with longer prompts."),
     max_output: int = typer.Option(1024, "--max-output", help="Drop requests with longer outputs."),
     duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done)."),
-    chunk_tokens: int = typer.Option(0, "--chunk-tokens", help="Chunked-prefill budget per step "
-                                     "(0 = off: whole prompts)."),
+    chunk_tokens: Optional[int] = typer.Option(
+        None, "--chunk-tokens", help="Chunked-prefill token budget per step (0 = off: whole "
+        "prompts); default: the spec's serving.chunk_tokens (2048), what helix serve runs."),
     high_water: Optional[float] = typer.Option(None, "--high-water", help="KV high-water mark for "
                                                "masking (default: the spec's serving.kv_high_water)."),
     link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "
@@ -252,7 +253,7 @@ def _check_numbers(*, num_requests, duration, load, rate, chunk_tokens, high_wat
          "a finite number of seconds >= 0 (0 = until every request is done)"),
         ("--load", load, finite(load) and load > 0, "> 0 and finite"),
         ("--rate", rate, rate is None or (finite(rate) and rate > 0), "> 0 requests/s and finite"),
-        ("--chunk-tokens", chunk_tokens, chunk_tokens >= 0, ">= 0 (0 = off)"),
+        ("--chunk-tokens", chunk_tokens, chunk_tokens is None or chunk_tokens >= 0, ">= 0 (0 = off)"),
         ("--high-water", high_water, high_water is None or 0 < high_water <= 1, "in (0, 1]"),
         ("--max-prompt", max_prompt, max_prompt >= 1, ">= 1 token"),
         ("--max-output", max_output, max_output >= 1, ">= 1 token"),

@@ -34,6 +34,10 @@ class WorkerStats:
     draining: bool
     num_preemptions_total: int = 0
     """Requests this worker's step policy preempted (KV given back, recomputed later) since start."""
+    step_tokens: int = 0
+    """Token budget of one step (the plan's ``serving.chunk_tokens``, or the unchunked budget)."""
+    chunked_prefill: bool = True
+    """Whether prompts are cut into chunks that fill the step's budget."""
 
     @property
     def kv_blocks_free(self) -> int:

@@ -48,11 +48,14 @@ def plan_spec_warning(spec: ClusterSpec, plan: Plan) -> str | None:
             "links and GPUs; re-run `helix plan` to be sure")
 
 
-def policy_config(config: SimConfig, max_batch_seqs: int) -> PolicyConfig:
-    chunked = config.chunk_tokens > 0
+def policy_config(config: SimConfig, limits: ServingLimits) -> PolicyConfig:
+    """A simulated worker's step limits: the plan's serving limits (what ``helix serve``'s workers
+    run with), the chunk budget overridden by ``config.chunk_tokens`` when set."""
+    chunk = limits.chunk_tokens if config.chunk_tokens is None else config.chunk_tokens
+    chunked = chunk > 0
     return PolicyConfig(
-        max_num_seqs=max_batch_seqs,
-        max_num_batched_tokens=config.chunk_tokens if chunked else config.max_batched_tokens_unchunked,
+        max_num_seqs=limits.max_batch_seqs,
+        max_num_batched_tokens=chunk if chunked else config.max_batched_tokens_unchunked,
         chunked_prefill=chunked, self_feeding=False)
 
 
@@ -60,7 +63,7 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
                   limits: ServingLimits) -> dict[str, SimWorker]:
     """One SimWorker per placed node, with the KV pool and batch limit ``helix serve`` gives its
     worker (``limits``: :func:`planner.build.serving_limits`)."""
-    pc = policy_config(config, limits.max_batch_seqs)
+    pc = policy_config(config, limits)
     block = limits.block_size_tokens
     workers = {}
     for p in plan.placements:

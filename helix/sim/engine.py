@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
 from helix.plan import COORDINATOR
+from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.sim.elastic import ElasticHandlers, NodeDrain, NodeJoin
 from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event, LinkWake, NodeDetected,
                               NodeDown, NodeJoins, NodeUp, RequestArrival, RequestFinish, StepFinish,
@@ -48,9 +49,10 @@ class SimConfig:
     ``online``: requests arrive at the workload's times and queue at the coordinator."""
     duration_s: float | None = 600.0
     """Simulated seconds; None runs until every request of the workload has finished."""
-    chunk_tokens: int = 0
-    """Chunked-prefill token budget per step; 0 = whole prompts (no chunking)."""
-    max_batched_tokens_unchunked: int = 2048
+    chunk_tokens: int | None = None
+    """Chunked-prefill token budget per step; 0 = whole prompts (no chunking); None = the spec's
+    ``serving.chunk_tokens``, what ``helix serve``'s workers run with."""
+    max_batched_tokens_unchunked: int = UNCHUNKED_STEP_TOKENS
     """Step token budget when chunking is off (a longer prompt still runs, alone)."""
     kv_high_water: float | None = None
     """Overrides the spec's ``serving.kv_high_water`` (the coordinator's KV masking) when set.

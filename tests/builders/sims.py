@@ -25,9 +25,10 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
              kv_tokens: int = 100_000, scheduler: str = "helix", bandwidth_bytes_per_s: float = 1e6,
              latency_s: float = 0.01, activation_bytes: int = 100,
              token_id_bytes: int = 4, serving: ServingSpec = ServingSpec()) -> Simulator:
+    chunk = serving.chunk_tokens if config.chunk_tokens is None else config.chunk_tokens
     pc = PolicyConfig(max_num_seqs=serving.max_batch_seqs,
-                      max_num_batched_tokens=config.chunk_tokens or config.max_batched_tokens_unchunked,
-                      chunked_prefill=config.chunk_tokens > 0, self_feeding=False)
+                      max_num_batched_tokens=chunk or config.max_batched_tokens_unchunked,
+                      chunked_prefill=chunk > 0, self_feeding=False)
     workers = {p.node: SimWorker(p.node, p.start, p.end, kv_tokens, table_layer_time, pc,
                                  serving.block_size_tokens) for p in plan.placements}
     high_water = serving.kv_high_water if config.kv_high_water is None else config.kv_high_water

@@ -148,3 +148,24 @@ def test_prompt_time_is_unchanged_by_the_decode_terms():
     flops = p * m.linear_flops_per_token_per_layer + p * m.attention_flops_per_token_per_layer(ctx)
     expected = flops / (a100.fp16_flops * a100.compute_efficiency) + a100.layer_overhead_s
     assert analytic_layer_time_s(m, a100, 1, 2, p, 0, 0, ctx) == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_step_token_budget_caps_decodes_and_cuts_prompts_into_chunks():
+    """Chunked prefill (serving.chunk_tokens): a saturated step holds its decodes and the prompts
+    joining them (p : o) within the budget, and a step carries a prompt piece no longer than the
+    room its decodes leave; 0 = whole prompts."""
+    small = parse_cluster(tiny_spec(serving={"chunk_tokens": 128}))
+    whole = parse_cluster(tiny_spec(serving={"chunk_tokens": 0}))
+    c_small, c_whole = CostModel.for_cluster(small), CostModel.for_cluster(whole)
+    node = small.nodes[0]
+    w = c_small.workload
+    p, o = w.mean_prompt_tokens, w.mean_output_tokens
+    k = 1
+    assert c_small.operating_point(node, k).decode_seqs == min(
+        c_whole.operating_point(node, k).decode_seqs, int(128 * o // (p + o)))
+    assert c_whole.prompt_room_tokens(10) == math.inf and c_whole.prompt_piece_tokens(10) == p
+    assert c_small.prompt_room_tokens(28) == 100 and c_small.prompt_piece_tokens(28) == min(p, 100)
+    # The same prompt work in pieces: more steps carry one, each shorter than a whole-prompt step.
+    t_small, t2_small = c_small.stage_step_moments(node, k, 28)
+    t_whole, t2_whole = c_whole.stage_step_moments(node, k, 28)
+    assert t2_small / t_small ** 2 < t2_whole / t_whole ** 2   # less spread: no long steps

@@ -45,6 +45,7 @@ def _check_runs_with(plan: Plan, stats: dict[str, dict]) -> None:
         got = stats[p.node]
         assert got["dtype"] == s.dtype and got["max_batch_seqs"] == s.max_batch_seqs
         assert got["block_size_tokens"] == s.block_size_tokens
+        assert got["step_tokens"] == s.step_tokens and got["chunked_prefill"] == (s.chunk_tokens > 0)
         assert got["kv_blocks_total"] == s.kv_capacity_tokens[p.node] // s.block_size_tokens
 
 
@@ -70,13 +71,19 @@ def test_plan_carries_the_cost_models_pools_and_the_simulator_uses_them(local3_p
     for node, w in sim.workers.items():
         assert w.policy.blocks.num_blocks == s.kv_blocks(node)
         assert w.policy.config.max_num_seqs == s.max_batch_seqs
+        # The step's token budget too: chunked prefill with the spec's budget, as served.
+        assert w.policy.config.max_num_batched_tokens == s.step_tokens == spec.serving.chunk_tokens
+        assert w.policy.config.chunked_prefill
     assert sim.scheduler.kv.high_water == s.kv_high_water
+    whole = build_simulator(spec, plan, (TraceRequest(0.0, 8, 4),),
+                            SimConfig(duration_s=None, chunk_tokens=0))
+    assert not any(w.policy.config.chunked_prefill for w in whole.workers.values())
 
 
 def test_in_process_workers_get_the_plans_dtype_pools_and_batch_limit(tiny_model):
     ckpt, _ = tiny_model
     plan = branching_plan({"cpu-0": 1600, "cpu-1": 2400, "cpu-2": 3200}, dtype="bfloat16",
-                          max_batch_seqs=7, kv_high_water=0.8)
+                          max_batch_seqs=7, kv_high_water=0.8, chunk_tokens=96)
     servers = [WorkerServer(p.node, str(ckpt), torch_threads=1) for p in plan.placements]
     coord = Coordinator(plan, str(ckpt), RuntimeConfig(stats_interval_s=0.1))
     try:
@@ -133,3 +140,15 @@ def test_ray_workers_of_a_planned_cluster_run_with_its_serving_limits(tiny_model
             stack.close()
     finally:
         ray.shutdown()
+
+
+def test_the_step_budget_travels_in_the_plan_and_old_plans_keep_512():
+    from helix.serving import ServingLimits, ServingSpec, UNCHUNKED_STEP_TOKENS
+    assert ServingSpec().chunk_tokens == 2048
+    limits = ServingLimits.of(ServingSpec(chunk_tokens=0), "float16", {"a": 64})
+    assert ServingLimits.from_dict(limits.to_dict()) == limits
+    assert limits.step_tokens == UNCHUNKED_STEP_TOKENS
+    old = {k: v for k, v in limits.to_dict().items() if k != "chunk_tokens"}
+    assert ServingLimits.from_dict(old).chunk_tokens == 512   # what their workers ran
+    with pytest.raises(Exception, match="chunk_tokens"):
+        ServingLimits.from_dict({**limits.to_dict(), "chunk_tokens": -1})
