@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from coordinator.health import NodeState
@@ -172,25 +173,27 @@ class Draining:
         raise DrainRefused(f"refusing to drain {node}: {why}, so no request could be served "
                            f"(drain it anyway with --force)")
 
-    def _requests_on(self, node: str) -> int:
-        return sum(1 for r in self._live.values()
-                   if not r.done and r.pipeline is not None and node in r.pipeline.nodes)
+    def _requests_by_node(self) -> Counter[str]:
+        """How many requests' pipelines cross each node (one pass over the live requests)."""
+        return Counter(n for r in self._live.values() if not r.done and r.pipeline is not None
+                       for n in dict.fromkeys(r.pipeline.nodes))
 
     def node_status(self, node: str) -> NodeStatus:
         """``node``'s status now; raises :class:`UnknownNode`."""
         self._check_node(node)
         with self._lock:
-            return self._status(node, self.health.state(node), time.monotonic())
+            return self._status(node, self.health.state(node), time.monotonic(),
+                                self._requests_by_node()[node])
 
     def nodes_status(self) -> list[NodeStatus]:
         """Every node's status, in plan order."""
         with self._lock:
-            now, states = time.monotonic(), self.health.states()
-            return [self._status(p.node, states[p.node], now) for p in self.plan.placements]
+            now, states, counts = time.monotonic(), self.health.states(), self._requests_by_node()
+            return [self._status(p.node, states[p.node], now, counts[p.node])
+                    for p in self.plan.placements]
 
-    def _status(self, node: str, health: NodeState, now: float) -> NodeStatus:
+    def _status(self, node: str, health: NodeState, now: float, requests: int) -> NodeStatus:
         s, p = self.stats[node], self.plan.placement_of(node)
-        requests = self._requests_on(node)
         state = health.value
         draining = node in self.drains or s.draining
         if draining and health is NodeState.OK:

@@ -54,6 +54,9 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                    "the gRPC or data-plane ports can register a worker, reconfigure one or inject "
                    "hidden states, in clear text; make keys with `helix keys DIR` and pass --keys DIR "
                    "(here and to every `helix worker`)", err=True)
+    if api_key is None and not _loopback(host):
+        typer.echo(f"warning: serving on {host} without --api-key: anyone who reaches the HTTP or "
+                   "gRPC port can generate and drain nodes (/admin, helix drain)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),

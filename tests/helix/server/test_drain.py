@@ -188,3 +188,12 @@ def test_drain_re_solves_the_max_flow_without_the_node(tiny_model):
         assert sum(a.flow_tokens_per_s for a in coord._flows if a.src == "coordinator") == 250.0
         coord.undrain("cpu-2")
         assert coord._flows == plan.arc_flows
+
+
+def test_serving_off_loopback_without_an_api_key_warns_that_anyone_can_drain(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "without --api-key: anyone who reaches the HTTP or gRPC port can generate and drain" in err
+    assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0",
+                 "--api-key", "k"]) == 2
+    assert "without --api-key" not in capsys.readouterr().err
