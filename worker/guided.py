@@ -8,11 +8,11 @@ tokens (:class:`Guide` per request); a state where the match is complete also al
 and one where nothing but EOS could follow ends the request (finish reason ``stop``) without
 sampling it. Added (special) tokens and ids past the tokenizer's vocabulary are never allowed.
 
-Compiling can take seconds for a large vocabulary and a big schema, so :class:`GuideCompiler`
-runs it on a thread of its own (``outlines_core`` releases the GIL while it builds; measured: a
-thread beside it keeps running) and caches the result per regex; the engine holds a request's
-inputs back until its automaton is ready (``SliceEngine`` admits it then), so the step loop never
-waits on a compile.
+Compiling can take seconds (a free-form ``{"type": "object"}`` took 5-11 s even over the demo's
+297 tokens; BENCHMARKS.md), so :class:`GuideCompiler` runs it on threads of its own
+(``outlines_core`` releases the GIL while it builds; measured: a thread beside it keeps running) and
+caches the result per regex; the engine holds a request's inputs back until its automaton is ready
+(``SliceEngine`` admits it then), so the step loop never waits on a compile.
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ class GuideCompiler:
         self.device = torch.device(device)
         self._vocabulary = None
         self._futures: OrderedDict[str, Future] = OrderedDict()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="helix-guide")
+        # Two threads: one pathological regex (outlines-core 0.2.14 took 40-47 s for an object with
+        # "additionalProperties": {}) then delays the other new regexes less.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="helix-guide")
         self.compile_s: dict[str, float] = {}
         """Seconds each cached regex took to compile (for the log and for benchmarks)."""
 

@@ -121,11 +121,12 @@ def test_a_resumed_prefix_that_breaks_the_format_fails_only_its_request(demo_ckp
 
 
 def test_a_compiling_regex_holds_only_its_request(demo_ckpt, codec):
-    """While its automaton compiles (a slow compile stood in for by a busy compiler thread), a guided
+    """While its automaton compiles (a slow compile stood in for by busy compile threads), a guided
     request's inputs wait; a plain request beside it runs to the end; then the guided one runs."""
     engine = _engine(demo_ckpt)
     gate = threading.Event()
-    engine.guides._pool.submit(gate.wait)   # the compiler's one thread is busy until the gate opens
+    for _ in range(engine.guides._pool._max_workers):   # every compile thread busy until the gate opens
+        engine.guides._pool.submit(gate.wait)
     guided = SamplingParams(temperature=0.0, max_tokens=200, guided_regex=REGEX)
     plain = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     seen = {}
