@@ -33,6 +33,8 @@ from helix.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
+from worker.adapter_registry import AdapterRegistry
+from worker.adapters import SliceAdapter, task_rows
 from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, kv_bytes_per_block, num_blocks_for_budget
@@ -110,6 +112,7 @@ class _Request:
     num_inputs: int = 0
     next_emit: int = 0      # first position whose output was not emitted yet
     sampling: SamplingState | None = None
+    adapter: SliceAdapter | None = None   # its task's terms on this slice (None = the base model)
     prompt_lps: list[SampledToken] | None = None   # last stage, when asked: prompt tokens 1.. scored
 
 
@@ -146,6 +149,8 @@ class SliceEngine:
         """Compiles structured-output automata (set by :meth:`from_checkpoint`: it needs the
         checkpoint's tokenizer); None = guided requests are refused."""
         self._held: list[StageInput] = []          # inputs of requests whose automaton compiles
+        self.adapters = AdapterRegistry(weights)
+        """The fine-tuned tasks this slice holds (:mod:`worker.adapters`)."""
         self._compiling: dict[Hashable, Future] = {}
 
     @classmethod
@@ -204,6 +209,9 @@ class SliceEngine:
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
                                  {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
                                  self.weights.end - self.weights.start, self.device, self.dtype)
+        # Every task's rows run the shared base product together; each task's terms run on its rows.
+        batch.tasks = task_rows([(self._reqs[s.request_id].adapter, s.end - s.start) for s in spans],
+                                self.device)
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
             chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
@@ -218,7 +226,7 @@ class SliceEngine:
             outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch)), [], []
         self.policy.complete(plan, finished)
         for rid in finished:
-            del self._reqs[rid]
+            self._forget(rid)
         for rid, token_id in fed_back:
             self._reqs[rid].tokens.append(token_id)
             self._reqs[rid].num_inputs += 1
@@ -228,11 +236,16 @@ class SliceEngine:
     def release(self, request_ids: Sequence[Hashable]) -> None:
         for rid in request_ids:
             self.policy.finish(rid)
-            self._reqs.pop(rid, None)
+            self._forget(rid)
             self._compiling.pop(rid, None)
         if self._held:
             gone = set(request_ids)
             self._held = [i for i in self._held if i.request_id not in gone]
+
+    def _forget(self, rid: Hashable) -> None:
+        req = self._reqs.pop(rid, None)
+        if req is not None and req.adapter is not None:
+            self.adapters.release(req.adapter.name)
 
     def has_work(self) -> bool:
         return (any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
@@ -321,6 +334,22 @@ class SliceEngine:
         if new.sampling.max_tokens is None:   # the coordinator resolves it before dispatch
             raise HelixUserError(f"request {new.request_id!r}: max_tokens is not set")
         req = _Request(new, enter - w.start)
+        if new.adapter is not None:
+            if not isinstance(new.adapter, str):
+                raise HelixUserError(f"request {new.request_id!r}: adapter must be a name, "
+                                     f"got {new.adapter!r}")
+            # Unknown, or draining on the first stage: refused here.
+            req.adapter = self.adapters.acquire(new.adapter, draining_ok=not w.is_first)
+        try:
+            self._admit_checked(new, req)
+        except Exception:
+            if req.adapter is not None:
+                self.adapters.release(req.adapter.name)
+            raise
+        self._reqs[new.request_id] = req
+
+    def _admit_checked(self, new: NewRequest, req: _Request) -> None:
+        w = self.weights
         if w.is_last:
             # What the sampler indexes by token id must lie in the vocabulary (it would raise inside
             # a step shared with other requests).
@@ -341,7 +370,6 @@ class SliceEngine:
             req.next_emit = new.num_prompt_tokens - 1   # positions before the prompt's last sample nothing
         self.policy.add(new.request_id, new.num_prompt_tokens, new.sampling.max_tokens,
                         num_available_tokens=0)
-        self._reqs[new.request_id] = req
 
     def _check_token_ids(self, what: str, ids: Sequence[int]) -> None:
         vocab = self.weights.spec.vocab_size

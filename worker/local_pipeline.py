@@ -19,6 +19,8 @@ class Prompt:
     request_id: Hashable
     token_ids: tuple[int, ...]
     sampling: SamplingParams
+    adapter: str | None = None
+    """The request's task (None = the base model)."""
 
 
 class LocalPipeline:
@@ -37,7 +39,8 @@ class LocalPipeline:
 
     def submit(self, prompt: Prompt) -> None:
         new = NewRequest(prompt.request_id, len(prompt.token_ids), prompt.sampling,
-                         prompt_token_ids=prompt.token_ids, enter_layer=self.enter_layers[0])
+                         prompt_token_ids=prompt.token_ids, enter_layer=self.enter_layers[0],
+                         adapter=prompt.adapter)
         self._queues[0].append(StageInput(prompt.request_id, 0, token_ids=prompt.token_ids,
                                           new_request=new))
         self.tokens[prompt.request_id] = []

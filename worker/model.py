@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from helix.models import ModelSpec
+from worker.adapters import TaskRows, add_task_terms
 from worker.kv_cache import PagedKVCache
 from worker.rope import RotaryTable, apply_rotary
 
@@ -105,6 +106,8 @@ class StepBatch:
     """Slice layer index ``i`` -> the rows that run layer ``i`` when requests that enter the slice
     later skip it (None: no row runs it). Absent index = every row runs the layer (the common case,
     which costs nothing extra)."""
+    tasks: TaskRows | None = None
+    """The step's rows grouped by adapter task (None: every row runs the base model)."""
 
 
 @dataclass
@@ -194,11 +197,13 @@ class SliceModel:
         but runs the output projection and the MLP only for the kept rows, and ``x[keep]``'s new
         states are returned. Same result for those rows: every op after attention is row-wise."""
         rope = {id(batch): self.rope.lookup(batch.positions)}
+        tasks = {id(batch): batch.tasks}
         last = len(self.linears) - 1
         for i, layer in enumerate(self.linears):
             if i not in batch.layer_rows:
                 self.rows_run[i] += x.shape[0]
-                x = self._layer(i, layer, x, batch, *rope[id(batch)], keep=keep if i == last else None)
+                x = self._layer(i, layer, x, batch, *rope[id(batch)], keep=keep if i == last else None,
+                                tasks=batch.tasks)
                 if i == last:
                     keep = None
                 continue
@@ -209,7 +214,9 @@ class SliceModel:
                 continue
             if id(sub.batch) not in rope:
                 rope[id(sub.batch)] = self.rope.lookup(sub.batch.positions)
-            out = self._layer(i, layer, x[sub.rows], sub.batch, *rope[id(sub.batch)])
+                tasks[id(sub.batch)] = batch.tasks and batch.tasks.subset(sub.rows)
+            out = self._layer(i, layer, x[sub.rows], sub.batch, *rope[id(sub.batch)],
+                              tasks=tasks[id(sub.batch)])
             x = x.index_copy(0, sub.rows, out)
             self.rows_run[i] += out.shape[0]
         return x if keep is None else x[keep]
@@ -222,11 +229,14 @@ class SliceModel:
         return self.lm_head(h).float()
 
     def _layer(self, i: int, lin: _LayerLinears, x: torch.Tensor, batch: StepBatch, cos: torch.Tensor,
-               sin: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+               sin: torch.Tensor, keep: torch.Tensor | None = None,
+               tasks: TaskRows | None = None) -> torch.Tensor:
+        """One decoder layer. ``tasks``: the rows' adapter tasks, whose terms every projection adds
+        to its shared output (:mod:`worker.adapters`)."""
         spec, w = self.spec, self.w.layers[i]
         n, d = x.shape[0], spec.head_dim
         h = rms_norm(x, w.input_norm, spec.rms_norm_eps)
-        qkv = lin.qkv(h)                                      # [n, (H + 2 KVH) d]
+        qkv = add_task_terms(lin.qkv(h), h, tasks, i, "qkv")   # [n, (H + 2 KVH) d]
         q_end, k_end = spec.num_heads * d, (spec.num_heads + spec.num_kv_heads) * d
         q = apply_rotary(qkv[:, :q_end].view(n, spec.num_heads, d), cos, sin)
         k = apply_rotary(qkv[:, q_end:k_end].view(n, spec.num_kv_heads, d), cos, sin)
@@ -235,10 +245,12 @@ class SliceModel:
         attn = self._attention(i, q, batch, k, v)              # [n, H * d]
         if keep is not None:
             x, attn = x[keep], attn[keep]
-        x = x + lin.o(attn)
+            tasks = tasks and tasks.subset(keep)
+        x = x + add_task_terms(lin.o(attn), attn, tasks, i, "o")
         h = rms_norm(x, w.post_norm, spec.rms_norm_eps)
-        gate, up = lin.gate_up(h).chunk(2, dim=-1)         # [n, intermediate] each
-        return x + lin.down(F.silu(gate) * up)
+        gate, up = add_task_terms(lin.gate_up(h), h, tasks, i, "gate_up").chunk(2, dim=-1)   # [n, inter] each
+        act = F.silu(gate) * up
+        return x + add_task_terms(lin.down(act), act, tasks, i, "down")
 
     def _attention(self, i: int, q: torch.Tensor, batch: StepBatch, k_step: torch.Tensor,
                    v_step: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,9 @@ class NewRequest:
     enter_layer: int | None = None
     """Model layer at which the request enters this stage's slice (None = the slice start): the previous
     stage already ran the layers before it."""
+    adapter: str | None = None
+    """The fine-tuned task whose adapter terms every stage adds to the base model (None = the base
+    model; see :mod:`worker.adapters`)."""
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def _records(inputs: Sequence[WireInput], out: _Payload) -> bytes:
 
 def _new_request_dict(n: NewRequest) -> dict:
     return {"id": n.request_id, "n": n.num_prompt_tokens, "s": dataclasses.asdict(n.sampling),
-            "p": list(n.prompt_token_ids), "e": n.enter_layer}
+            "p": list(n.prompt_token_ids), "e": n.enter_layer, "a": n.adapter}
 
 
 def _input_map(w: WireInput, out: _Payload) -> dict:
@@ -330,7 +330,7 @@ def _decode_records(frames: Sequence, start: int, end: int, inline_start: int) -
 def _decode_new(d: dict) -> NewRequest:
     s = dict(d["s"])
     s["stop_token_ids"] = tuple(s.get("stop_token_ids", ()))
-    return NewRequest(d["id"], int(d["n"]), SamplingParams(**s), tuple(d["p"]), d["e"])
+    return NewRequest(d["id"], int(d["n"]), SamplingParams(**s), tuple(d["p"]), d["e"], d.get("a"))
 
 
 def _input_from_map(d: dict, frames: Sequence, inline_start: int) -> WireInput:

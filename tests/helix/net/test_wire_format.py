@@ -96,7 +96,7 @@ def test_inline_tensors_are_aligned():
 def _new(rid=7):
     from helix.net.sampling import SamplingParams
     return NewRequest(rid, 3, SamplingParams(temperature=0.5, seed=11, stop_token_ids=(5, 6), max_tokens=9),
-                      (1, 2, 3), enter_layer=4)
+                      (1, 2, 3), enter_layer=4, adapter="task-a")
 
 
 @pytest.mark.parametrize("item", [
