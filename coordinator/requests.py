@@ -126,6 +126,8 @@ class LiveRequest:
     """Every token streamed so far: a request moved off a dead node resumes from them."""
     moves: int = 0
     """Times the request was moved to another pipeline (its pipeline lost a node)."""
+    adapter: str | None = None
+    """Its fine-tuned task (None = the base model)."""
 
     def dispatch_token_ids(self) -> tuple[int, ...]:
         """What the first stage prefills: the prompt, then the output so far (after a move)."""

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from coordinator.adapters import Adapters
 from coordinator.drain import DrainBook, Draining
 from coordinator.health import HealthConfig, NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
@@ -150,7 +151,7 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
     return sched
 
 
-class Coordinator(Draining, Membership):
+class Coordinator(Draining, Membership, Adapters):
     """Serves ``plan`` with the workers given to :meth:`attach`."""
 
     _make_scheduler = staticmethod(live_scheduler)
@@ -197,6 +198,7 @@ class Coordinator(Draining, Membership):
         self._stepped_s: dict[str, float] = {}
         self._no_route_since: float | None = None
         self.drains = DrainBook()   # nodes drained by the operator (coordinator.drain)
+        self._adapters_init()       # fine-tuned tasks (coordinator.adapters)
         self._probe_lock = threading.Lock()
         self._poll_pool: ThreadPoolExecutor | None = None
         # Failover: the current id of a request that moved (by the id its caller holds), and the
@@ -253,8 +255,9 @@ class Coordinator(Draining, Membership):
 
     # --- requests ---------------------------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, stop: Sequence[str] = (),
-               loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
-        """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`."""
+               loop: asyncio.AbstractEventLoop | None = None, adapter: str | None = None) -> RequestHandle:
+        """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`
+        (:class:`~coordinator.adapters.UnknownAdapter` when ``adapter`` names no loaded task)."""
         if self.scheduler is None:
             raise RuntimeError("coordinator has no workers yet (call attach)")
         params = self.limits.resolve(len(prompt_token_ids), params)
@@ -264,11 +267,13 @@ class Coordinator(Draining, Membership):
             raise HelixUserError(f"stop must be strings, got {bad_stop[:5]!r}")
         with self._lock:
             self._check_route()
+            self.check_adapter(adapter)
             rid = self._next_id
             self._next_id += 1
             handle = RequestHandle(rid, self.cancel, loop)
             req = LiveRequest(rid, prompt, params,
-                              Detokenizer(self.codec, tuple(s for s in stop if s)), handle)
+                              Detokenizer(self.codec, tuple(s for s in stop if s)), handle,
+                              adapter=adapter)
             # FIFO: a newcomer never overtakes requests already waiting for a pipeline.
             if self._waiting or not self._try_dispatch(req):
                 if len(self._waiting) >= self.config.max_waiting_requests:
@@ -299,7 +304,8 @@ class Coordinator(Draining, Membership):
         try:
             route = Route(tuple(Hop(s.node, s.start) for s in pipeline.stages))
             first = pipeline.stages[0]
-            new = NewRequest(req.request_id, len(ids), params, ids, enter_layer=first.start)
+            new = NewRequest(req.request_id, len(ids), params, ids, enter_layer=first.start,
+                             adapter=req.adapter)
             item = StageInput(req.request_id, 0, token_ids=ids, new_request=new)
             self.data.send(first.node, InputBatch((WireInput(item, route),)))
         except BaseException:

@@ -1,9 +1,9 @@
 """A worker process: one slice engine behind a ZeroMQ data plane and a gRPC control service.
 
 Plain class (a test builds it directly; :mod:`worker.actor` wraps it for Ray). The control service
-configures the slice and the peer address book, and answers health, stats, drain and shutdown. Once
-configured, a loop thread repeats: take every data-plane message that arrived, run one engine step,
-forward what it produced along each request's :class:`~helix.net.wire.Route`:
+configures the slice and the peer address book, loads and unloads adapter tasks, and answers health,
+stats, drain and shutdown. Once configured, a loop thread repeats: take every data-plane message that
+arrived, run one engine step, forward what it produced along each request's :class:`~helix.net.wire.Route`:
 
 - a middle stage sends hidden states to the next hop (one message per destination per step);
 - the last stage sends the sampled tokens to the coordinator *and* each unfinished request's token
@@ -33,6 +33,7 @@ from helix.errors import HelixUserError
 from helix.plan import COORDINATOR
 from helix.net.control import ControlServer, WORKER_SERVICE, service_handler, start_server
 from helix.net.stats import WorkerStats
+from worker.adapter_files import read_adapter
 from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from helix.net.io_types import StageInput, StageOutput
 from helix.net.data_plane import DataPlane
@@ -129,6 +130,26 @@ class WorkerServer:
         ``draining=False`` takes requests again (``helix undrain``)."""
         self._draining = draining
 
+    def load_adapter(self, name: str, path: str) -> dict:
+        """Read task ``name``'s part for this slice from ``path`` (outside the step lock: steps go on
+        meanwhile) and hold it; its kind and bytes."""
+        engine = self._configured()
+        adapter = read_adapter(name, path, engine.weights, engine.adapters.limits)
+        with self._lock:
+            engine.adapters.add(adapter)
+        return {"name": name, "kind": adapter.kind, "nbytes": adapter.nbytes}
+
+    def unload_adapter(self, name: str) -> dict:
+        """Drop task ``name`` (at once, or when its requests still here end); ``unloaded``: gone now."""
+        engine = self._configured()
+        with self._lock:
+            return {"name": name, "unloaded": engine.adapters.unload(name)}
+
+    def _configured(self) -> SliceEngine:
+        if self.engine is None:
+            raise HelixUserError(f"worker {self.node}: no slice configured yet")
+        return self.engine
+
     def wait_stopped(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s``; True once :meth:`shutdown` ran (e.g. over gRPC)."""
         return self._stop.wait(timeout_s)
@@ -163,7 +184,9 @@ class WorkerServer:
 
         return service_handler(WORKER_SERVICE, {
             "Configure": configure, "SetPeers": set_peers, "Health": health,
-            "Stats": lambda _r, _c: self.stats().to_dict(), "Drain": drain, "Shutdown": shutdown})
+            "Stats": lambda _r, _c: self.stats().to_dict(), "Drain": drain, "Shutdown": shutdown,
+            "LoadAdapter": lambda r, _c: self.load_adapter(str(r.get("name", "")), str(r.get("path", ""))),
+            "UnloadAdapter": lambda r, _c: self.unload_adapter(str(r.get("name", "")))})
 
     # --- data loop --------------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.requests import Delta, Done, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.errors import HelixUserError
+from helix.server.adapters import add_adapter_routes, resolve_model, task_cards
 from helix.server.admin import add_admin_routes
 from helix.server.choices import Choice, child_params, merged, usage
 from helix.server.guard import HttpOptions, install as install_guards
@@ -150,10 +151,9 @@ class OpenAIServer:
             self._warned.update(new)
             log.warning("ignoring unknown request field(s) %s", ", ".join(new))
 
-    def _check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise StarletteHTTPException(404, f"model {name!r} not found; this server serves "
-                                              f"{self.model_name!r}")
+    def _check_model(self, name: str) -> str | None:
+        """The adapter task ``name`` asks for (None: the base model); 404 for anything else."""
+        return resolve_model(self.coordinator, self.model_name, name)
 
     def _check_texts(self, texts, what: str) -> None:
         """Text a client sent: valid Unicode (JSON allows lone surrogates such as ``"\\ud800"``,
@@ -190,7 +190,7 @@ class OpenAIServer:
         return LogprobsBuilder(self.coordinator.codec, as_token_ids)
 
     async def completions(self, body: CompletionRequest, request: Request):
-        self._check_model(body.model)
+        adapter = self._check_model(body.model)
         self._check_fields(body)
         params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
@@ -198,7 +198,7 @@ class OpenAIServer:
         ids = [await self._prompt_ids(p) for p in prompts]
         echo = [(p if isinstance(p, str) else self.coordinator.codec.decode(i)) if body.echo else None
                 for p, i in zip(prompts, ids)]
-        choices = self._submit(ids, params, body, echo, body.echo_only())
+        choices = self._submit(ids, params, body, echo, body.echo_only(), adapter=adapter)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             return self._stream(choices, rid, body, chat=False)
@@ -208,12 +208,12 @@ class OpenAIServer:
                 "usage": usage(choices)}
 
     async def chat(self, body: ChatRequest, request: Request):
-        self._check_model(body.model)
+        adapter = self._check_model(body.model)
         self._check_fields(body)
         params = dataclasses.replace(body.params(), guided_regex=body.guided_regex())
         self._check_texts(body.stop_strings(), "stop")
         ids = await self._chat_ids(body.message_dicts())
-        choices = self._submit([ids], params, body)
+        choices = self._submit([ids], params, body, adapter=adapter)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             return self._stream(choices, rid, body, chat=True)
@@ -223,7 +223,7 @@ class OpenAIServer:
                 "usage": usage(choices)}
 
     def _submit(self, prompt_ids: list[list[int]], params, body, echo: list[str | None] | None = None,
-                echo_only: bool = False) -> list[Choice]:
+                echo_only: bool = False, adapter: str | None = None) -> list[Choice]:
         """``body.n`` sequences of every prompt (:mod:`helix.server.choices`), all admitted (or
         queued) before any output is awaited; a refused one cancels those already submitted."""
         choices: list[Choice] = []
@@ -232,7 +232,7 @@ class OpenAIServer:
             for i, ids in enumerate(prompt_ids):
                 for j in range(body.n):
                     handle = self.coordinator.submit(ids, child_params(params, j), body.stop_strings(),
-                                                     loop=loop)
+                                                     loop=loop, adapter=adapter)
                     lp = self._logprobs(params, body.return_tokens_as_token_ids)
                     choices.append(Choice(len(choices), handle, i, ids, lp, echo[i] if echo else None,
                                           echo_only))
@@ -324,15 +324,19 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
     def models(self) -> dict:
-        return {"object": "list", "data": [self.model_card()]}
+        return {"object": "list", "data": [self.model_card(), *task_cards(self.coordinator, self.model_name,
+                                                                          self.created)]}
 
     def model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "helix",
                 "max_model_len": self.coordinator.codec.max_context_tokens}
 
     def model(self, model_id: str) -> dict:
-        self._check_model(model_id)
-        return self.model_card()
+        adapter = self._check_model(model_id)
+        if adapter is None:
+            return self.model_card()
+        return next(c for c in task_cards(self.coordinator, self.model_name, self.created)
+                    if c["id"] == adapter)
 
 
 def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetrics | None = None,
@@ -350,6 +354,7 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     app.add_api_route("/v1/models/{model_id:path}", server.model, methods=["GET"])
     add_utility_routes(app, server)
     add_admin_routes(app, coordinator)
+    add_adapter_routes(app, coordinator)
 
     @app.get("/health")
     def health():
