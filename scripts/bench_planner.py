@@ -1,6 +1,7 @@
 """Planner benchmark: every method on the example clusters, and the reference case.
 
     python scripts/bench_planner.py [--time-limit 60] [--paper-time-limit 60] [--quick]
+    python scripts/bench_planner.py --scale [--sizes 100 250 500 1000] (--time-limit 300, --gap 0.03)
 
 Cases: the reference case (cluster_specs/reference/helix-single24-70b.yaml: the reference planner's
 own throughput tables, 1 GB/s links), then single24 / geo24 / hetero42 with LLaMA-2 70B and
@@ -9,6 +10,11 @@ LLaMA-1 30B under our cost model, then the reference artifact's published cases
 --throughput-tables` reads them; cluster42 also with --max-depth 12). Every method's max flow, proven bound, gap, depth and seconds go
 to a table on stdout and into this script's section of BENCHMARKS.md (replaced on each run).
 HiGHS runs with one thread so that runs on the shared 2-core machine stay comparable.
+
+``--scale`` (issue 15): synthetic clusters from scripts/gen_cluster.py (N nodes in 5 regions, seed
+0, LLaMA-2 70B), each size planned in a fresh process (so its peak RSS is its own) with the milp
+method, a 300 s limit and a 3 % gap target unless given; the table goes to its own section of
+BENCHMARKS.md, after the planner section.
 """
 
 from __future__ import annotations
@@ -300,6 +306,121 @@ def write_section(rows, args, command: str) -> None:
     path.write_text(text)
 
 
+SCALE_START, SCALE_END = "<!-- bench_planner_scale:start -->", "<!-- bench_planner_scale:end -->"
+SCALE_REGIONS = 5
+
+
+def scale_one(nodes: int, args) -> dict:
+    """Generate, build and plan one synthetic cluster in this process; what the table needs."""
+    import json
+    import resource
+    import time
+
+    from helix.spec import parse_cluster
+    from scripts.gen_cluster import generate
+    t0 = time.perf_counter()
+    spec = parse_cluster(generate(nodes, SCALE_REGIONS, seed=0), source=f"gen_cluster {nodes}")
+    problem = build_problem(spec)
+    t1 = time.perf_counter()
+    plan = solve(problem, "milp", time_limit_s=args.time_limit, threads=1, seed=0, gap=args.gap)
+    e = plan.extras
+    row = {"nodes": nodes, "regions": SCALE_REGIONS, "build_s": t1 - t0, "solve_s": plan.solve_seconds,
+           "total_s": time.perf_counter() - t0,
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "flow": plan.max_flow_tokens_per_s, "bound": plan.upper_bound_tokens_per_s,
+           "gap": plan.gap, "status": e.get("status"), "bound_from": e.get("bound_source"),
+           "found_by": e.get("found_by"), "placed": len(plan.placements)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _fmt_scale(r: dict) -> str:
+    return (f"| {r['nodes']:,} | {r['regions']} | {r['placed']:,} | {r['build_s']:.1f} | "
+            f"{r['solve_s']:.1f} | {r['total_s']:.1f} | {r['peak_rss_mib']:,.0f} | {r['flow']:,.1f} | "
+            f"{r['bound']:,.1f} | {r['gap'] * 100:.2f} % | {r['status']} | {r['bound_from']} | "
+            f"{r['found_by']} |")
+
+
+def run_scale(args) -> None:
+    """Each size in its own process (peak memory per size), then the table to BENCHMARKS.md."""
+    import json
+    import subprocess
+    rows, loads = [], []
+    for n in args.sizes:
+        loads.append(os.getloadavg()[0])
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--scale-one", str(n),
+               "--time-limit", str(args.time_limit), "--gap", str(args.gap)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                             timeout=args.time_limit * 3 + 600)
+        if out.returncode != 0:
+            raise SystemExit(f"{n} nodes failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(_fmt_scale(rows[-1]), flush=True)
+    if not args.no_write:
+        write_scale_section(rows, args, loads)
+
+
+def write_scale_section(rows: list[dict], args, loads: list[float]) -> None:
+    machine = f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
+    command = "python scripts/bench_planner.py " + " ".join(sys.argv[1:])
+    big = [r for r in rows if r["nodes"] >= 1000]
+    verdict = [f"Target (issue 15): 1,000 nodes in 5 regions planned in <= 300 s within 3 % of a "
+               f"proven bound: {r['total_s']:.0f} s, gap {r['gap']:.2%}, peak {r['peak_rss_mib']:,.0f} "
+               f"MiB ({'met' if r['total_s'] <= 300 and r['gap'] <= 0.03 else 'NOT met'})."
+               for r in big]
+    body = [SCALE_START, "### Planner at scale (`bench_planner.py --scale`)", "",
+            f"`{command.strip()}` on {datetime.date.today()} ({machine}); HiGHS, 1 thread, "
+            f"gap target {args.gap:.0%}, time limit {args.time_limit:.0f} s; clusters from "
+            f"`scripts/gen_cluster.py --nodes N --regions {SCALE_REGIONS} --seed 0` (LLaMA-2 70B); "
+            f"each size in a fresh process. Load average at each size's start: "
+            f"{', '.join(f'{x:.1f}' for x in loads)} (the 2 cores were shared with other agents: "
+            "seconds are inflated accordingly).", "",
+            "| nodes | regions | placed | build (s) | solve (s) | total (s) | peak RSS (MiB) | "
+            "max flow (tokens/s) | bound | gap | status | bound from | found by |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *[_fmt_scale(r) for r in rows], "", *verdict, "", *SCALE_NOTES, SCALE_END]
+    path = REPO / "BENCHMARKS.md"
+    text = path.read_text()
+    if SCALE_START in text and SCALE_END in text:
+        text = text[:text.index(SCALE_START)] + "\n".join(body) + \
+            text[text.index(SCALE_END) + len(SCALE_END):]
+    elif END in text:   # right after the planner section
+        at = text.index(END) + len(END)
+        text = text[:at] + "\n\n" + "\n".join(body) + text[at:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
+    path.write_text(text)
+
+
+SCALE_NOTES = [
+    "*build* = generate the spec, validate it, build the placement problem (every ordered pair of",
+    "vertices gets a link: 10^6 at 1,000 nodes); *solve* = `planner.solve` (bound, warm starts,",
+    "search, exact max flow, verification); *peak RSS* = the process's ru_maxrss (Python, numpy,",
+    "networkx and HiGHS included); *placed* = nodes holding layers. Bound and status as in the",
+    "planner section (valid for the exact problem); *found by* = the placement's origin.",
+    "",
+    "What it took (runs of 2026-11-25, 1,000 nodes, load average 5-7 before the last step): the",
+    "first run spent 307 s and 361 MiB, all of it outside the MILP, which never ran (a warm start",
+    "was within the gap): building the problem (ClusterSpec.node and PlacementProblem.node were",
+    "list scans: 21 s at 500 nodes; now dict look-ups and one shared Link per region pair class),",
+    "node classes (pairwise Python loops; now colour refinement on numpy link matrices), the",
+    "fixed-point bound (an lru_cache hashing the whole problem per call, g summed per node; now per",
+    "distinct node kind), max flows on graphs of ~10^5 arcs (now arcs that cannot bind, capacity >=",
+    "min(T_i, T_j), go through one hub per boundary layer and region pair: 91k -> 57k arcs, more",
+    "where regions are fast), verification by Edmonds-Karp (105 s; now a min-cut certificate in",
+    "linear time) and warm starts evaluated after the gap target was already met (pipelines alone",
+    "40 s; now skipped and named in `warm_starts_skipped`). 307 s -> 80 s -> 7 s. Seeds 1 and 2 and",
+    "20-50 Mb/s between regions give the same picture (0.24-0.32 %, 5-10 s). Per-region processes",
+    "are not built: the whole solve is now 5-10 s, little for them to save on 2 shared cores.",
+    "",
+    "`helix plan` on the 1,000-node cluster takes longer than the planner: `planner.predicted`",
+    "predicts each candidate routing with `helix.prediction`, whose path x node matrices are dense",
+    "(thousands of paths x 1,000 nodes, up to 2N+1 filling steps): 241 s of the 255 s that",
+    "`helix plan`'s steps took (build 8 s, predicted.plan 241 s, save 6 s; load ~3), under the",
+    "300 s target but not by much; not changed here.",
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -308,7 +429,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only the reference case")
     ap.add_argument("--cases", nargs="*", help="only these cases (others' rows are kept)")
     ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    ap.add_argument("--scale", action="store_true",
+                    help="synthetic clusters of --sizes nodes in 5 regions (issue 15's table); "
+                         "defaults --time-limit 300 and --gap 0.03")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500, 1000],
+                    help="node counts for --scale (default 100 250 500 1000)")
+    ap.add_argument("--scale-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.scale or args.scale_one:
+        if "--time-limit" not in sys.argv:
+            args.time_limit = 300.0
+        if "--gap" not in sys.argv:
+            args.gap = 0.03
+        if args.scale_one:
+            scale_one(args.scale_one, args)
+        else:
+            run_scale(args)
+        return
     args.load = os.getloadavg()[0]
     rows = []
     chosen = CASES[:1] if args.quick else [c for c in CASES if not args.cases or c[0] in args.cases]
