@@ -122,6 +122,17 @@ def _raise_failed(done: Done) -> None:
         raise GenerationFailed(done.error)
 
 
+_CLIENT_LEFT = Response(status_code=499)
+"""What a handler returns when its client disconnected (nginx's 499; nobody reads it)."""
+
+
+async def _client_left(request: Request) -> None:
+    """Returns when the client disconnects. The body was read already (the route has it), so the
+    next ASGI message is ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -202,7 +213,8 @@ class OpenAIServer:
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             return self._stream(choices, rid, body, chat=False)
-        await self._collect(choices)
+        if not await self._collect_unless_left(choices, request):
+            return _CLIENT_LEFT
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [c.completion() for c in choices],
                 "usage": usage(choices)}
@@ -217,7 +229,8 @@ class OpenAIServer:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             return self._stream(choices, rid, body, chat=True)
-        await self._collect(choices)
+        if not await self._collect_unless_left(choices, request):
+            return _CLIENT_LEFT
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [c.chat() for c in choices],
                 "usage": usage(choices)}
@@ -241,6 +254,24 @@ class OpenAIServer:
                 c.handle.cancel()
             raise
         return choices
+
+    async def _collect_unless_left(self, choices: list[Choice], request: Request) -> bool:
+        """:meth:`_collect` while watching the connection: False when the client went away first
+        (every choice cancelled: KV freed on every stage, as when a stream's client leaves; vLLM's
+        ``with_cancellation``). Without this a non-streamed request ran to ``max_tokens``, for chat
+        without one to the end of the context, ``n`` times, for nobody."""
+        collect = asyncio.ensure_future(self._collect(choices))
+        left = asyncio.ensure_future(_client_left(request))
+        try:
+            done, _ = await asyncio.wait((collect, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            collect.cancel()   # no-op when done; else its finally cancels every choice
+        if collect not in done:
+            await asyncio.gather(collect, return_exceptions=True)   # the cancels have run
+            return False
+        collect.result()   # its 500 / 504
+        return True
 
     async def _collect(self, choices: list[Choice]) -> None:
         """Every choice's output and Done; a timeout (504) or a failed generation (500) raises and
