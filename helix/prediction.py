@@ -72,6 +72,50 @@ class PipelineState:
     """F: the prompt through every stage (plus the links), until the first token is back."""
 
 
+@dataclass(frozen=True)
+class Incidence:
+    """A sparse matrix as its nonzero entries (each (row, col) once): a path meets a few of a
+    large cluster's nodes, and the dense paths x nodes arrays (thousands x 1,000 at 1,000 nodes,
+    multiplied up to 2N+1 times per filling) took minutes. Products by bincount, no scipy."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    shape: tuple[int, int]
+
+    @staticmethod
+    def of(entries: set[tuple[int, int]], shape: tuple[int, int]) -> "Incidence":
+        """Ones at ``entries``, in sorted order (so sums come out the same every run)."""
+        ordered = sorted(entries)
+        return Incidence(np.array([i for i, _ in ordered], dtype=np.intp),
+                         np.array([j for _, j in ordered], dtype=np.intp),
+                         np.ones(len(ordered)), shape)
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        return np.bincount(self.rows, weights=self.vals * np.asarray(x, float)[self.cols],
+                           minlength=self.shape[0])
+
+    @property
+    def T(self) -> "Incidence":
+        return Incidence(self.cols, self.rows, self.vals, (self.shape[1], self.shape[0]))
+
+    def scale_columns(self, v: np.ndarray) -> "Incidence":
+        """The matrix times ``v`` column-wise (``dense * v`` with ``v`` broadcast along rows)."""
+        return Incidence(self.rows, self.cols, self.vals * v[self.cols], self.shape)
+
+    def columns_in(self, row_mask: np.ndarray) -> np.ndarray:
+        """Columns with a positive entry in some row of ``row_mask``."""
+        out = np.zeros(self.shape[1], dtype=bool)
+        out[self.cols[row_mask[self.rows] & (self.vals > 0)]] = True
+        return out
+
+    def row_max(self, v: np.ndarray) -> np.ndarray:
+        """Per row, max(0, max of entry x v[col]): ``np.max(dense * v, axis=1)`` for ``v >= 0``."""
+        out = np.zeros(self.shape[0])
+        np.maximum.at(out, self.rows, self.vals * v[self.cols])
+        return out
+
+
 class _Model:
     """The arrays of one plan: pipelines x nodes incidence, per-node figures, per-path links."""
 
@@ -95,10 +139,9 @@ class _Model:
         self.compute_tokens_per_s = np.array(
             [cost.throughput_tokens_per_s(spec.node(n), placed[n].num_layers) for n in used], float)
         index = {n: i for i, n in enumerate(used)}
-        self.incidence = np.zeros((len(self.paths), len(used)))
-        for i, q in enumerate(self.paths):
-            for s in q.stages:
-                self.incidence[i, index[s.node]] = 1.0
+        self.incidence = Incidence.of(
+            {(i, index[s.node]) for i, q in enumerate(self.paths) for s in q.stages},
+            (len(self.paths), len(used)))
         self.share = np.array([q.share for q in self.paths])
         hidden = cost.model.activation_bytes_per_token(cost.dtype_bytes)
         token = 2 if cost.model.vocab_size <= 2 ** 16 else 4
@@ -107,22 +150,22 @@ class _Model:
         self.link_latency = np.zeros(len(self.paths))
         self.link_s_per_token = np.zeros(len(self.paths))
         links: dict[tuple[str, str], int] = {}
+        params: dict = {}
         uses: list[tuple[int, int]] = []
         per_token_s: list[float] = []
         for i, q in enumerate(self.paths):
             hops = [COORDINATOR, *q.nodes, COORDINATOR]
             for a, b in zip(hops, hops[1:]):
-                link = spec.link(a, b)
                 per_token = token if COORDINATOR in (a, b) else hidden
-                if (a, b) not in links:
+                if (a, b) not in links:   # each hop's link looked up once (paths share hops)
                     links[(a, b)] = len(per_token_s)
-                    per_token_s.append(per_token / link.bandwidth_bytes_per_s)
+                    params[(a, b)] = spec.link(a, b)
+                    per_token_s.append(per_token / params[(a, b)].bandwidth_bytes_per_s)
+                link = params[(a, b)]
                 uses.append((i, links[(a, b)]))
                 self.link_latency[i] += link.latency_s
                 self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
-        self.link_incidence = np.zeros((len(self.paths), len(per_token_s)))
-        for i, j in uses:
-            self.link_incidence[i, j] = 1.0
+        self.link_incidence = Incidence.of(set(uses), (len(self.paths), len(per_token_s)))
         self.link_token_s = np.array(per_token_s)
 
     def link_waits(self, rate: np.ndarray, batch: float) -> np.ndarray:
@@ -167,8 +210,8 @@ class _Model:
             F0 = self.incidence @ visit + self.link_latency + waits
             # A chunked prompt's pieces follow each other down the pipeline, paced by its
             # slowest stage: (chunks - 1) more of that stage's chunk steps.
-            pace = np.max(self.incidence * ((chunks - 1) * visit_chunk(prompt_step, step, visit)),
-                          axis=1) if (chunks > 1).any() else 0.0
+            pace = self.incidence.row_max((chunks - 1) * visit_chunk(prompt_step, step, visit)) \
+                if (chunks > 1).any() else 0.0
             F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p + pace
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
@@ -194,7 +237,7 @@ class _Model:
         full, the fallback paths (share 0), each at an equal request rate."""
         A, n = self.incidence, len(self.paths)
         caps = [(A.T, self.kv_requests)]
-        tokens = A.T * ((self.p + self.o) / stay)    # tokens/s per node per request in flight
+        tokens = A.T.scale_columns((self.p + self.o) / stay)   # tokens/s per node per request
         caps.append((tokens, self.compute_tokens_per_s))
         N = np.zeros(n)
         primary = self.share > 0
@@ -209,7 +252,7 @@ class _Model:
         for coef, cap in caps:   # paths through nodes already full do not start
             full = coef @ N >= cap * (1 - 1e-9)
             if full.any():
-                live &= ~(coef[full].sum(axis=0) > 0)
+                live &= ~coef.columns_in(full)
         for _ in range(2 * len(self.nodes) + 1):
             if not live.any():
                 break
@@ -225,7 +268,7 @@ class _Model:
             for coef, cap in caps:
                 full = coef @ N >= cap * (1 - 1e-9)
                 if full.any():
-                    live &= ~(coef[full].sum(axis=0) > 0)
+                    live &= ~coef.columns_in(full)
         return N
 
 

@@ -127,8 +127,10 @@ def routings(problem: PlacementProblem, found: Plan) -> list[Plan]:
                 seen.add(key)
                 out.append(_with_flows(found, dict(total), " + ".join(names)))
             nodes = tuple(_minus(n, placement, flow.node_flows.get(n.name, 0.0)) for n in nodes)
-            links = {k: Link(max(0.0, v.capacity_tokens_per_s - flow.arc_flows.get(k, 0.0)),
-                             v.latency_s) for k, v in links.items()}
+            links = dict(links)   # only the arcs that carried flow lose capacity
+            for k, f in flow.arc_flows.items():
+                v = links[k]
+                links[k] = Link(max(0.0, v.capacity_tokens_per_s - f), v.latency_s)
     return out
 
 

@@ -175,3 +175,22 @@ def test_a_slow_link_queues_prompts_ahead_of_decodes():
     hidden_s = 4096 * 2 / (100e6 / 8)   # one decode token's hidden state over the slow link
     assert s.round_trip_s > f.round_trip_s + 10 * hidden_s
     assert s.first_token_s > f.first_token_s + 400 * hidden_s   # the 400-token prompt's transfer
+
+
+def test_sparse_incidence_matches_dense_numpy():
+    """helix.prediction.Incidence (paths x nodes as nonzero entries) computes what the dense arrays
+    did: products both ways, column scaling, columns touched by a row mask, row maxima."""
+    import numpy as np
+
+    from helix.prediction import Incidence
+    rng = np.random.default_rng(3)
+    for shape in ((1, 1), (7, 4), (40, 25)):
+        dense = (rng.random(shape) < 0.3).astype(float)
+        m = Incidence.of({(int(i), int(j)) for i, j in zip(*np.nonzero(dense))}, shape)
+        x, y, v = rng.random(shape[1]), rng.random(shape[0]), rng.random(shape[0])
+        assert np.allclose(m @ x, dense @ x) and np.allclose(m.T @ y, dense.T @ y)
+        scaled = m.T.scale_columns(v)
+        assert np.allclose(scaled @ y, (dense.T * v) @ y)
+        mask = rng.random(shape[1]) < 0.5
+        assert np.array_equal(m.T.columns_in(mask), dense.T[mask].sum(axis=0) > 0)
+        assert np.allclose(m.row_max(x), np.max(dense * x, axis=1))
