@@ -166,11 +166,12 @@ def _one_run(ckpt: Path, plan, sig: int, before_s: float, after_s: float, rate_p
             "after": rate(during_end, end_s), "requests": len(records), "failed": failed}
 
 
-def simulated_view(duration_s: float = 900.0, fail_at_s: float = 300.0) -> str:
-    """The geo24 table of the simulator's view (see the module docstring)."""
+def geo24_case(duration_s: float):
+    """geo24 (LLaMA-2 70B) with the planner's placement (60 s), its busiest node that is not on
+    every pipeline, and an online workload at 75 % of the predicted capacity for ``duration_s``:
+    ``(spec, plan, node, workload)`` (bench_drain.py uses it too)."""
     from coordinator.pipeline import Topology
     from helix.sim import run as simrun
-    from helix.sim.engine import NodeFailure, SimConfig
     from helix.spec import load_cluster
     spec = load_cluster(ROOT / "cluster_specs" / "geo24.yaml")
     plan = simrun.make_plan(spec, "milp", time_limit_s=60.0)
@@ -178,7 +179,14 @@ def simulated_view(duration_s: float = 900.0, fail_at_s: float = 300.0) -> str:
     nodes = sorted(topo.nodes, key=lambda n: -sum(a.flow_tokens_per_s for a in plan.arc_flows if a.src == n))
     node = next(n for n in nodes if topo.has_path(topo.mask_of(m for m in topo.nodes if m != n)))
     opts = simrun.WorkloadOptions(load=0.75)
-    workload = simrun.make_workload(opts, "online", plan, 0, duration_s)
+    return spec, plan, node, simrun.make_workload(opts, "online", plan, 0, duration_s)
+
+
+def simulated_view(duration_s: float = 900.0, fail_at_s: float = 300.0) -> str:
+    """The geo24 table of the simulator's view (see the module docstring)."""
+    from helix.sim import run as simrun
+    from helix.sim.engine import NodeFailure, SimConfig
+    spec, plan, node, workload = geo24_case(duration_s)
     rows = []
     for label, failures in (("no failure", ()),
                             (f"{node} dies at {fail_at_s:.0f} s", (NodeFailure(node, fail_at_s),)),

@@ -16,7 +16,8 @@ from helix.sim.workload import TraceRequest
 from helix.spec import ClusterSpec
 from helix.serving import ServingLimits
 # The planner's figures, so both count the same bytes and size the same KV pools:
-from planner.build import serving_limits, token_id_bytes
+from planner.build import build_problem, serving_limits, token_id_bytes
+from planner.flowgraph import with_flow_capacities
 from worker.step_policy import PolicyConfig
 
 
@@ -105,8 +106,15 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
     high_water = limits.kv_high_water if config.kv_high_water is None else config.kv_high_water
     kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
                      high_water=high_water)
-    sched = make_scheduler(scheduler, plan, kv, seed=config.seed,
-                           connected=lambda a, b: spec.link(a, b) is not None)
+    def remake(p: Plan, estimator: KVEstimator):
+        return make_scheduler(scheduler, p, estimator, seed=config.seed,
+                              connected=lambda a, b: spec.link(a, b) is not None)
+    sched = remake(plan, kv)
+    flow_plan = None
+    if scheduler == "helix" and (config.drains or config.joins):   # re-solved as nodes come and go
+        flow_plan = plan if plan.extras.get("flow_capacities") else \
+            with_flow_capacities(plan, build_problem(spec))
     model = spec.model
     return Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
-                     model.activation_bytes_per_token(spec.dtype_bytes), token_id_bytes(model))
+                     model.activation_bytes_per_token(spec.dtype_bytes), token_id_bytes(model),
+                     flow_plan=flow_plan, remake=remake if flow_plan is not None else None)

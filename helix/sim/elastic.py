@@ -4,6 +4,12 @@ new request, and its requests finish where they run (or, with ``move``, start ag
 pipelines from their prompt and streamed tokens, as a dead node's do); a node that joins is absent
 (masked the same way) until its time, then takes requests.
 
+With the plan's flow-graph capacities and a way to rebuild the Helix scheduler (``build_simulator``
+gives both for the ``helix`` scheduler), the max flow is also re-solved over the nodes that take
+requests whenever that set changes, and IWRR weighs those nodes, as the live coordinator does
+(:func:`coordinator.reflow.surviving_flows`); the plan's own flows come back when every node does.
+Node failures still only mask (as before).
+
 A mixin of :class:`helix.sim.engine.Simulator` (its handlers for :class:`~helix.sim.events.DrainStart`
 and :class:`~helix.sim.events.NodeJoins`). :class:`NodeDrain` and :class:`NodeJoin` are what
 ``SimConfig.drains`` / ``SimConfig.joins`` and ``helix simulate --drain / --join`` describe. Each
@@ -13,9 +19,13 @@ event, and the moment a draining node is empty, marks the run's timeline
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from coordinator.kv_estimator import KVEstimator
+from coordinator.reflow import rebuilt, surviving_flows
+from coordinator.schedulers import Scheduler
+from helix.plan import Plan
 from helix.sim.events import NO_EVENTS, DrainStart, Event, NodeJoins
 
 
@@ -49,7 +59,11 @@ class NodeJoin:
 class ElasticHandlers:
     """The simulator's handlers of drains and joins (a mixin of ``Simulator``)."""
 
-    def _init_elastic(self) -> None:
+    def _init_elastic(self, flow_plan: Plan | None,
+                      remake: Callable[[Plan, KVEstimator], Scheduler] | None) -> None:
+        self._flow_plan = flow_plan if remake is not None else None
+        self._remake = remake
+        self._flows = None if flow_plan is None else flow_plan.arc_flows
         self.draining: set[str] = set()
         self.absent: set[str] = {j.node for j in self.config.joins}
         self.drained_s: dict[str, float] = {}
@@ -65,6 +79,7 @@ class ElasticHandlers:
         """The run's first events of drains and joins; absent nodes read full until they join."""
         for name in self.absent:
             self._mask(name)
+        self._reflow()
         return [*(DrainStart(d.at_s, self.workers[d.node], d.move) for d in self.config.drains),
                 *(NodeJoins(j.at_s, self.workers[j.node]) for j in self.config.joins)]
 
@@ -85,6 +100,7 @@ class ElasticHandlers:
             return NO_EVENTS
         self.draining.add(w.name)
         self._mask(w.name)
+        self._reflow()
         self._mark(ev.time_s, f"drain {w.name}")
         out = list(self._move_off(w, ev.time_s)) if ev.move else []
         self.note_drained(ev.time_s)
@@ -99,7 +115,20 @@ class ElasticHandlers:
         if w.name in self.draining or w.down:
             return NO_EVENTS
         self.scheduler.kv.observe(w.name, 0.0)
+        self._reflow()
         return self._kick_coordinator(ev.time_s)
+
+    def _reflow(self) -> None:
+        """Route on the max flow of the nodes that take requests (see the module)."""
+        plan = self._flow_plan
+        if plan is None:
+            return
+        taking = {n for n in self.workers if self.takes_requests(n)}
+        flows = plan.arc_flows if taking >= set(self.workers) else surviving_flows(plan, taking)
+        if flows is None or flows == self._flows:
+            return
+        self.scheduler = rebuilt(self.scheduler, plan, flows, self.scheduler.kv, self._remake)
+        self._flows = flows
 
     def note_drained(self, now_s: float) -> None:
         """Record draining nodes that just became empty (no request's pipeline crosses them)."""

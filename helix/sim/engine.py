@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
-from helix.plan import COORDINATOR
+from coordinator.kv_estimator import KVEstimator
+from helix.plan import COORDINATOR, Plan
 from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.sim.elastic import ElasticHandlers, NodeDrain, NodeJoin
 from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event, LinkWake, NodeDetected,
@@ -83,10 +84,15 @@ class Simulator(FailureHandlers, ElasticHandlers):
 
     def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
                  workers: Mapping[str, SimWorker], network: Network,
-                 activation_bytes_per_token: int, token_id_bytes: int) -> None:
+                 activation_bytes_per_token: int, token_id_bytes: int, *,
+                 flow_plan: Plan | None = None,
+                 remake: Callable[[Plan, KVEstimator], Scheduler] | None = None) -> None:
         """``activation_bytes_per_token``: one hidden state between stages; ``token_id_bytes``: one
         token id between the coordinator and a stage (``build_simulator`` takes both from the
-        model, as the planner does, so link loads match the plan's arc capacities)."""
+        model, as the planner does, so link loads match the plan's arc capacities).
+        ``flow_plan`` (the plan, with its flow graph's capacities) and ``remake`` (builds the
+        scheduler for a plan): when both are given, drains and joins re-solve the max flow over
+        the nodes that take requests, as the live coordinator does (:mod:`helix.sim.elastic`)."""
         if config.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
         self.config = config
@@ -114,7 +120,7 @@ class Simulator(FailureHandlers, ElasticHandlers):
         if unknown:
             raise ValueError(f"failures name unknown node(s) {unknown}")
         self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
-        self._init_elastic()
+        self._init_elastic(flow_plan, remake)
         self.handlers: dict[type[Event], Callable[..., Iterable[Event]]] = {
             RequestArrival: self.on_arrival, CoordinatorSchedule: self.on_coordinator_schedule,
             TransferFinish: self.on_transfer_finish, LinkWake: self.on_link_wake,

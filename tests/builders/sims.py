@@ -24,7 +24,10 @@ def table_layer_time(prompt_tokens, decode_seqs, decode_context, prompt_context)
 def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
              kv_tokens: int = 100_000, scheduler: str = "helix", bandwidth_bytes_per_s: float = 1e6,
              latency_s: float = 0.01, activation_bytes: int = 100,
-             token_id_bytes: int = 4, serving: ServingSpec = ServingSpec()) -> Simulator:
+             token_id_bytes: int = 4, serving: ServingSpec = ServingSpec(),
+             flow_plan: Plan | None = None) -> Simulator:
+    """``flow_plan``: ``plan`` with flow-graph capacities; drains and joins then re-solve the max
+    flow (see :mod:`helix.sim.elastic`)."""
     chunk = serving.chunk_tokens if config.chunk_tokens is None else config.chunk_tokens
     pc = PolicyConfig(max_num_seqs=serving.max_batch_seqs,
                       max_num_batched_tokens=chunk or config.max_batched_tokens_unchunked,
@@ -34,9 +37,11 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
     high_water = serving.kv_high_water if config.kv_high_water is None else config.kv_high_water
     kv = KVEstimator({n: w.kv_capacity_tokens * (w.end - w.start) for n, w in workers.items()},
                      high_water=high_water)
-    sched = make_scheduler(scheduler, plan, kv, seed=config.seed)
+    def remake(p, estimator):
+        return make_scheduler(scheduler, p, estimator, seed=config.seed)
     net = Network(lambda a, b: LinkParams(bandwidth_bytes_per_s, latency_s), sharing=config.link_sharing)
-    return Simulator(config, workload, sched, workers, net, activation_bytes, token_id_bytes)
+    return Simulator(config, workload, remake(plan, kv), workers, net, activation_bytes, token_id_bytes,
+                     flow_plan=flow_plan, remake=remake if flow_plan is not None else None)
 
 
 def burst(n: int, prompt: int, output: int, gap_s: float = 0.0) -> tuple[TraceRequest, ...]:

@@ -87,3 +87,34 @@ def test_unknown_nodes_and_bad_times_are_refused():
     runs = [_run((NodeDrain("B", 2.0),), joins=(NodeJoin("D", 1.0),))[1] for _ in range(2)]
     assert dataclasses.replace(runs[0], wall_s=0, samples={}) == dataclasses.replace(runs[1], wall_s=0,
                                                                                       samples={})
+
+
+def _with_capacities(plan):
+    """``two_pipelines`` with flow-graph capacities: A and B carry 2 tokens/s, C and D 1, every hop
+    (A->D and C->B too) plenty."""
+    big = 100.0
+    arcs = [["coordinator", n, big] for n in "AC"] + [[n, "coordinator", big] for n in "BD"]
+    arcs += [[a, b, big] for a in "AC" for b in "BD"]
+    table = {"nodes": {"A": 2.0, "B": 2.0, "C": 1.0, "D": 1.0}, "arcs": arcs}
+    return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
+
+
+def test_with_capacities_drains_and_joins_re_solve_the_max_flow():
+    """As the live coordinator: routing follows the max flow of the nodes taking requests (C's
+    requests go C -> B while D is out), the plan's own flows once every node is back."""
+    plan = _with_capacities(two_pipelines())
+    workload = burst(80, 20, 30, 0.1)
+    drained = make_sim(plan, workload, SimConfig(mode="online", duration_s=None, chunk_tokens=0,
+                                                 drains=(NodeDrain("D", 2.0),)), flow_plan=plan)
+    r = drained.run()
+    _conserved(r, workload)
+    assert not any("D" in (a.src, a.dst) for a in drained._flows)
+    assert sum(a.flow_tokens_per_s for a in drained._flows if a.src == "coordinator") == 2.0
+    assert {("C", "B")} <= {(a.src, a.dst) for a in drained._flows}
+    assert drained.workers["D"].last_routed_s <= 2.0
+    joined = make_sim(plan, workload, SimConfig(mode="online", duration_s=None, chunk_tokens=0,
+                                                joins=(NodeJoin("D", 3.0),)), flow_plan=plan)
+    r = joined.run()
+    _conserved(r, workload)
+    assert joined._flows == plan.arc_flows and joined.workers["D"].first_routed_s >= 3.0
+    assert joined.workers["C"].first_routed_s < 3.0   # C -> B served while D was absent
