@@ -9,8 +9,8 @@ Unloading stops admitting the task's requests at once, waits until those in flig
 (``timeout_s``), then tells every worker to drop it, so no request of it is ever between stages
 when a worker lets it go.
 
-Every worker holds every task (item 4 of the issue, placing tasks on some replicas only and moving
-them with the load, is not built).
+Every worker holds every task; a worker that rejoins loads them all before it takes requests (item 4
+of the issue, placing tasks on some replicas only and moving them with the load, is not built).
 """
 
 from __future__ import annotations
@@ -102,6 +102,17 @@ class Adapters:
             with self._lock:
                 del self._tasks[name]
             return info
+
+    def _load_adapters_on(self, node: str, client) -> None:
+        """A worker that (re)joins gets every loaded task before it takes requests."""
+        with self._adapter_lock:
+            for task in self.adapters():
+                try:
+                    client.call("LoadAdapter", {"name": task.name, "path": task.path},
+                                timeout_s=self.config.configure_timeout_s)
+                except ControlError as exc:
+                    raise HelixUserError(f"node {node!r} could not load adapter {task.name!r} from "
+                                         f"{task.path}: {exc.details.strip().splitlines()[-1]}") from None
 
     def _requests_of(self, name: str) -> int:
         with self._lock:

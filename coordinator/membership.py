@@ -52,6 +52,7 @@ class Membership:
             return   # the same process registering twice (a retried call): nothing changed
         client = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
         reply = self._configure(w, self._engine, client)
+        self._load_adapters_on(w.node, client)   # the tasks every worker holds (coordinator.adapters)
         with self._lock:
             # A new process replaces the node: whatever the old one held is gone with it (it may
             # still look alive: restarted before it was declared dead). Its requests move first.

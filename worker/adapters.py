@@ -23,6 +23,7 @@ LLaMA's q/k/v and gate/up projections are fused in :mod:`worker.model` (one matm
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,9 +68,15 @@ class LoRATerm:
     a: torch.Tensor   # [r, in]
     b: torch.Tensor   # [out, r]
     scale: float
+    reads_output = False
 
-    def delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return (x @ self.a.T) @ (self.b.T * self.scale)
+    def __post_init__(self) -> None:
+        # Kept transposed and scaled once, so a step runs two plain matmuls.
+        self._a_t = self.a.T.contiguous()                   # [in, r]
+        self._b_t = (self.b * self.scale).T.contiguous()    # [r, out]
+
+    def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        return (x @ self._a_t) @ self._b_t
 
     def merged(self, w: torch.Tensor) -> torch.Tensor:
         return w + self.scale * (self.b @ self.a)
@@ -82,6 +89,7 @@ class BottleneckTerm:
     down: torch.Tensor   # [r, out]
     up: torch.Tensor     # [out, r]
     activation: str = "relu"
+    reads_output = True
 
     def delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return ACTIVATIONS[self.activation](y @ self.down.T) @ self.up.T
@@ -92,8 +100,9 @@ class BiasTerm:
     """BitFit: the task's bias (the base has none)."""
 
     bias: torch.Tensor   # [out]
+    reads_output = False
 
-    def delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         return self.bias.expand(x.shape[0], -1)
 
 
@@ -103,8 +112,9 @@ class SparseTerm:
     (the pruned weights, negated). Stored as CSR: the work and memory grow with the non-zeros."""
 
     matrix: torch.Tensor   # [out, in] sparse CSR
+    reads_output = False
 
-    def delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         return (self.matrix @ x.T).T
 
     @property
@@ -128,7 +138,8 @@ def term_bytes(term: Term) -> int:
         m = term.matrix
         parts = (m.crow_indices(), m.col_indices(), m.values())
         return sum(t.numel() * t.element_size() for t in parts)
-    return sum(t.numel() * t.element_size() for t in vars(term).values() if isinstance(t, torch.Tensor))
+    fields = (getattr(term, f.name) for f in dataclasses.fields(term))   # not the derived copies
+    return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
 
 
 # --- one task on one slice ------------------------------------------------------------------------------
@@ -164,12 +175,13 @@ class SliceAdapter:
 @dataclass
 class TaskRows:
     """Which rows of a step belong to which task: ``groups`` pairs each task present with its rows
-    (ascending). Base-model rows are in no group. Built once per step, and again for a row subset
+    (ascending; a ``slice`` when they are consecutive, else an index tensor). Base-model rows are in
+    no group. Built once per step, and again for a row subset
     (the rows that run a layer, the kept rows of the last layer) by :meth:`subset`."""
 
     row_task: torch.Tensor   # [num_tokens] long: index into ``adapters``, -1 = base model
     adapters: Sequence[SliceAdapter]
-    groups: list[tuple[SliceAdapter, torch.Tensor]] = field(default_factory=list)
+    groups: list[tuple[SliceAdapter, torch.Tensor | slice]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -182,14 +194,18 @@ class TaskRows:
 
 
 def _group(row_task: torch.Tensor,
-           adapters: Sequence[SliceAdapter]) -> list[tuple[SliceAdapter, torch.Tensor]]:
+           adapters: Sequence[SliceAdapter]) -> list[tuple[SliceAdapter, torch.Tensor | slice]]:
     # One stable sort puts each task's rows together (ascending within the task); counts cut it.
     order = torch.argsort(row_task, stable=True)
     counts = torch.bincount(row_task + 1, minlength=len(adapters) + 1).tolist()
+    bounds = order.tolist()
     groups, at = [], counts[0]   # counts[0]: base-model rows, sorted first
     for k, n in enumerate(counts[1:]):
         if n:
-            groups.append((adapters[k], order[at:at + n]))
+            first, last = bounds[at], bounds[at + n - 1]
+            # Consecutive rows (one request's chunk, a task alone in the step) need no gather.
+            rows = slice(first, first + n) if last - first + 1 == n else order[at:at + n]
+            groups.append((adapters[k], rows))
         at += n
     return groups
 
@@ -225,7 +241,16 @@ def add_task_terms(y: torch.Tensor, x: torch.Tensor, tasks: TaskRows | None, lay
         terms = adapter.terms(layer, linear)
         if not terms:
             continue
-        xr, yr = x.index_select(0, rows), y.index_select(0, rows)
+        if isinstance(rows, slice):
+            xr = x[rows]
+            for t in terms:
+                yv = y[rows, t.start:t.end]
+                yv += t.term.delta(xr, yv)
+            continue
+        xr, yr = x.index_select(0, rows), None
         for t in terms:
-            y[:, t.start:t.end].index_add_(0, rows, t.term.delta(xr, yr[:, t.start:t.end]).to(y.dtype))
+            if t.term.reads_output and yr is None:   # the shared output, before any term adds
+                yr = y.index_select(0, rows)
+            delta = t.term.delta(xr, None if yr is None else yr[:, t.start:t.end])
+            y[:, t.start:t.end].index_add_(0, rows, delta)
     return y

@@ -142,3 +142,21 @@ def test_unload_waits_for_requests_in_flight(served, tiny_model):
     assert text == tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
     assert all("drainme" not in s.engine.adapters for s in stack.servers)
     assert "drainme" not in [c["id"] for c in client.get("/v1/models").json()["data"]]
+
+
+def test_a_rejoining_worker_loads_the_tasks(served, tiny_model):
+    """A new process for cpu-2 gets every loaded task before it serves; the task's output is the
+    reference's through it."""
+    from coordinator.runtime import WorkerHandle
+    from worker.server import WorkerServer
+    ckpt, _ = tiny_model
+    stack, client, tasks = served
+    folder, ref = tasks["lora"]
+    if "lora" not in [c["id"] for c in client.get("/v1/models").json()["data"]]:
+        client.post("/v1/load_lora_adapter", json={"lora_name": "lora", "lora_path": str(folder)})
+    replacement = WorkerServer("cpu-2", str(ckpt), torch_threads=1)
+    try:
+        stack.coordinator.rejoin(WorkerHandle("cpu-2", replacement.control.address, replacement.data.address))
+        assert "lora" in replacement.engine.adapters
+    finally:
+        replacement.shutdown()
