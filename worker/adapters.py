@@ -115,6 +115,8 @@ class SparseTerm:
     reads_output = False
 
     def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        if self.matrix.dtype != x.dtype:   # float16 / bfloat16 on CPU: kept in float32 (see sparse_term)
+            return (self.matrix @ x.T.to(self.matrix.dtype)).T.to(x.dtype)
         return (self.matrix @ x.T).T
 
     @property
@@ -126,7 +128,11 @@ Term = LoRATerm | BottleneckTerm | BiasTerm | SparseTerm
 
 
 def sparse_term(indices: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> SparseTerm:
-    """A :class:`SparseTerm` from ``[2, nnz]`` (row, column) indices and their values."""
+    """A :class:`SparseTerm` from ``[2, nnz]`` (row, column) indices and their values. On CPU the
+    values are kept in float32 whatever their dtype: MKL's sparse product has no float16 / bfloat16
+    kernel (torch 2.13: ``addmm_out_sparse_csr_impl_mkl`` not implemented for 'Half')."""
+    if values.device.type == "cpu" and values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()
     coo = torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
     with warnings.catch_warnings():   # "sparse CSR support is in beta": matmul by CSR is all we use
         warnings.simplefilter("ignore", UserWarning)

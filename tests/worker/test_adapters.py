@@ -207,3 +207,18 @@ def test_unload_drains_requests_in_flight(tiny_ckpt, prompts, tasks):
         assert e.adapters.list() == [] and "lora" not in e.adapters
     with pytest.raises(HelixUserError, match="not loaded"):
         first.adapters.unload("lora")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sparse_terms_in_half_precision_on_cpu(dtype):
+    """MKL has no half-precision sparse product: the term computes in float32 and answers in the
+    input's dtype (it raised NotImplementedError inside the step, failing every request of it)."""
+    from worker.adapters import sparse_term
+    g = torch.Generator().manual_seed(0)
+    idx = torch.stack([torch.randint(0, 6, (10,), generator=g), torch.randint(0, 9, (10,), generator=g)])
+    values = torch.randn(10, generator=g)
+    x = torch.randn(4, 9, generator=g)
+    want = sparse_term(idx, values, (6, 9)).delta(x, None)
+    got = sparse_term(idx, values.to(dtype), (6, 9)).delta(x.to(dtype), None)
+    assert got.dtype == dtype
+    assert torch.allclose(got.float(), want, atol=0.05, rtol=0.02)
