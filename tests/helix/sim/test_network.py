@@ -41,7 +41,8 @@ def test_fair_sharing_lets_decodes_pass_queued_prompts():
     # A slow link and a burst of long prompts: with FIFO the first decode token waits behind every
     # prompt; with fair sharing it gets its share at once.
     wl = burst(8, 400, 20, gap_s=0.3)
-    res = {s: make_sim(two_node_plan(), wl, SimConfig(mode="online", duration_s=None, link_sharing=s),
+    res = {s: make_sim(two_node_plan(), wl, SimConfig(mode="online", duration_s=None, link_sharing=s,
+                                                      chunk_tokens=0),
                        bandwidth_bytes_per_s=5e4).run() for s in ("fifo", "fair")}
     for r in res.values():
         assert r.requests_completed == 8 and r.tokens_generated == 160
