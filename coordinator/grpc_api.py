@@ -1,14 +1,14 @@
 """The coordinator's gRPC service (``helix.Coordinator``): native streaming generate and registration.
 
 - ``Generate`` (server streaming): ``{"prompt": str | "prompt_token_ids": [int], "sampling": {vLLM
-  SamplingParams fields}, "stop": str | [str]}`` -> ``{"token_ids", "text"}`` messages, then one
-  ``{"finish_reason", "usage"}``. When ``sampling.logprobs`` is set (N >= 0), each token message also
-  has ``"token_logprobs"`` (the sampled tokens' logprobs) and ``"top_logprobs"`` (per token, the top N
-  ``[token_id, logprob]`` pairs, best first), both parallel to ``token_ids``; the values are the raw
-  model's log-softmax, as on the HTTP API. A client that goes away cancels the request. Bad input answers
-  ``INVALID_ARGUMENT`` (the same checks as the HTTP API: ``SamplingParams`` and
-  ``Coordinator.submit``), a full queue ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a
-  request that failed on a worker ``INTERNAL``.
+  SamplingParams fields}, "stop": str | [str], "adapter": a loaded task's name}`` -> ``{"token_ids",
+  "text"}`` messages, then one ``{"finish_reason", "usage"}`` (an unknown task: ``NOT_FOUND``). When
+  ``sampling.logprobs`` is set (N >= 0), each token message also has ``"token_logprobs"`` (the sampled
+  tokens' logprobs) and ``"top_logprobs"`` (per token, the top N ``[token_id, logprob]`` pairs, best
+  first), both parallel to ``token_ids``; the values are the raw model's log-softmax, as on the HTTP API.
+  A client that goes away cancels the request. Bad input answers ``INVALID_ARGUMENT`` (the same
+  checks as the HTTP API: ``SamplingParams`` and ``Coordinator.submit``), a full queue
+  ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a request that failed on a worker ``INTERNAL``.
 - ``Register``: a worker started outside Ray (``helix worker``) announces ``{"node", "control",
   "data"}``; ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
   (``--keys``) it needs the cluster token, as every worker call does (:mod:`helix.net.control`).
@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from coordinator.adapters import UnknownAdapter
 from coordinator.drain import DrainRefused, UnknownNode
 from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull, WorkerHandle
@@ -166,8 +167,14 @@ class CoordinatorService:
         ids = _prompt_ids(req, coord)
         params = _sampling(req.get("sampling"))
         with_logprobs = params.logprobs is not None
+        adapter = req.get("adapter")
+        if adapter is not None and not isinstance(adapter, str):
+            raise HelixUserError(f"adapter must be a task's name, got {adapter!r}")
         try:
-            handle = coord.submit(ids, params, _stop(req))
+            handle = coord.submit(ids, params, _stop(req), adapter=adapter)
+        except UnknownAdapter as exc:
+            _fail(context, grpc.StatusCode.NOT_FOUND, str(exc))
+            return
         except QueueFull as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
             _fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))

@@ -109,7 +109,7 @@ def _sampling_fields(sampling_params: Any) -> dict:
             if (v := getattr(sampling_params, k, None)) is not None}
 
 
-def _request(prompt: str | Sequence[int], stop, sampling_params, kwargs) -> dict:
+def _request(prompt: str | Sequence[int], stop, sampling_params, kwargs, adapter: str | None = None) -> dict:
     """The Generate request; keywords override ``sampling_params``, ``stop=`` overrides its ``stop``."""
     sampling = {**_sampling_fields(sampling_params), **kwargs}
     stop = sampling.pop("stop", None) if stop is None else stop
@@ -123,6 +123,8 @@ def _request(prompt: str | Sequence[int], stop, sampling_params, kwargs) -> dict
         req["prompt_token_ids"] = [int(t) for t in prompt]
     if stop:
         req["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    if adapter is not None:
+        req["adapter"] = adapter
     return req
 
 
@@ -182,10 +184,13 @@ class Client:
         return module.secure_channel(self.target, credentials, options=options)
 
     def stream(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
-               stop: str | Sequence[str] | None = None, **kwargs) -> Iterator[StreamChunk]:
+               stop: str | Sequence[str] | None = None, adapter: str | None = None,
+               **kwargs) -> Iterator[StreamChunk]:
+        """Stream a generation; ``adapter``: a loaded fine-tuned task (``/v1/load_lora_adapter``)
+        to run instead of the base model."""
         rpc = self._channel.unary_stream(f"/{_SERVICE}/Generate", request_serializer=_ser,
                                          response_deserializer=_de)
-        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s,
+        call = rpc(_request(prompt, stop, sampling_params, kwargs, adapter), timeout=self.timeout_s,
                    metadata=self._metadata)
         try:
             for msg in call:
@@ -196,16 +201,18 @@ class Client:
             call.cancel()   # stopping early cancels the request on the server
 
     def generate(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
-                 stop: str | Sequence[str] | None = None, **kwargs) -> Completion:
-        return _join(list(self.stream(prompt, sampling_params, stop=stop, **kwargs)))
+                 stop: str | Sequence[str] | None = None, adapter: str | None = None,
+                 **kwargs) -> Completion:
+        return _join(list(self.stream(prompt, sampling_params, stop=stop, adapter=adapter, **kwargs)))
 
     async def astream(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
-                      stop: str | Sequence[str] | None = None, **kwargs) -> AsyncIterator[StreamChunk]:
+                      stop: str | Sequence[str] | None = None, adapter: str | None = None,
+                      **kwargs) -> AsyncIterator[StreamChunk]:
         if self._aio_channel is None:
             self._aio_channel = self._open(grpc.aio)
         rpc = self._aio_channel.unary_stream(f"/{_SERVICE}/Generate", request_serializer=_ser,
                                              response_deserializer=_de)
-        call = rpc(_request(prompt, stop, sampling_params, kwargs), timeout=self.timeout_s,
+        call = rpc(_request(prompt, stop, sampling_params, kwargs, adapter), timeout=self.timeout_s,
                    metadata=self._metadata)
         try:
             async for msg in call:
@@ -216,8 +223,10 @@ class Client:
             call.cancel()
 
     async def agenerate(self, prompt: str | Sequence[int], sampling_params: Any = None, *,
-                        stop: str | Sequence[str] | None = None, **kwargs) -> Completion:
-        return _join([c async for c in self.astream(prompt, sampling_params, stop=stop, **kwargs)])
+                        stop: str | Sequence[str] | None = None, adapter: str | None = None,
+                        **kwargs) -> Completion:
+        return _join([c async for c in self.astream(prompt, sampling_params, stop=stop, adapter=adapter,
+                                                    **kwargs)])
 
     def drain(self, node: str, force: bool = False, move: bool = False) -> dict:
         """Take ``node`` out of routing (``helix drain``; :mod:`coordinator.drain`): its status

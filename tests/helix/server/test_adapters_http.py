@@ -144,6 +144,26 @@ def test_unload_waits_for_requests_in_flight(served, tiny_model):
     assert "drainme" not in [c["id"] for c in client.get("/v1/models").json()["data"]]
 
 
+def test_native_client_names_the_task(served, tiny_model):
+    """``helix.Client(...).generate(..., adapter=task)`` over gRPC gives the task's tokens; an
+    unknown task is NOT_FOUND, a non-string one INVALID_ARGUMENT."""
+    from helix.client import Client, ClientError
+    ckpt, _ = tiny_model
+    stack, client, tasks = served
+    folder, ref = tasks["bottleneck"]
+    if "bottleneck" not in [c["id"] for c in client.get("/v1/models").json()["data"]]:
+        client.post("/v1/load_lora_adapter", json={"lora_name": "bottleneck", "lora_path": str(folder)})
+    ids = list(stack.coordinator.codec.encode(PROMPTS[1]))
+    out = ref.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)
+    with Client(stack.grpc.address, timeout_s=60) as c:
+        got = c.generate(ids, max_tokens=6, temperature=0, ignore_eos=True, adapter="bottleneck")
+        assert list(got.token_ids) == out[0, len(ids):].tolist()
+        with pytest.raises(ClientError, match="NOT_FOUND"):
+            c.generate(ids, max_tokens=2, adapter="nope")
+        with pytest.raises(ClientError, match="INVALID_ARGUMENT"):
+            c.generate(ids, max_tokens=2, adapter=7)
+
 def test_a_rejoining_worker_loads_the_tasks(served, tiny_model):
     """A new process for cpu-2 gets every loaded task before it serves; the task's output is the
     reference's through it."""
