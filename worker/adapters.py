@@ -216,6 +216,22 @@ def _group(row_task: torch.Tensor,
     return groups
 
 
+def order_by_task(spans: Sequence, num_decodes: int, task_of) -> list:
+    """The step's row spans with each task's requests next to each other: decodes sorted by task
+    among the decodes (they stay first), prefill chunks among the chunks; ``row_start`` renumbered.
+    A task whose rows end up consecutive adds its terms through a slice, with no gather or scatter
+    (:func:`add_task_terms`). ``task_of(request_id)``: its task's name, None for the base model."""
+    def key(span):
+        name = task_of(span.request_id)
+        return (name is not None, name or "")
+    out, row = [], 0
+    for part in (sorted(spans[:num_decodes], key=key), sorted(spans[num_decodes:], key=key)):
+        for s in part:
+            out.append(dataclasses.replace(s, row_start=row))
+            row += s.end - s.start
+    return out
+
+
 def task_rows(row_counts: Sequence[tuple[SliceAdapter | None, int]],
               device: torch.device) -> TaskRows | None:
     """The :class:`TaskRows` of a step whose consecutive row runs ``(adapter, rows)`` are given in

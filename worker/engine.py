@@ -34,7 +34,7 @@ from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
 from worker.adapter_registry import AdapterRegistry
-from worker.adapters import SliceAdapter, task_rows
+from worker.adapters import SliceAdapter, order_by_task, task_rows
 from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, kv_bytes_per_block, num_blocks_for_budget
@@ -205,6 +205,8 @@ class SliceEngine:
 
     def _run(self, plan: StepPlan) -> list[StageOutput]:
         spans = plan_rows(plan)
+        if any(self._reqs[s.request_id].adapter is not None for s in spans):
+            spans = order_by_task(spans, len(plan.decode_ids), self._task_of)
         x = self._inputs(spans)
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
                                  {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
@@ -241,6 +243,10 @@ class SliceEngine:
         if self._held:
             gone = set(request_ids)
             self._held = [i for i in self._held if i.request_id not in gone]
+
+    def _task_of(self, rid: Hashable) -> str | None:
+        adapter = self._reqs[rid].adapter
+        return None if adapter is None else adapter.name
 
     def _forget(self, rid: Hashable) -> None:
         req = self._reqs.pop(rid, None)

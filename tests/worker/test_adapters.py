@@ -97,14 +97,20 @@ def test_mixed_tasks_equal_merged_references(tiny_ckpt, prompts, tasks, cfg):
     mid = pipe.engines[1]
     forward = mid.model.forward
 
+    kinds = {slice: 0, torch.Tensor: 0}   # groups of consecutive rows / gathered rows (the engine
+    # orders rows by task, so mostly the former; test_gathered_rows_equal_row_by_row covers the latter)
+
     def recording(x, batch, keep=None):
         groups.append(0 if batch.tasks is None else len(batch.tasks.groups))
+        for _, rows in batch.tasks.groups if batch.tasks else ():
+            kinds[type(rows)] += 1
         return forward(x, batch, keep)
 
     mid.model.forward = recording
     reqs = _requests(prompts)
     got = pipe.run(reqs)
     assert max(groups) >= 6, f"steps mixed at most {max(groups)} tasks"
+    assert kinds[slice] > 0, kinds
     differs = set()
     for r in reqs:
         model = base if r.adapter is None else tasks[r.adapter][1]
@@ -222,3 +228,37 @@ def test_sparse_terms_in_half_precision_on_cpu(dtype):
     got = sparse_term(idx, values.to(dtype), (6, 9)).delta(x.to(dtype), None)
     assert got.dtype == dtype
     assert torch.allclose(got.float(), want, atol=0.05, rtol=0.02)
+
+
+def test_gathered_rows_equal_row_by_row():
+    """Tasks whose rows interleave (gathered, scattered back) and a task whose rows are consecutive
+    (a slice) add exactly each row's own task's terms; base rows are untouched."""
+    from worker.adapters import (BiasTerm, BottleneckTerm, LoRATerm, SliceAdapter, TaskRows, TermAt,
+                                 add_task_terms, sparse_term)
+    g = torch.Generator().manual_seed(0)
+    n, inp, out = 11, 6, 8
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+    lora = [TermAt(0, 4, "q_proj", LoRATerm(r(2, inp), r(4, 2), 0.5)),
+            TermAt(4, 8, "k_proj", LoRATerm(r(3, inp), r(4, 3), 2.0))]
+    adapters = [
+        SliceAdapter("lora", "lora", {0: {"qkv": lora}}),
+        SliceAdapter("bn", "bottleneck",
+                     {0: {"qkv": [TermAt(2, 6, "k_proj", BottleneckTerm(r(3, 4), r(4, 3)))]}}),
+        SliceAdapter("bias", "bitfit", {0: {"qkv": [TermAt(0, 8, "q_proj", BiasTerm(r(8)))]}}),
+        SliceAdapter("diff", "diff", {0: {"qkv": [TermAt(0, 8, "q_proj", sparse_term(
+            torch.tensor([[0, 3, 7], [1, 5, 2]]), r(3), (8, inp)))]}}),
+    ]
+    row_task = torch.tensor([0, 1, -1, 0, 2, 1, 3, 3, 3, -1, 0])   # tasks 2 and 3: consecutive rows
+    x, y = r(n, inp), r(n, out)
+    tasks = TaskRows(row_task, adapters)
+    assert [type(rows) for _, rows in tasks.groups] == [torch.Tensor, torch.Tensor, slice, slice]
+    got = add_task_terms(y.clone(), x, tasks, 0, "qkv")
+    for i in range(n):
+        want = y[i].clone()
+        if row_task[i] >= 0:
+            for t in adapters[row_task[i]].terms(0, "qkv"):
+                want[t.start:t.end] += t.term.delta(x[i:i + 1], y[i:i + 1, t.start:t.end])[0]
+        assert torch.allclose(got[i], want, atol=1e-6), i
+    assert add_task_terms(y.clone(), x, tasks, 1, "qkv").equal(y)   # no terms at layer 1
