@@ -40,13 +40,15 @@ class ServingSpec(_Frozen):
     this fraction of the node's pool (Helix section 5)."""
     block_size_tokens: int = Field(16, ge=1)
     """Positions per block of a worker's paged KV cache."""
-    chunk_tokens: int = Field(512, ge=0)
-    """Token budget of a worker step (decodes + prefill chunks: chunked prefill, Sarathi; 512 as
-    vLLM's chunked prefill began with); 0 = whole prompts (Orca), a step then takes up to
+    chunk_tokens: int = Field(2048, ge=0)
+    """Token budget of a worker step (decodes + prefill chunks: chunked prefill, Sarathi; 2048 as
+    vLLM's engine defaults to); 0 = whole prompts (Orca), a step then takes up to
     :data:`UNCHUNKED_STEP_TOKENS` tokens and a longer prompt runs alone. In deep pipelines a long
     prompt step holds up every decode wave behind it at every stage it crosses (a convoy), so a
-    small budget serves more: 512 gave 21-45 % more decode tokens/s than 2048 in the simulator on
-    single24, geo24 and hetero42 (BENCHMARKS.md)."""
+    smaller budget serves more: 512 gave 21-45 % more decode tokens/s than 2048 in the simulator
+    on single24, geo24 and hetero42, but the prediction does not model that yet (its errors grow
+    to -17..+18 % on decode and +30..+55 % on TTFT at 512; BENCHMARKS.md), so 2048, where it
+    holds, stays the default until it does."""
 
 
 class ServingLimits(_Frozen):
