@@ -45,7 +45,7 @@ class ServingSpec(_Frozen):
     vLLM's engine defaults to); 0 = whole prompts (Orca), a step then takes up to
     :data:`UNCHUNKED_STEP_TOKENS` tokens and a longer prompt runs alone. In deep pipelines a long
     prompt step holds up every decode wave behind it at every stage it crosses (a convoy), so a
-    smaller budget serves more: 512 gave 21-45 % more decode tokens/s than 2048 in the simulator
+    smaller budget serves more: 512 gave 16-45 % more decode tokens/s than 2048 in the simulator
     on single24, geo24 and hetero42, but the prediction does not model that yet (its errors grow
     to -17..+18 % on decode and +30..+55 % on TTFT at 512; BENCHMARKS.md), so 2048, where it
     holds, stays the default until it does."""
