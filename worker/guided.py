@@ -11,8 +11,10 @@ sampling it. Added (special) tokens and ids past the tokenizer's vocabulary are 
 Compiling can take seconds (a free-form ``{"type": "object"}`` took 5-11 s even over the demo's
 297 tokens; BENCHMARKS.md), so :class:`GuideCompiler` runs it on threads of its own
 (``outlines_core`` releases the GIL while it builds; measured: a thread beside it keeps running) and
-caches the result per regex; the engine holds a request's inputs back until its automaton is ready
-(``SliceEngine`` admits it then), so the step loop never waits on a compile.
+caches the result per regex (each compile runs in a child process, killed past
+:data:`COMPILE_TIMEOUT_S` or :data:`COMPILE_MEMORY_BYTES`: some ordinary schemas never finish);
+the engine holds a request's inputs back until its automaton is ready (``SliceEngine`` admits it
+then), so the step loop never waits on a compile.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ _MASK_BYTES = 8 * 2**20
 """Token masks (one ``vocab_size``-byte bool per automaton state visited lately) kept per compiled
 regex, on the engine's device: at most 16 x 8 MiB per engine (512 states at a 16k vocabulary,
 64 at 128k)."""
+
+COMPILE_TIMEOUT_S = 60.0
+"""Seconds one regex may take to compile (in a child process, :func:`_compile_bounded`): past it
+the request fails with a 'did not compile' message instead of holding a compile thread forever."""
+COMPILE_MEMORY_BYTES = 8 * 2**30
+"""Address space one compile may map (the child's ``RLIMIT_AS``)."""
 
 
 def token_bytes_map(ckpt_dir: str | Path, vocab_size: int,
@@ -165,6 +173,10 @@ class GuideCompiler:
         # Two threads: one pathological regex (outlines-core 0.2.14 took 40-47 s for an object with
         # "additionalProperties": {}) then delays the other new regexes less.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="helix-guide")
+        self.compile_timeout_s = COMPILE_TIMEOUT_S
+        """Seconds a regex may take to compile before its request fails (the compile is killed)."""
+        self.compile_memory_bytes = COMPILE_MEMORY_BYTES
+        """Address space a compile may map before it fails."""
         self.compile_s: dict[str, float] = {}
         """Seconds each cached regex took to compile (for the log and for benchmarks)."""
 
@@ -182,21 +194,61 @@ class GuideCompiler:
     def _build(self, regex: str) -> GuideIndex:
         import time
 
-        from outlines_core import Index, Vocabulary
+        from outlines_core import Vocabulary
         if self._vocabulary is None:
             index_eos = self.eos_token_ids[0] if self.eos_token_ids else self.vocab_size
             tokens = token_bytes_map(self.ckpt_dir, self.vocab_size, self.eos_token_ids)
             self._vocabulary = (Vocabulary(index_eos, tokens), index_eos)
         vocabulary, index_eos = self._vocabulary
         t0 = time.perf_counter()
-        try:
-            index = Index(regex, vocabulary)
-        except (ValueError, RuntimeError) as exc:
-            first = " ".join(str(exc).split())
-            raise HelixUserError(f"structured output: the schema cannot be built over this model's "
-                                 f"vocabulary: {first[:240]}") from None
+        index = _compile_bounded(regex, vocabulary, self.compile_timeout_s, self.compile_memory_bytes)
         self.compile_s[regex] = time.perf_counter() - t0
         return GuideIndex(index, self.eos_token_ids, index_eos, self.vocab_size, self.device)
+
+
+# The child that compiles one regex: reads (regex, vocabulary, memory limit) pickled from stdin,
+# writes ("ok", Index) or ("error", message) pickled to stdout. Only outlines_core is imported.
+_CHILD = """
+import pickle, resource, sys
+regex, vocabulary, limit = pickle.load(sys.stdin.buffer)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from outlines_core import Index
+try:
+    out = ("ok", Index(regex, vocabulary))
+except (ValueError, RuntimeError, MemoryError) as exc:
+    out = ("error", str(exc))
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def _compile_bounded(regex: str, vocabulary, timeout_s: float, memory_bytes: int):
+    """``outlines_core.Index(regex, vocabulary)`` built in a child process that is killed after
+    ``timeout_s`` and may not map more than ``memory_bytes``: a compile cannot be interrupted in
+    a thread, and some ordinary schemas never finish (outlines-core 0.2.14 over the demo's
+    vocabulary: a string with maxLength 10 took 0.06 s, 14 took 0.9 s, 20 ran past 60 s; maxLength
+    10^8 took 200 MB/s until the machine ran out of memory). The Index comes back pickled."""
+    import pickle
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(pickle.dumps((regex, vocabulary, memory_bytes)), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise HelixUserError(f"structured output: the schema's automaton did not compile within "
+                             f"{timeout_s:g} s (long maxLength / minLength bounds and free-form "
+                             f"objects grow it exponentially); simplify the schema") from None
+    status, value = pickle.loads(out) if proc.returncode == 0 and out else ("error", None)
+    if status == "ok":
+        return value
+    if value is None:   # killed by its memory limit (or crashed)
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        value = f"the compile stopped ({last[:120]}; limit {memory_bytes / 2**30:g} GiB)"
+    first = " ".join(str(value).split())
+    raise HelixUserError(f"structured output: the schema cannot be built over this model's "
+                         f"vocabulary: {first[:240]}")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -158,3 +158,39 @@ def test_the_regex_and_resume_count_cross_the_wire():
     batch = InputBatch((WireInput(_input(7, PROMPT, params)),))
     got = decode([bytes(f) for f in encode(batch)]).inputs[0].item.new_request.sampling
     assert got == params
+
+
+# outlines-core 0.2.14 over the demo vocabulary: a string with maxLength 14 compiles in ~1 s, 20 ran
+# past 60 s, 10^8 grew 200 MB/s until the machine ran out of memory.
+NEVER_COMPILES = guided_regex({"type": "json_schema", "json_schema": {"name": "t", "schema": {
+    "type": "string", "maxLength": 10**8}}})
+
+
+@pytest.mark.timeout(60)
+def test_a_regex_that_never_compiles_fails_its_request_in_bounded_time_and_memory(demo_ckpt):
+    """An ordinary schema whose automaton explodes fails only its request, once the compile passes
+    its time limit (or memory limit); the compile is killed, not left running on a thread."""
+    engine = _engine(demo_ckpt)
+    engine.guides.compile_timeout_s = 3.0
+    slow = SamplingParams(max_tokens=5, guided_regex=NEVER_COMPILES)
+    plain = SamplingParams(temperature=0.0, max_tokens=5)
+    t0 = time.monotonic()
+    tokens, _, failures = _run(engine, [_input("slow", PROMPT, slow), _input("ok", PROMPT, plain)],
+                               max_steps=10**6)
+    assert time.monotonic() - t0 < 20
+    assert "did not compile within 3 s" in failures["slow"] and len(tokens["ok"]) == 5
+    # the compile threads are free again: an ordinary schema still compiles and runs
+    tokens, reasons, failures = _run(engine, [_input("g", PROMPT, SamplingParams(
+        temperature=0.0, max_tokens=200, guided_regex=REGEX))])
+    assert reasons == {"g": "stop"} and not failures
+
+
+@pytest.mark.timeout(60)
+def test_a_compile_past_its_memory_limit_fails_its_request(demo_ckpt):
+    engine = _engine(demo_ckpt)
+    engine.guides.compile_memory_bytes = 1 * 2**30   # NEVER_COMPILES maps ~200 MB more a second
+    t0 = time.monotonic()
+    tokens, _, failures = _run(engine, [_input("g", PROMPT, SamplingParams(
+        max_tokens=5, guided_regex=NEVER_COMPILES))], max_steps=10**6)
+    assert time.monotonic() - t0 < 30
+    assert "cannot be built" in failures["g"] and "limit 1 GiB" in failures["g"] and not tokens
