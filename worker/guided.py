@@ -211,7 +211,10 @@ class GuideCompiler:
 _CHILD = """
 import pickle, resource, sys
 regex, vocabulary, limit = pickle.load(sys.stdin.buffer)
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]   # never above a limit the host set
+if hard != resource.RLIM_INFINITY:
+    limit = min(limit, hard)
+resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 from outlines_core import Index
 try:
     out = ("ok", Index(regex, vocabulary))

@@ -194,3 +194,18 @@ def test_a_compile_past_its_memory_limit_fails_its_request(demo_ckpt):
         max_tokens=5, guided_regex=NEVER_COMPILES))], max_steps=10**6)
     assert time.monotonic() - t0 < 30
     assert "cannot be built" in failures["g"] and "limit 1 GiB" in failures["g"] and not tokens
+
+
+def test_compiles_under_a_host_address_space_limit_below_the_compile_limit(demo_ckpt):
+    """A host whose hard RLIMIT_AS is below COMPILE_MEMORY_BYTES: the child keeps the host's limit
+    (raising it is not allowed and failed every compile)."""
+    import subprocess
+    import sys
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))\n"
+            "from worker.guided import GuideCompiler\n"
+            f"g = GuideCompiler({str(demo_ckpt)!r}, [2], 512)\n"
+            f"print(g.compile({REGEX!r}).result().initial_state)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert run.returncode == 0 and run.stdout.strip().isdigit(), run.stderr[-400:]
