@@ -255,9 +255,13 @@ class Coordinator(Draining, Membership, Adapters):
 
     # --- requests ---------------------------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, stop: Sequence[str] = (),
-               loop: asyncio.AbstractEventLoop | None = None, adapter: str | None = None) -> RequestHandle:
+               loop: asyncio.AbstractEventLoop | None = None, adapter: str | None = None,
+               sibling: bool = False) -> RequestHandle:
         """Admit a request (or queue it); raises :class:`QueueFull` or :class:`HelixUserError`
-        (:class:`~coordinator.adapters.UnknownAdapter` when ``adapter`` names no loaded task)."""
+        (:class:`~coordinator.adapters.UnknownAdapter` when ``adapter`` names no loaded task).
+        ``sibling``: another sequence of a reply whose first one was admitted (``n > 1``); it may
+        wait past ``max_waiting_requests``, or a reply with more sequences than the queue holds
+        would be refused with a 503 that no retry could ever pass."""
         if self.scheduler is None:
             raise RuntimeError("coordinator has no workers yet (call attach)")
         params = self.limits.resolve(len(prompt_token_ids), params)
@@ -276,7 +280,7 @@ class Coordinator(Draining, Membership, Adapters):
                               adapter=adapter)
             # FIFO: a newcomer never overtakes requests already waiting for a pipeline.
             if self._waiting or not self._try_dispatch(req):
-                if len(self._waiting) >= self.config.max_waiting_requests:
+                if len(self._waiting) >= self.config.max_waiting_requests and not sibling:
                     raise QueueFull(self.config.retry_after_s)
                 self._waiting.append(req)
             self._live[rid] = req

@@ -41,7 +41,7 @@ from helix.server.guard import HttpOptions, install as install_guards
 from helix.server.logprobs import LogprobsBuilder, joined
 from helix.server.utility import add_utility_routes
 from helix.server.metrics import ServingMetrics
-from helix.server.schemas import ChatRequest, CompletionRequest, unknown_fields
+from helix.server.schemas import MAX_N, ChatRequest, CompletionRequest, unknown_fields
 
 
 log = logging.getLogger("helix.server")
@@ -244,8 +244,10 @@ class OpenAIServer:
         try:
             for i, ids in enumerate(prompt_ids):
                 for j in range(body.n):
+                    # The reply's later sequences follow its first past a full queue (MAX_N at most).
                     handle = self.coordinator.submit(ids, child_params(params, j), body.stop_strings(),
-                                                     loop=loop, adapter=adapter)
+                                                     loop=loop, adapter=adapter,
+                                                     sibling=0 < len(choices) < MAX_N)
                     lp = self._logprobs(params, body.return_tokens_as_token_ids)
                     choices.append(Choice(len(choices), handle, i, ids, lp, echo[i] if echo else None,
                                           echo_only))

@@ -53,3 +53,21 @@ def test_leaving_a_non_streamed_request_cancels_every_choice(stack, path, body):
     # (none when the client left during the prefill).
     assert made < N * MAX_TOKENS // 2, made
     assert not stack.coordinator._live, "the coordinator still tracks the requests"
+
+
+def test_n_larger_than_the_queue_is_served_not_a_503_forever(tiny_model):
+    """``n`` sequences beyond ``max_waiting_requests``: the first is admitted as any request, its
+    siblings follow it past the queue's limit; before, the reply was a 503 'retry after 1 s' that
+    no retry could ever pass, even on an idle server."""
+    import httpx
+    from coordinator.runtime import RuntimeConfig
+    from tests.builders.serving import branching_plan
+    # Workers whose KV holds ~2 requests of 60 tokens: most of the 8 sequences must wait.
+    config = RuntimeConfig(stats_interval_s=0.2, max_waiting_requests=1, max_model_len=64)
+    with local_stack(tiny_model[0], config, plan=branching_plan(128)) as s:
+        r = httpx.post(s.url + "/v1/completions", timeout=90, json={
+            "model": MODEL_NAME, "prompt": "a b c", "n": 8, "max_tokens": 56, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert sorted(c["index"] for c in r.json()["choices"]) == list(range(8))
+        assert r.json()["usage"]["completion_tokens"] == 8 * 56
+        s.wait_kv_free()

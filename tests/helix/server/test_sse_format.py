@@ -186,7 +186,7 @@ class _SilentCoordinator:
         self.events = events
         self.cancelled: list[int] = []
 
-    def submit(self, ids, params, stop=(), loop=None, adapter=None) -> RequestHandle:
+    def submit(self, ids, params, stop=(), loop=None, adapter=None, sibling=False) -> RequestHandle:
         handle = RequestHandle(7, self.cancelled.append, loop)
         for ev in self.events:
             handle.push(ev)
