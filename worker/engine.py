@@ -165,7 +165,6 @@ class SliceEngine:
                                           engine.device)
         return engine
 
-
     # --- Engine interface ------------------------------------------------------------------------
     def step(self, inputs: Sequence[StageInput] = ()) -> list[StageOutput]:
         """Accept ``inputs``, run one iteration, return its outputs. Inputs refused and requests of a

@@ -21,7 +21,7 @@ import asyncio
 import hmac
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Default most bytes of one request body (a 128k-token prompt as ids is ~1 MB of JSON).
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
@@ -34,7 +34,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 class HttpOptions:
     """How the HTTP API guards itself (``helix serve --api-key ... --max-request-bytes ...``)."""
 
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     """Bearer token every ``/v1`` route (and ``/tokenize``, ``/detokenize``, ``/admin``) requires;
     None = open."""
     protect_health: bool = False

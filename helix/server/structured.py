@@ -109,6 +109,9 @@ def _check_keywords(schema: Any, where: str) -> None:
     if bad:
         raise HelixUserError(f"response_format.json_schema.{where}: keyword {bad[0]!r} is not "
                              f"supported by structured output (it would not be enforced)")
+    if schema.get("enum") == []:
+        raise HelixUserError(f"response_format.json_schema.{where}.enum is empty: no value can "
+                             f"match it")
     for sub, path in _subschemas(schema, where):
         _check_keywords(sub, path)
 

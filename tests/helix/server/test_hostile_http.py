@@ -220,3 +220,8 @@ def test_grpc_generate_needs_the_api_key_too(stack):
             assert len(c.generate("Helix", temperature=0, max_tokens=2, ignore_eos=True).token_ids) == 2
     finally:
         server.stop()
+
+
+def test_http_options_never_show_the_api_key():
+    from helix.server.guard import HttpOptions
+    assert "sesame" not in repr(HttpOptions(api_key="sesame"))

@@ -124,6 +124,8 @@ def test_streamed_equals_non_streamed(client):
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}},
      "reference"),
     ({"type": "yaml"}, "response_format.type must be"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"c": {"enum": []}}}}}, r"schema.properties.c.enum is empty"),
 ])
 def test_bad_schemas_are_a_400_naming_the_problem(stack, response_format, match):
     for path, body in (("/v1/chat/completions", {"messages": MESSAGES}), ("/v1/completions", {"prompt": "x"})):
