@@ -195,6 +195,17 @@ NOTES = [
 
 
 ANALYSIS = """
+Cost-model clusters re-run on 2026-11-25 (load 2.6) after the layer-time model that charges
+decode attention and GQA's KV re-reads (issue 12 item 6): every T(k) fell 7-44 %, so their max
+flows fell (single24 70B 11,838 -> 9,162; hetero42 20,184 -> 16,239) and their gaps moved:
+single24 2.9 -> 2.5 % (70B) and 11.1 -> 2.4 % (30B), geo24 4.1 -> 5.1 % (70B) and 25.0 -> 3.2 %
+(30B), hetero42 4.5 -> 4.2 % and 7.9 -> 7.3 %, hetero210 1.5 -> 0.26 % (now in 0.3 s: the warm
+starts stop at the gap, issue 15's scale work). The reference cases read their own T(k) tables and
+are unchanged. Tried and dropped this session: large-neighbourhood search on the exact (paper)
+MILP with 4-10 nodes free (each region, each pair of regions the flow crosses, random handfuls):
+on 3cluster24 every sub-solve hit its 3 s limit with its bound at the link-blind 2,045.6 and no
+better placement (the big-M relaxation stays weak with most integers fixed).
+
 Issue 11 (runs of 2026-11-24, load average 6-10 on the 2 cores from other work: the time-limited
 phases got a fraction of a core). Statuses now speak of the exact problem: `optimal` / `gap` only
 where a bound valid for it proves so (brute-force test on tiny clusters with binding links, every
