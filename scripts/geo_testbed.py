@@ -17,7 +17,9 @@ token beside the sum of the links' latencies a token crosses (r0 -> r1 -> r2 -> 
 
 Everything it made (processes by process group and by namespace, the namespaces and their veths,
 temp folders) is removed on exit, on failure and on Ctrl-C / SIGTERM. Names carry a random run id,
-so parallel runs never collide. Not built yet: ``--bench`` (issue 15 item 3).
+so parallel runs never collide. ``--bench`` (issue 15 item 3, scripts/testbed_bench.py) then
+serves the planner's placement and Swarm's of a spec describing the testbed, loads each with the same
+trace slice (``helix bench`` in r0) and writes live beside simulated numbers to BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -167,6 +169,7 @@ def serve_and_check(net: Network, work: Path, max_tokens: int, timeout_s: float)
     from helix.commands.demo_checkpoint import write_tiny_checkpoint
     from transformers import AutoTokenizer
     import torch
+    work.mkdir(exist_ok=True)
     ckpt = work / "tiny"
     model = write_tiny_checkpoint(ckpt)
     tok = AutoTokenizer.from_pretrained(ckpt)
@@ -204,6 +207,16 @@ def serve_and_check(net: Network, work: Path, max_tokens: int, timeout_s: float)
     return ok
 
 
+def bench(net: Network, work: Path, measured: dict, args) -> None:
+    from testbed_bench import append_entry, benchmarks_entry, run_bench
+    load = {"num_requests": args.num_requests, "rate": args.rate, "max_prompt": 200, "max_output": 32}
+    before = os.getloadavg()[0]
+    rows = run_bench(net, work, work / "check" / "tiny", Serving, load)
+    entry = benchmarks_entry(rows, net.config, load, measured, (before, os.getloadavg()[0]))
+    append_entry(entry)
+    print(entry, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--delay-ms", default="40,60,80",
@@ -211,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-mbit", type=float, default=150.0, help="tbf rate into each region")
     ap.add_argument("--mtu", type=int, default=9000, help="MTU of every link (default 9000)")
     ap.add_argument("--net-only", action="store_true", help="build the network, measure it, stop")
+    ap.add_argument("--bench", action="store_true",
+                    help="after the check: the planner's placement vs Swarm's, live (helix bench) and "
+                         "simulated (helix simulate) on one trace slice, appended to BENCHMARKS.md")
+    ap.add_argument("--num-requests", type=int, default=60, help="--bench: trace requests sent")
+    ap.add_argument("--rate", type=float, default=6.0, help="--bench: requests/s")
     ap.add_argument("--tcp-seconds", type=float, default=5.0, help="length of the TCP bulk probe")
     ap.add_argument("--max-tokens", type=int, default=8, help="tokens per request")
     ap.add_argument("--node-timeout", type=float, default=180.0,
@@ -232,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"geo_testbed run {net.run_id}: load average {os.getloadavg()}", flush=True)
     try:
         net.up()
-        measure_network(net, args.tcp_seconds)
+        measured = measure_network(net, args.tcp_seconds)
         if args.net_only:
             return 0
-        ok = serve_and_check(net, work, args.max_tokens, args.node_timeout)
+        ok = serve_and_check(net, work / "check", args.max_tokens, args.node_timeout)
         print("geo_testbed: outputs " + ("match transformers" if ok else "DIFFER"), flush=True)
+        if ok and args.bench:
+            bench(net, work, measured, args)
         return 0 if ok else 1
     finally:
         # Teardown must not be cut short by a second Ctrl-C.
