@@ -192,7 +192,8 @@ class CoordinatorService:
                     unavailable = ev.retry_after_s is not None   # no pipeline left: retry later
                     if unavailable:
                         context.set_trailing_metadata((("retry-after", str(ev.retry_after_s)),))
-                    _fail(context, grpc.StatusCode.UNAVAILABLE if unavailable else grpc.StatusCode.INTERNAL,
+                    _fail(context, grpc.StatusCode.UNAVAILABLE if unavailable else
+                          grpc.StatusCode.INVALID_ARGUMENT if ev.user_error else grpc.StatusCode.INTERNAL,
                           ev.error)
                     return
                 else:

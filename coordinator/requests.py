@@ -48,6 +48,8 @@ class Done:
     error: str | None = None
     retry_after_s: int | None = None
     """Set when the request failed because no pipeline can serve now (HTTP 503 with Retry-After)."""
+    user_error: bool = False
+    """The request failed by its own fault (a worker refused it as bad input): HTTP 400."""
 
 
 Event = Delta | Done

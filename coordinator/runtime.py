@@ -41,7 +41,7 @@ from coordinator.requests import (Delta, Done, LiveRequest, RequestHandle, Reque
                                   generation_max_new_tokens, max_kv_tokens)
 from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.textcodec import Detokenizer, TextCodec
-from helix.errors import HelixUserError
+from helix.errors import USER_FAILURE, HelixUserError
 from helix.plan import COORDINATOR, Plan
 from helix.serving import ServingLimits
 from helix.spec import WorkloadSpec
@@ -362,13 +362,14 @@ class Coordinator(Draining, Membership, Adapters):
                 self.scheduler.fallback or self.scheduler.topology, limits)
         return cached
 
-    def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None) -> None:
+    def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None,
+             user_error: bool = False) -> None:
         """Finish ``req`` (under the lock), then admit waiting requests."""
-        self._finish(req, reason, release_stages, error)
+        self._finish(req, reason, release_stages, error, user_error=user_error)
         self._admit_waiting()
 
     def _finish(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None,
-                retry_after_s: int | None = None) -> None:
+                retry_after_s: int | None = None, user_error: bool = False) -> None:
         """Finish ``req`` (under the lock): release KV, tell the caller."""
         req.done = True
         if reason in ("stop", "length"):
@@ -378,7 +379,7 @@ class Coordinator(Draining, Membership, Adapters):
         if req.pipeline is not None:
             self.scheduler.release(req.request_id)
         req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error,
-                             retry_after_s))
+                             retry_after_s, user_error))
         if req.pipeline is not None and release_stages:
             for node in dict.fromkeys(req.pipeline.nodes):
                 try:   # one stage we cannot reach must not keep the others' KV
@@ -427,8 +428,13 @@ class Coordinator(Draining, Membership, Adapters):
                 for f in msg.failures:
                     req = self._live.get(f.request_id)
                     if req is not None and not req.done:   # a stage dropped it: free it everywhere
-                        self._end(req, "error", release_stages=True,
-                                  error=f"request failed on worker {f.node}: {f.message}")
+                        if f.message.startswith(USER_FAILURE):   # refused as bad input
+                            self._end(req, "error", release_stages=True,
+                                      error=f"{f.message[len(USER_FAILURE):]} (refused by worker "
+                                            f"{f.node})", user_error=True)
+                        else:
+                            self._end(req, "error", release_stages=True,
+                                      error=f"request failed on worker {f.node}: {f.message}")
         elif msg is not None:
             log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
 

@@ -18,3 +18,9 @@ class SpecError(HelixUserError):
 
 class InfeasibleError(HelixUserError):
     """The cluster cannot serve the model at all (not enough memory, a region cut off, ...)."""
+
+
+#: A worker's failure message that starts with this was the request's own fault (it was refused
+#: as a user error, e.g. a response_format schema too complex to compile): HTTP 400, gRPC
+#: INVALID_ARGUMENT, not a server error.
+USER_FAILURE = "invalid request: "

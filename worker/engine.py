@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from helix.errors import HelixUserError
+from helix.errors import USER_FAILURE, HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
@@ -491,5 +491,6 @@ def _hidden_rows(req: _Request, start: int, end: int) -> torch.Tensor:
 
 
 def _describe(exc: Exception) -> str:
-    """One line for the client: a user error's message as is, anything else with its type."""
-    return str(exc) if isinstance(exc, HelixUserError) else f"{type(exc).__name__}: {exc}"
+    """One line for the client: a user error's message marked as such (:data:`USER_FAILURE`),
+    anything else with its type."""
+    return USER_FAILURE + str(exc) if isinstance(exc, HelixUserError) else f"{type(exc).__name__}: {exc}"

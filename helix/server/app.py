@@ -68,6 +68,8 @@ def _stream_error(exc: Exception) -> dict:
         return error_body(str(exc), "server_error")
     if isinstance(exc, NoPipeline):
         return error_body(str(exc), "service_unavailable", "no_pipeline")
+    if isinstance(exc, HelixUserError):
+        return error_body(str(exc), "invalid_request_error")
     log.exception("stream failed")   # a bug: keep the traceback in the log
     return error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
@@ -118,6 +120,8 @@ def _raise_failed(done: Done) -> None:
     """A Done that ended in an error: 503 (no pipeline now) or 500 (generation failed)."""
     if done.error is not None and done.retry_after_s is not None:
         raise NoPipeline(done.error, done.retry_after_s)
+    if done.error is not None and done.user_error:   # a worker refused it as bad input: 400
+        raise HelixUserError(done.error)
     if done.error is not None:
         raise GenerationFailed(done.error)
 

@@ -165,6 +165,7 @@ def test_request_failing_on_a_worker_fails_alone_and_frees_its_kv(stack, tiny_mo
         assert time.monotonic() - t0 < 10
         assert done.finish_reason == "error" and "outside the vocabulary" in done.error
         assert "cpu-1" in done.error or "cpu-2" in done.error   # the last stage refused it
+        assert done.user_error   # as bad input: HTTP 400, not a server error
         for p, h in zip(prompts, good):
             got, done = _collect(h, timeout_s=15)
             assert done.error is None and got == hf_greedy(model, p, 12)
@@ -302,7 +303,7 @@ def test_grpc_full_queue_and_failed_request_keep_their_status(stack, monkeypatch
         with pytest.raises(ControlError) as exc:
             list(client.stream("Generate", {"prompt": "Helix", "sampling": {
                 "max_tokens": 4, "min_tokens": 1, "stop_token_ids": [100000]}}, timeout_s=20))
-        assert exc.value.code.name == "INTERNAL" and "outside the vocabulary" in exc.value.details
+        assert exc.value.code.name == "INVALID_ARGUMENT" and "outside the vocabulary" in exc.value.details
         coord.limits = real
         monkeypatch.setattr(coord, "poll_stats", lambda: None)   # no poll may unmask the nodes
         with coord._lock:   # every node full, the queue (64 places) full

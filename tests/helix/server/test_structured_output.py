@@ -214,3 +214,28 @@ def test_langchain_with_structured_output(stack):
                                       temperature=0, max_tokens=200, max_retries=0, timeout=60)
     out = llm.with_structured_output(schema, method="json_schema").invoke("Describe a place.")
     assert set(out) == {"city", "sunny"} and isinstance(out["sunny"], bool)
+
+
+@pytest.mark.timeout(120)
+def test_a_schema_too_complex_to_compile_is_a_400_not_a_500(stack):
+    """The worker refuses it (its automaton did not compile in time): the request's own fault, so
+    HTTP 400 / an invalid_request_error event, as for a schema the server refuses itself."""
+    guides = [s.engine.guides for s in stack.servers if s.engine.guides is not None]   # last stages
+    assert guides
+    for g in guides:
+        g.compile_timeout_s = 2.0
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "string",
+                                                                          "maxLength": 10**8}}}
+    try:
+        body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 5, "response_format": fmt}
+        r = httpx.post(stack.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "did not compile within 2 s" in r.json()["error"]["message"]
+        with httpx.stream("POST", stack.url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events[-1]["error"]["type"] == "invalid_request_error"
+    finally:
+        for g in guides:
+            g.compile_timeout_s = 60.0
