@@ -264,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, signal.SIG_IGN)
         net.down()
         shutil.rmtree(work, ignore_errors=True)
+        r = net.router_stats
+        if r and r["packets"]:
+            print(f"router: {r['packets']} packets, released late by {r['late_sum_s'] / r['packets'] * 1e3:.2f}"
+                  f" ms on average (max {r['late_max_s'] * 1e3:.1f} ms; {r['over_1ms']} over 1 ms, "
+                  f"{r['over_10ms']} over 10 ms)", flush=True)
         print(f"geo_testbed run {net.run_id}: torn down; load average {os.getloadavg()}", flush=True)
         for s, h in old.items():
             signal.signal(s, h)

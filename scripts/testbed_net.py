@@ -85,6 +85,12 @@ class Network:
     config: NetConfig = field(default_factory=NetConfig)
     router_proc: subprocess.Popen | None = None
     made_ns: list[str] = field(default_factory=list)
+    router_stats: dict | None = None
+    """After :meth:`down`: packets the router released and how late (seconds past their time)."""
+
+    @property
+    def stats_path(self) -> str:
+        return f"/tmp/{self.run_id}-router.json"
 
     @property
     def router_ns(self) -> str:
@@ -119,7 +125,8 @@ class Network:
         self._rt("route", "add", "default", "dev", "tun0", "table", str(ROUTE_TABLE))
         self.router_proc = subprocess.Popen(
             ["ip", "netns", "exec", self.router_ns, sys.executable, os.path.abspath(__file__),
-             "router", json.dumps({"tun": "tun0", "delay_ms": [list(r) for r in cfg.delay_ms]})],
+             "router", json.dumps({"tun": "tun0", "delay_ms": [list(r) for r in cfg.delay_ms],
+                                   "stats": self.stats_path})],
             start_new_session=True)
         time.sleep(0.3)
         if self.router_proc.poll() is not None:
@@ -161,6 +168,10 @@ class Network:
         veths go with the router namespace)."""
         if self.router_proc is not None and self.router_proc.poll() is None:
             kill_group(self.router_proc)
+        if os.path.exists(self.stats_path):
+            with open(self.stats_path) as f:
+                self.router_stats = json.load(f)
+            os.unlink(self.stats_path)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             pids = self.pids()
             for pid in pids:
@@ -196,19 +207,33 @@ def _region_of(addr: bytes) -> int | None:
     return addr[2] if addr[0] == 10 and addr[1] == 77 else None
 
 
-def run_router(tun: str, delay_ms: list[list[float]]) -> None:
+def run_router(tun: str, delay_ms: list[list[float]], stats_path: str | None = None) -> None:
     """Read IPv4 packets from ``tun``, write each back after its (src region, dst region) latency.
-    Packets of one pair keep their order (same delay, FIFO by the heap's sequence number)."""
+    Packets of one pair keep their order (same delay, FIFO by the heap's sequence number). On
+    SIGTERM, writes to ``stats_path`` how late packets left (a starved router adds delay)."""
     fd = os.open("/dev/net/tun", os.O_RDWR)
     fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", tun.encode(), IFF_TUN | IFF_NO_PI))
     os.set_blocking(fd, False)
     delay_s = [[d / 1e3 for d in row] for row in delay_ms]
     held: list[tuple[float, int, bytes]] = []   # (release time, sequence, packet)
     seq = 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    late = {"packets": 0, "late_sum_s": 0.0, "late_max_s": 0.0, "over_1ms": 0, "over_10ms": 0}
+
+    def stop(*_):
+        if stats_path:
+            with open(stats_path, "w") as f:
+                json.dump(late, f)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
     while True:
         now = time.monotonic()
         while held and held[0][0] <= now:
+            lateness = now - held[0][0]
+            late["packets"] += 1
+            late["late_sum_s"] += lateness
+            late["late_max_s"] = max(late["late_max_s"], lateness)
+            late["over_1ms"] += lateness > 1e-3
+            late["over_10ms"] += lateness > 1e-2
             try:
                 os.write(fd, heapq.heappop(held)[2])
             except OSError:
@@ -311,4 +336,4 @@ def probe_rate_mbit(net: Network, src: int, dst: int, seconds: float = 4.0) -> f
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "router":
     args = json.loads(sys.argv[2])
-    run_router(args["tun"], args["delay_ms"])
+    run_router(args["tun"], args["delay_ms"], args.get("stats"))
