@@ -167,10 +167,12 @@ def _long_stream(url: str, results: list, i: int, hang_up: threading.Event) -> N
                 break   # hang up: frees the request
 
 
-def test_queue_full_answers_503_with_retry_after(stack):
+def test_queue_full_answers_503_with_retry_after(stack, monkeypatch):
     s, http = stack
     # Each long request reserves 480 tokens on every layer of its nodes: LONG_RUNNING run, MAX_WAITING
-    # wait for a pipeline, and one more is refused.
+    # wait for a pipeline, and one more is refused. The coordinator reserves a running mean of the
+    # outputs it served (short ones in this module); pinned to max_tokens here, so the sizes hold.
+    monkeypatch.setattr(s.coordinator.output_length, "reservation", lambda max_tokens: max_tokens)
     n = LONG_RUNNING + MAX_WAITING
     results, hang_up = [None] * n, threading.Event()
     with ThreadPoolExecutor(n) as pool:
