@@ -206,3 +206,9 @@ class Draining:
         """Each node's state (``ok`` / ``suspect`` / ``dead``, or ``draining`` / ``drained``), for
         /health and /metrics."""
         return {st.node: st.state for st in self.nodes_status()}
+
+
+#: Why a drain or undrain is refused without an API key off loopback (HTTP 403, gRPC
+#: PERMISSION_DENIED).
+ADMIN_NEEDS_KEY = ("draining needs --api-key when helix serve listens off loopback (anyone "
+                   "reaching the port could take nodes out of service)")

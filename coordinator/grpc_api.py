@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from coordinator.adapters import UnknownAdapter
-from coordinator.drain import DrainRefused, UnknownNode
+from coordinator.drain import ADMIN_NEEDS_KEY, DrainRefused, UnknownNode
 from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull, WorkerHandle
 from helix.errors import HelixUserError
@@ -139,9 +139,12 @@ def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) ->
 class CoordinatorService:
     """Handlers of ``helix.Coordinator``; ``coordinator`` may be attached after the server starts."""
 
-    def __init__(self, registry: Registry, model_name: str, api_key: str | None = None) -> None:
+    def __init__(self, registry: Registry, model_name: str, api_key: str | None = None,
+                 admin_open: bool = True) -> None:
         """``api_key``: what ``Generate`` callers must send as ``authorization: Bearer KEY`` (the
-        HTTP API's ``--api-key``; the native client's ``api_key=``)."""
+        HTTP API's ``--api-key``; the native client's ``api_key=``). ``admin_open`` False: without
+        an API key, ``Drain`` / ``Undrain`` are refused (``helix serve`` off loopback)."""
+        self.admin_open = admin_open or api_key is not None
         self.registry = registry
         self.model_name = model_name
         self.coordinator: Coordinator | None = None
@@ -203,6 +206,10 @@ class CoordinatorService:
         except RequestTimeout as exc:
             _fail(context, grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
 
+    def _changes_allowed(self, context: grpc.ServicerContext) -> None:
+        if not self.admin_open:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, ADMIN_NEEDS_KEY)
+
     def _admin(self, context: grpc.ServicerContext, action) -> dict:
         """``action(coordinator)`` for an authorized caller; its errors as gRPC statuses."""
         if not self._authorized(context):
@@ -220,11 +227,13 @@ class CoordinatorService:
 
     def drain(self, req: dict, context: grpc.ServicerContext) -> dict:
         node = _node(req)
+        self._changes_allowed(context)
         force, move = bool(req.get("force", False)), bool(req.get("move", False))
         return self._admin(context, lambda c: c.drain(node, force=force, move=move).to_dict())
 
     def undrain(self, req: dict, context: grpc.ServicerContext) -> dict:
         node = _node(req)
+        self._changes_allowed(context)
         return self._admin(context, lambda c: c.undrain(node).to_dict())
 
     def nodes(self, _req: dict, context: grpc.ServicerContext) -> dict:

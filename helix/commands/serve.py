@@ -56,7 +56,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                    "(here and to every `helix worker`)", err=True)
     if api_key is None and not _loopback(host):
         typer.echo(f"warning: serving on {host} without --api-key: anyone who reaches the HTTP or "
-                   "gRPC port can generate and drain nodes (/admin, helix drain)", err=True)
+                   "gRPC port can generate (draining is refused until you set --api-key)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
@@ -65,6 +65,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                            runtime=RuntimeConfig(max_waiting_requests=max_waiting,
                                                  max_model_len=max_model_len),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
+                                            admin_open=_loopback(host),
                                             max_body_bytes=max_request_bytes,
                                             body_timeout_s=request_body_timeout, strict=strict),
                            keys=cluster_keys)

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 from starlette.exceptions import HTTPException
 
-from coordinator.drain import DrainRefused, UnknownNode
+from coordinator.drain import ADMIN_NEEDS_KEY, DrainRefused, UnknownNode
 
 
 class DrainRequest(BaseModel):
@@ -44,8 +44,14 @@ def _call(action):
         raise HTTPException(409, str(exc)) from None
 
 
-def add_admin_routes(app: FastAPI, coordinator) -> None:
-    """Add the routes to ``app`` for ``coordinator`` (a :class:`~coordinator.runtime.Coordinator`)."""
+def add_admin_routes(app: FastAPI, coordinator, admin_open: bool = True) -> None:
+    """Add the routes to ``app`` for ``coordinator`` (a :class:`~coordinator.runtime.Coordinator`).
+    ``admin_open`` False (no API key, off loopback: :class:`~helix.server.guard.HttpOptions`):
+    drain and undrain answer 403."""
+
+    def changes_allowed() -> None:
+        if not admin_open:
+            raise HTTPException(403, ADMIN_NEEDS_KEY)
 
     @app.get("/admin/nodes")
     def nodes():
@@ -57,8 +63,10 @@ def add_admin_routes(app: FastAPI, coordinator) -> None:
 
     @app.post("/admin/drain")
     def drain(body: DrainRequest):
+        changes_allowed()
         return _call(lambda: coordinator.drain(body.node, force=body.force, move=body.move).to_dict())
 
     @app.post("/admin/undrain")
     def undrain(body: UndrainRequest):
+        changes_allowed()
         return _call(lambda: coordinator.undrain(body.node).to_dict())

@@ -43,6 +43,11 @@ class HttpOptions:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     strict: bool = False
     """Refuse unknown request fields (HTTP 400) instead of ignoring them with a warning."""
+    admin_open: bool = True
+    """Without an API key: whether ``/admin/drain`` and ``/admin/undrain`` (and gRPC ``Drain`` /
+    ``Undrain``) answer anyone. ``helix serve`` keeps them open only when it listens on loopback;
+    off loopback they need ``--api-key`` (403 otherwise), whatever ``--keys`` says (the cluster
+    token guards the workers' planes, not the client API)."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():

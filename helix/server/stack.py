@@ -78,7 +78,8 @@ class ServeStack:
         self.model_name = options.model_name or Path(model_path).resolve().name
         self.metrics = ServingMetrics(self.model_name)
         self.registry = Registry()
-        self.service = CoordinatorService(self.registry, self.model_name, options.http.api_key)
+        self.service = CoordinatorService(self.registry, self.model_name, options.http.api_key,
+                                          admin_open=options.http.admin_open)
         self.progress = progress or log.info
         self.launcher = RayLauncher(options.launch, self.progress)
         self.grpc: ControlServer | None = None

@@ -155,6 +155,37 @@ def test_api_key_guards_the_admin_routes_over_http_and_grpc(stack):
         http.stop()
 
 
+def test_off_loopback_without_an_api_key_draining_is_refused(stack):
+    """helix serve off loopback without --api-key (admin_open False): drain and undrain are refused
+    over HTTP (403) and gRPC (PERMISSION_DENIED) whatever --keys says; reading nodes still works."""
+    coord = stack.coordinator
+    http = HttpThread(create_app(coord, MODEL_NAME, http=HttpOptions(admin_open=False)))
+    service = CoordinatorService(Registry(), MODEL_NAME, admin_open=False)
+    service.coordinator = coord
+    grpc = start_server([service.handler()], "127.0.0.1", 0, open_methods=CLIENT_METHODS)
+    try:
+        for path in ("/admin/drain", "/admin/undrain"):
+            r = httpx.post(http.url + path, json={"node": "cpu-2"}, timeout=30)
+            assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"], r.text
+        assert httpx.get(http.url + "/admin/nodes", timeout=30).status_code == 200
+        with Client(grpc.address) as plain:
+            with pytest.raises(ClientError, match="PERMISSION_DENIED"):
+                plain.drain("cpu-2")
+            assert len(plain.nodes()) == 3
+        assert coord.node_status("cpu-2").state == "ok"   # nothing was drained
+        # With a key the same routes work again (admin_open only matters without one).
+        keyed = HttpThread(create_app(coord, MODEL_NAME, http=HttpOptions(api_key="k", admin_open=False)))
+        try:
+            r = httpx.post(keyed.url + "/admin/undrain", json={"node": "cpu-2"}, timeout=30,
+                           headers={"Authorization": "Bearer k"})
+            assert r.status_code == 200, r.text
+        finally:
+            keyed.stop()
+    finally:
+        grpc.stop()
+        http.stop()
+
+
 def test_cli_drain_wait_and_undrain(stack, reference, capsys):
     prompts = list(reference)
     streams = stream_all(stack.url, MODEL_NAME, prompts, 8, MAX_TOKENS)
@@ -190,10 +221,11 @@ def test_drain_re_solves_the_max_flow_without_the_node(tiny_model):
         assert coord._flows == plan.arc_flows
 
 
-def test_serving_off_loopback_without_an_api_key_warns_that_anyone_can_drain(tmp_path, capsys):
+def test_serving_off_loopback_without_an_api_key_warns_and_refuses_draining(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
-    assert "without --api-key: anyone who reaches the HTTP or gRPC port can generate and drain" in err
+    assert "without --api-key: anyone who reaches the HTTP or gRPC port can generate (draining is " \
+           "refused until you set --api-key)" in err
     assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0",
                  "--api-key", "k"]) == 2
     assert "without --api-key" not in capsys.readouterr().err
