@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helix.errors import HelixUserError
+from helix.errors import USER_FAILURE, HelixUserError
 from helix.net.sampling import SamplingParams
 from tests.builders.adapters import merged_model, random_task, write_peft_lora, write_task
 from tests.builders.threads import one_torch_thread
@@ -188,7 +188,7 @@ def test_unknown_task_fails_only_its_request(tiny_ckpt, prompts):
     while pipe.busy():
         pipe.step()
     assert [(f.request_id, f.message) for f in engine.take_failures()] == \
-        [("a", "adapter 'nope' is not loaded")]
+        [("a", USER_FAILURE + "adapter 'nope' is not loaded")]   # the client's error: HTTP 400
     assert len(pipe.tokens["b"]) == 3
 
 
@@ -207,7 +207,7 @@ def test_unload_drains_requests_in_flight(tiny_ckpt, prompts, tasks):
     while pipe.busy():
         pipe.step()
     assert [(f.request_id, f.message) for f in first.take_failures()] == \
-        [("y", "adapter 'lora' is not loaded (it is being unloaded)")]
+        [("y", USER_FAILURE + "adapter 'lora' is not loaded (it is being unloaded)")]
     assert pipe.tokens["x"] == _reference(ref, req)[0]
     for e in pipe.engines:
         assert e.adapters.list() == [] and "lora" not in e.adapters
