@@ -215,12 +215,13 @@ class OpenAIServer:
                 for p, i in zip(prompts, ids)]
         choices = self._submit(ids, params, body, echo, body.echo_only(), adapter=adapter)
         rid = f"cmpl-{uuid.uuid4().hex}"
+        model = body.model if adapter is not None else self.model_name   # vLLM names the task
         if body.stream:
-            return self._stream(choices, rid, body, chat=False)
+            return self._stream(choices, rid, body, chat=False, model=model)
         if not await self._collect_unless_left(choices, request):
             return _CLIENT_LEFT
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [c.completion() for c in choices],
+                "model": model, "choices": [c.completion() for c in choices],
                 "usage": usage(choices)}
 
     async def chat(self, body: ChatRequest, request: Request):
@@ -231,12 +232,13 @@ class OpenAIServer:
         ids = await self._chat_ids(body.message_dicts())
         choices = self._submit([ids], params, body, adapter=adapter)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+        model = body.model if adapter is not None else self.model_name   # vLLM names the task
         if body.stream:
-            return self._stream(choices, rid, body, chat=True)
+            return self._stream(choices, rid, body, chat=True, model=model)
         if not await self._collect_unless_left(choices, request):
             return _CLIENT_LEFT
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [c.chat() for c in choices],
+                "model": model, "choices": [c.chat() for c in choices],
                 "usage": usage(choices)}
 
     def _submit(self, prompt_ids: list[list[int]], params, body, echo: list[str | None] | None = None,
@@ -293,13 +295,15 @@ class OpenAIServer:
             for c in choices:
                 c.handle.cancel()   # no-op when finished; frees KV when the client went away
 
-    def _stream(self, choices: list[Choice], rid: str, body, chat: bool) -> StreamingResponse:
+    def _stream(self, choices: list[Choice], rid: str, body, chat: bool,
+                model: str | None = None) -> StreamingResponse:
         return StreamingResponse(self._sse_events(choices, rid, body.include_usage(), chat,
-                                                  body.continuous_usage()),
+                                                  body.continuous_usage(), model),
                                  media_type="text/event-stream")
 
     async def _sse_events(self, choices: list[Choice], rid: str, include_usage: bool, chat: bool,
-                          continuous_usage: bool = False) -> AsyncIterator[str]:
+                          continuous_usage: bool = False, model: str | None = None
+                          ) -> AsyncIterator[str]:
         """Chat: a role chunk per choice first. Then a chunk per text delta of a choice (with the
         logprobs of its tokens since its last chunk; a completion's first carries the echoed prompt
         and its logprobs), a finish chunk per choice (logprobs of tokens whose text was held back or
@@ -307,7 +311,7 @@ class OpenAIServer:
         event. With ``continuous_usage`` every chunk carries the usage so far: the prompts and the
         completion tokens sent up to and including it."""
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model_name}
+                "created": int(time.time()), "model": model or self.model_name}
         extra = {"usage": None} if include_usage else {}   # OpenAI: null on all but the usage chunk
         prompt_tokens = usage(choices)["prompt_tokens"]
         sent_tokens = 0

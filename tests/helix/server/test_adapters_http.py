@@ -75,6 +75,7 @@ def test_tasks_served_equal_merged_references(tiny_model, served):
     changed = set()
     for (m, prompt), r in got.items():
         assert r.status_code == 200, r.text
+        assert r.json()["model"] == m   # the answer names what was asked for, as vLLM's
         task = m.split(":")[-1]
         ref = base if m == MODEL_NAME else tasks[task][1]
         text = r.json()["choices"][0]["text"]
@@ -83,6 +84,12 @@ def test_tasks_served_equal_merged_references(tiny_model, served):
             changed.add(task)
     assert changed == set(tasks)
     assert client.get("/v1/models/lora").json()["parent"] == MODEL_NAME
+    # Streamed chunks and chat name the task too.
+    with client.stream("POST", "/v1/chat/completions", json={
+            "model": "lora", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "stream": True}) as r:
+        chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert chunks and all(c["model"] == "lora" for c in chunks)
 
 
 def test_bad_requests_and_loads(served, tiny_model, tmp_path):
