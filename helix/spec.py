@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -353,6 +354,21 @@ class ClusterSpec(_Frozen):
 
 # --- validation helpers ---------------------------------------------------------------------------
 
+def _check_step_budget(spec: ClusterSpec) -> None:
+    """A chunked step budget must hold one decode with its share of prompt tokens (the cost
+    model's saturated step holds decodes : prompts as o : p): smaller, every node's T(k) is 0 and
+    the planner could only say the nodes hold no layers."""
+    chunk, w = spec.serving.chunk_tokens, spec.workload
+    p, o = w.mean_prompt_tokens, w.mean_output_tokens
+    need = max(1, math.ceil((p + o) / o))
+    while need * o // (p + o) < 1:   # the cost model's test, exactly (floats)
+        need += 1
+    if 0 < chunk < need:
+        raise ValueError(f"serving.chunk_tokens: {chunk} cannot hold a step's decode with its share "
+                         f"of prompt tokens ((mean prompt + output) / output = {(p + o) / o:.2f} "
+                         f"for this workload); use 0 (whole prompts) or >= {need}")
+
+
 def _check_cluster(spec: ClusterSpec) -> None:
     if not spec.regions:
         raise ValueError("regions: at least one region is needed")
@@ -368,6 +384,7 @@ def _check_cluster(spec: ClusterSpec) -> None:
             raise ValueError(f"nodes[{i}].region: missing (the spec has several regions: {known})")
         if node.region is not None and node.region not in spec.regions:
             raise ValueError(f"nodes[{i}].region: unknown region {node.region!r}; known: {known}")
+    _check_step_budget(spec)
     if spec.coordinator.region is not None and spec.coordinator.region not in spec.regions:
         raise ValueError(f"coordinator.region: unknown region {spec.coordinator.region!r}; "
                          f"known: {known}")

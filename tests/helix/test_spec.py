@@ -167,3 +167,14 @@ def test_plan_file_errors_are_one_line(tmp_path):
     bad.write_text("schema_version: 1\nmodel: m\n")
     with pytest.raises(SpecError, match="missing field 'placements'"):
         Plan.load(bad)
+
+
+def test_step_budget_too_small_for_one_decode_is_named():
+    """serving.chunk_tokens below (p + o) / o leaves the cost model no decode per step: every T(k)
+    was 0 and helix plan blamed 'memory limits'. The spec names the budget and the smallest one."""
+    spec = tiny_spec(workload={"mean_prompt_tokens": 763, "mean_output_tokens": 232},
+                     serving={"chunk_tokens": 4})
+    with pytest.raises(SpecError, match=r"serving\.chunk_tokens: 4 .* 0 \(whole prompts\) or >= 5"):
+        parse_cluster(spec)
+    for ok in (0, 5, 2048):
+        assert parse_cluster({**spec, "serving": {"chunk_tokens": ok}}).serving.chunk_tokens == ok
