@@ -11,8 +11,9 @@ capacities. :func:`decide` weighs the placement the planner proposes against the
   over its link from the coordinator (where the weights come from), in ``bytes / bandwidth``
   seconds. A node whose memory holds its old and its new layers side by side (the union within
   its most layers, :class:`~planner.problem.NodeCapacity`) loads beside the slice it serves and
-  loses nothing; otherwise it stops serving while it loads, and the pipelines through it lose its
-  share of the flow for that time (the *cost*, in tokens).
+  loses nothing; otherwise it stops serving while it loads, and every running pipeline through
+  it (:func:`helix.pipelines.enumerate_pipelines`) loses its share of the requests until its
+  longest such load is done (the *cost*, in tokens).
 - *switch*: routing switches when the slowest load is done; until then the current placement
   serves. *gain* = (proposed - current) tokens/s x (horizon - switch seconds).
 - *adopt* when the gain, less the cost, exceeds ``hysteresis`` x current x horizon: a proposal
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from helix.pipelines import enumerate_pipelines
 from helix.plan import COORDINATOR, Plan
 from helix.spec import ClusterSpec
 from planner.flowgraph import Placement
@@ -121,15 +123,11 @@ def decide(spec: ClusterSpec, problem: PlacementProblem, current_plan: Plan, pro
     now, then = _throughput(current_plan), _throughput(proposed_plan)
     ms = moves(spec, problem, cur, new)
     switch = max((m.load_s for m in ms), default=0.0)
-    # Each node's share of the running flow: what stops while a node that cannot load beside loads.
-    through: dict[str, float] = {}
-    for a in current_plan.arc_flows:
-        if a.dst != COORDINATOR:
-            through[a.dst] = through.get(a.dst, 0.0) + a.flow_tokens_per_s
-    total = current_plan.max_flow_tokens_per_s
-    stopped = [(through.get(m.node, 0.0) / total if total > 0 else 0.0, m.load_s)
-               for m in ms if not m.beside]
-    lost_s = min(sum(share * s for share, s in stopped), max((s for _, s in stopped), default=0.0))
+    # A running pipeline stops while any of its nodes that cannot load beside loads: its share of
+    # the requests, for its longest such load (once per pipeline, not once per node on it).
+    stop_s = {m.node: m.load_s for m in ms if not m.beside}
+    lost_s = sum(p.share * max((stop_s.get(n, 0.0) for n in p.nodes), default=0.0)
+                 for p in enumerate_pipelines(current_plan)) if stop_s else 0.0
     cost = now * lost_s
     gain = (then - now) * max(0.0, horizon_s - switch)
     margin = hysteresis * now * horizon_s

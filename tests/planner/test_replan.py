@@ -100,3 +100,32 @@ def test_bad_horizon_is_one_line(tmp_path, capsys):
     three = _cluster(tmp_path, "three", 3)
     assert main(["plan", str(three), "--horizon", "0"]) != 0
     assert "--horizon must be > 0" in capsys.readouterr().err
+
+
+def test_lost_service_counts_each_pipeline_once(tmp_path):
+    """Two stopped nodes on one pipeline stop it once, for the longer load: two disjoint chains
+    (no partial inference, boundaries that never meet), two nodes of chain A swap slices they
+    cannot hold side by side; only chain A's share stops. The sum of per-node shares counted
+    chain A twice (capped at the whole flow: the cost was the whole service for the load)."""
+    spec = load_cluster(_cluster(tmp_path, "two", 18, model="llama-2-70b"))
+    problem = build_problem(spec)
+    names = [n.name for n in problem.nodes]
+    a_cuts = [0, 9, 17, 25, 33, 41, 49, 57, 65, 73, 80]
+    a = {n: (a_cuts[i], a_cuts[i + 1]) for i, n in enumerate(names[:10])}
+    b = {n: (10 * i, 10 * (i + 1)) for i, n in enumerate(names[10:])}
+    assert all(problem.node(n).max_layers >= 10 for n in names)
+    cur = {**a, **b}
+    swapped = dict(cur)
+    swapped[names[2]], swapped[names[3]] = cur[names[3]], cur[names[2]]
+    pc, ps = (predicted.evaluate(spec, p, problem=problem, partial_inference=False)
+              for p in (cur, swapped))
+    d = replan.decide(spec, problem, pc, ps)
+    ms = {m.node: m for m in d.moves}
+    assert set(ms) == {names[2], names[3]} and not any(m.beside for m in ms.values())
+    into = {}
+    for arc in pc.arc_flows:
+        into[arc.dst] = into.get(arc.dst, 0.0) + arc.flow_tokens_per_s
+    share_a = into[names[0]] / pc.max_flow_tokens_per_s     # chain A's first node: its whole flow
+    assert 0.2 < share_a < 0.8 and into[names[0]] == pytest.approx(into[names[2]])
+    assert d.cost_tokens == pytest.approx(
+        d.current_tokens_per_s * share_a * max(m.load_s for m in ms.values()), rel=1e-6)
