@@ -56,7 +56,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                    "(here and to every `helix worker`)", err=True)
     if api_key is None and not _loopback(host):
         typer.echo(f"warning: serving on {host} without --api-key: anyone who reaches the HTTP or "
-                   "gRPC port can generate (draining is refused until you set --api-key)", err=True)
+                   "gRPC port can generate (draining and loading adapters are refused until you "
+                   "set --api-key)", err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),

@@ -57,17 +57,31 @@ def task_cards(coordinator, base_name: str, created: int) -> list[dict]:
             for t in coordinator.adapters() if not t.draining]
 
 
-def add_adapter_routes(app: FastAPI, coordinator) -> None:
-    """Add the routes to ``app`` for ``coordinator`` (a :class:`~coordinator.runtime.Coordinator`)."""
+#: Why loading or unloading a task is refused without an API key off loopback (HTTP 403).
+ADAPTERS_NEED_KEY = ("loading and unloading adapters needs --api-key when helix serve listens off "
+                     "loopback (anyone reaching the port could unload a task its users need, or "
+                     "have every worker open a path of their choosing)")
+
+
+def add_adapter_routes(app: FastAPI, coordinator, admin_open: bool = True) -> None:
+    """Add the routes to ``app`` for ``coordinator`` (a :class:`~coordinator.runtime.Coordinator`).
+    ``admin_open`` False (no API key, off loopback: :class:`~helix.server.guard.HttpOptions`): load
+    and unload answer 403, as drain does."""
+
+    def changes_allowed() -> None:
+        if not admin_open:
+            raise HTTPException(403, ADAPTERS_NEED_KEY)
 
     @app.post("/v1/load_lora_adapter")
     def load(body: LoadAdapterRequest):
+        changes_allowed()
         info = coordinator.load_adapter(body.lora_name, body.lora_path)
         return PlainTextResponse(f"Success: adapter {info.name!r} ({info.kind}, {info.nbytes} bytes) "
                                  f"added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     def unload(body: UnloadAdapterRequest):
+        changes_allowed()
         try:
             coordinator.unload_adapter(body.lora_name)
         except UnknownAdapter as exc:

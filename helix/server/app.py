@@ -394,8 +394,9 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", server.model, methods=["GET"])
     add_utility_routes(app, server)
-    add_admin_routes(app, coordinator, admin_open=http.api_key is not None or http.admin_open)
-    add_adapter_routes(app, coordinator)
+    admin_open = http.api_key is not None or http.admin_open
+    add_admin_routes(app, coordinator, admin_open=admin_open)
+    add_adapter_routes(app, coordinator, admin_open=admin_open)
 
     @app.get("/health")
     def health():

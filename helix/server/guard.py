@@ -45,7 +45,7 @@ class HttpOptions:
     """Refuse unknown request fields (HTTP 400) instead of ignoring them with a warning."""
     admin_open: bool = True
     """Without an API key: whether ``/admin/drain`` and ``/admin/undrain`` (and gRPC ``Drain`` /
-    ``Undrain``) answer anyone. ``helix serve`` keeps them open only when it listens on loopback;
+    ``Undrain``), ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer anyone. ``helix serve`` keeps them open only when it listens on loopback;
     off loopback they need ``--api-key`` (403 otherwise), whatever ``--keys`` says (the cluster
     token guards the workers' planes, not the client API)."""
 

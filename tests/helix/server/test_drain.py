@@ -186,6 +186,20 @@ def test_off_loopback_without_an_api_key_draining_is_refused(stack):
         http.stop()
 
 
+def test_off_loopback_without_an_api_key_adapters_are_not_loaded_or_unloaded(stack, tmp_path):
+    """The same gate for /v1/load_lora_adapter and /v1/unload_lora_adapter: anyone reaching the
+    port could unload a task its users need, or have every worker open a path of its choosing."""
+    http = HttpThread(create_app(stack.coordinator, MODEL_NAME, http=HttpOptions(admin_open=False)))
+    try:
+        for path, body in (("/v1/load_lora_adapter", {"lora_name": "t", "lora_path": str(tmp_path)}),
+                           ("/v1/unload_lora_adapter", {"lora_name": "t"})):
+            r = httpx.post(http.url + path, json=body, timeout=30)
+            assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"], r.text
+        assert stack.coordinator.adapters() == []
+    finally:
+        http.stop()
+
+
 def test_cli_drain_wait_and_undrain(stack, reference, capsys):
     prompts = list(reference)
     streams = stream_all(stack.url, MODEL_NAME, prompts, 8, MAX_TOKENS)
@@ -224,8 +238,8 @@ def test_drain_re_solves_the_max_flow_without_the_node(tiny_model):
 def test_serving_off_loopback_without_an_api_key_warns_and_refuses_draining(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
-    assert "without --api-key: anyone who reaches the HTTP or gRPC port can generate (draining is " \
-           "refused until you set --api-key)" in err
+    assert "without --api-key: anyone who reaches the HTTP or gRPC port can generate (draining and " \
+           "loading adapters are refused until you set --api-key)" in err
     assert main(["serve", str(tmp_path / "none.yaml"), "--model", str(tmp_path), "--host", "0.0.0.0",
                  "--api-key", "k"]) == 2
     assert "without --api-key" not in capsys.readouterr().err
