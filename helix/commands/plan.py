@@ -155,7 +155,8 @@ def _print_replan(console, d) -> None:
             t.add_column(col, justify="right" if col in ("loads", "seconds") else "left")
         for m in d.moves:
             t.add_row(m.node, rng(m.old), rng(m.new), format_size(m.load_bytes), f"{m.load_s:.1f}",
-                      "serves its old layers" if m.beside else "stops serving")
+                      "joins" if m.old is None else "serves its old layers" if m.beside
+                      else "stops serving")
         console.print(t)
     verdict = "ADOPT" if d.adopt else "KEEP the running placement"
     console.print(f"re-plan    running {d.current_tokens_per_s:,.1f} -> proposed "

@@ -129,3 +129,15 @@ def test_lost_service_counts_each_pipeline_once(tmp_path):
     assert 0.2 < share_a < 0.8 and into[names[0]] == pytest.approx(into[names[2]])
     assert d.cost_tokens == pytest.approx(
         d.current_tokens_per_s * share_a * max(m.load_s for m in ms.values()), rel=1e-6)
+
+
+def test_the_dry_run_says_a_joining_node_has_nothing_to_serve_yet(tmp_path, capsys):
+    """The table's 'meanwhile' for a node that held no layers: it joins (it said 'serves its old
+    layers', which it has none of)."""
+    three, four = _cluster(tmp_path, "three", 3), _cluster(tmp_path, "four", 4)
+    running = tmp_path / "running.yaml"
+    assert main(["plan", str(three), "--time-limit", "3", "--threads", "1", "-o", str(running)]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(four), "--from", str(running), "--time-limit", "3", "--threads", "1"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if "l4-3" in line][-1]   # re-plan table
+    assert "joins" in row and "old layers" not in row
