@@ -104,8 +104,14 @@ def plan_command(
         decision = replan.decide(spec, problem, running, plan, horizon_s=horizon,
                                  hysteresis=hysteresis, dropped_nodes=dropped)
         plan = dataclasses.replace(plan, extras={**plan.extras, "replan": decision.to_dict()})
+    to_write = plan
+    if decision is not None and not decision.adopt:
+        # KEEP: -o gets the placement to keep running (the proposal stays in --json / the table).
+        to_write = with_flow_capacities(with_serving(running, spec, chosen), problem)
+        to_write = dataclasses.replace(to_write, extras={**to_write.extras,
+                                                         "replan": decision.to_dict()})
     if output is not None:
-        plan.save(output)
+        to_write.save(output)
     if draw is not None:
         from planner.draw import draw_plan
         draw_plan(plan, problem, draw)
@@ -118,7 +124,9 @@ def plan_command(
         if decision is not None:
             _print_replan(console, decision)
         if output is not None:
-            console.print(f"wrote {output}")
+            kept = to_write is not plan
+            console.print(f"wrote {output}" + (" (the running placement: the verdict is KEEP)"
+                                               if kept else ""))
 
 
 def _evaluate_start(console, problem, path: Path, method: str, compare: bool, partial: bool):

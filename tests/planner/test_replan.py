@@ -141,3 +141,21 @@ def test_the_dry_run_says_a_joining_node_has_nothing_to_serve_yet(tmp_path, caps
     assert main(["plan", str(four), "--from", str(running), "--time-limit", "3", "--threads", "1"]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if "l4-3" in line][-1]   # re-plan table
     assert "joins" in row and "old layers" not in row
+
+
+def test_keep_writes_the_running_placement(tmp_path, capsys):
+    """--from with a KEEP verdict: -o gets the placement to keep running, not the proposal."""
+    three = _cluster(tmp_path, "three", 3)
+    running = tmp_path / "running.yaml"
+    assert main(["plan", str(three), "--method", "petals", "-o", str(running), "--threads", "1"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "next.yaml"
+    assert main(["plan", str(three), "--from", str(running), "--time-limit", "2", "--threads", "1",
+                 "--hysteresis", "10", "-o", str(out)]) == 0   # a margin no proposal can pay
+    text = " ".join(capsys.readouterr().out.split())
+    assert "KEEP" in text and "(the running placement: the verdict is KEEP)" in text
+    kept, was = Plan.load(out), Plan.load(running)
+    assert [(p.node, p.start, p.end) for p in kept.placements if p.end > p.start] == \
+        [(p.node, p.start, p.end) for p in was.placements if p.end > p.start]
+    assert kept.serving is not None and kept.extras["replan"]["adopt"] is False
+    assert kept.extras["replan"]["moves"]   # the proposal differed: it was not written
