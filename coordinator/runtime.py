@@ -428,13 +428,10 @@ class Coordinator(Draining, Membership, Adapters):
                 for f in msg.failures:
                     req = self._live.get(f.request_id)
                     if req is not None and not req.done:   # a stage dropped it: free it everywhere
-                        if f.message.startswith(USER_FAILURE):   # refused as bad input
-                            self._end(req, "error", release_stages=True,
-                                      error=f"{f.message[len(USER_FAILURE):]} (refused by worker "
-                                            f"{f.node})", user_error=True)
-                        else:
-                            self._end(req, "error", release_stages=True,
-                                      error=f"request failed on worker {f.node}: {f.message}")
+                        user = f.message.startswith(USER_FAILURE)   # refused as bad input
+                        error = f"{f.message[len(USER_FAILURE):]} (refused by worker {f.node})" \
+                            if user else f"request failed on worker {f.node}: {f.message}"
+                        self._end(req, "error", release_stages=True, error=error, user_error=user)
         elif msg is not None:
             log.warning("coordinator: unexpected %s on the data plane", type(msg).__name__)
 

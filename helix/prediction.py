@@ -210,7 +210,7 @@ class _Model:
             F0 = self.incidence @ visit + self.link_latency + waits
             # A chunked prompt's pieces follow each other down the pipeline, paced by its
             # slowest stage: (chunks - 1) more of that stage's chunk steps.
-            pace = self.incidence.row_max((chunks - 1) * visit_chunk(prompt_step, step, visit)) \
+            pace = self.incidence.row_max((chunks - 1) * (prompt_step + visit - step)) \
                 if (chunks > 1).any() else 0.0
             F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p + pace
             stay = F + (o - 1.0) * R
@@ -270,11 +270,6 @@ class _Model:
                 if full.any():
                     live &= ~coef.columns_in(full)
         return N
-
-
-def visit_chunk(prompt_step: np.ndarray, step: np.ndarray, visit: np.ndarray) -> np.ndarray:
-    """Per node: a chunk's time there, its chunk step plus the wait a visit sees."""
-    return prompt_step + (visit - step)
 
 
 def _ttft_median(fixed_s: np.ndarray, mean_prompt_s: np.ndarray, weights: np.ndarray

@@ -14,7 +14,7 @@ from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 from helix.spec import ClusterSpec
-from helix.serving import ServingLimits
+from helix.serving import ServingLimits, ServingSpec
 # The planner's figures, so both count the same bytes and size the same KV pools:
 from planner.build import build_problem, serving_limits, token_id_bytes
 from planner.flowgraph import with_flow_capacities
@@ -49,9 +49,10 @@ def plan_spec_warning(spec: ClusterSpec, plan: Plan) -> str | None:
             "links and GPUs; re-run `helix plan` to be sure")
 
 
-def policy_config(config: SimConfig, limits: ServingLimits) -> PolicyConfig:
+def policy_config(config: SimConfig, limits: ServingLimits | ServingSpec) -> PolicyConfig:
     """A simulated worker's step limits: the plan's serving limits (what ``helix serve``'s workers
-    run with), the chunk budget overridden by ``config.chunk_tokens`` when set."""
+    run with; or the spec's, which carry the same two), the chunk budget overridden by
+    ``config.chunk_tokens`` when set."""
     chunk = limits.chunk_tokens if config.chunk_tokens is None else config.chunk_tokens
     chunked = chunk > 0
     return PolicyConfig(

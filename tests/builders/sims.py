@@ -6,11 +6,11 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import make_scheduler
 from helix.plan import COORDINATOR, ArcFlow, NodePlacement, Plan
 from helix.serving import ServingSpec
+from helix.sim.build import policy_config
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
-from worker.step_policy import PolicyConfig
 
 PROMPT_S_PER_TOKEN = 1e-3
 DECODE_S_PER_SEQ = 10e-3
@@ -28,10 +28,7 @@ def make_sim(plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,
              flow_plan: Plan | None = None) -> Simulator:
     """``flow_plan``: ``plan`` with flow-graph capacities; drains and joins then re-solve the max
     flow (see :mod:`helix.sim.elastic`)."""
-    chunk = serving.chunk_tokens if config.chunk_tokens is None else config.chunk_tokens
-    pc = PolicyConfig(max_num_seqs=serving.max_batch_seqs,
-                      max_num_batched_tokens=chunk or config.max_batched_tokens_unchunked,
-                      chunked_prefill=chunk > 0, self_feeding=False)
+    pc = policy_config(config, serving)
     workers = {p.node: SimWorker(p.node, p.start, p.end, kv_tokens, table_layer_time, pc,
                                  serving.block_size_tokens) for p in plan.placements}
     high_water = serving.kv_high_water if config.kv_high_water is None else config.kv_high_water

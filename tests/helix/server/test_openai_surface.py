@@ -17,7 +17,7 @@ from helix.server.guard import HttpOptions  # noqa: E402
 from helix.server.http import HttpThread  # noqa: E402
 
 from tests.builders.serving import PROMPTS  # noqa: E402
-from tests.builders.stack import MODEL_NAME, local_stack  # noqa: E402
+from tests.builders.stack import MODEL_NAME  # noqa: E402
 
 HARMLESS = {"store": False, "metadata": {"run": "1"}, "service_tier": "auto",
             "parallel_tool_calls": False, "response_format": {"type": "text"},
@@ -25,14 +25,13 @@ HARMLESS = {"store": False, "metadata": {"run": "1"}, "service_tier": "auto",
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model):
-    with local_stack(tiny_model[0]) as s:
-        yield s
+def stack(tiny_stack):
+    return tiny_stack
 
 
 @pytest.fixture(scope="module")
-def client(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="none", max_retries=0)
+def client(openai_client):
+    return openai_client
 
 
 def test_unknown_harmless_fields_are_ignored_and_strict_refuses_them(stack, client):
