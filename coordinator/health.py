@@ -102,6 +102,13 @@ class NodeHealth:
         self._failed[node] = True
         return Transition(node, old, NodeState.DEAD)
 
+    def add(self, node: str, now_s: float) -> None:
+        """A node that joined while serving (issue 16): ``ok``, as if it had just answered."""
+        self._state[node] = NodeState.OK
+        self._answered_s[node] = now_s
+        self._failed[node] = False
+        self._refusals[node] = 0
+
     def state(self, node: str) -> NodeState:
         return self._state[node]
 

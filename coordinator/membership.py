@@ -64,15 +64,8 @@ class Membership:
             self.workers[w.node] = w
             self.clients[w.node] = client
             self.stats[w.node] = WorkerStats.from_dict(reply)
-            peers = {n: h.data_address for n, h in self.workers.items()} | {COORDINATOR: self.data.address}
             self.data.forget_queued(w.node)
-            self.data.set_peers(peers)
-            clients = dict(self.clients)
-        for node, c in clients.items():
-            try:
-                c.call("SetPeers", {"peers": peers}, timeout_s=5.0)
-            except ControlError as exc:   # a node that is down gets the book when it rejoins
-                log.warning("coordinator: telling %s where %s is failed: %s", node, w.node, exc)
+        self._publish_peers()   # coordinator.reshape
         if old is not None and old is not client:
             old.close()
         log.warning("coordinator: node %s rejoined (control %s, data %s)", w.node, w.control_address,
@@ -193,8 +186,9 @@ class Membership:
         self._waiting.appendleft(req)
 
     def _update_route(self, now: float) -> None:
-        """Track since when no pipeline of usable nodes exists; past the grace, fail what waits."""
-        if self._has_pipeline(self._usable()):
+        """Track since when no pipeline of usable nodes exists; past the grace, fail what waits
+        (not while a plan is applied: requests wait for the nodes it reloads)."""
+        if self.reshaping or self._has_pipeline(self._usable()):
             self._no_route_since = None
             return
         if self._no_route_since is None:

@@ -37,6 +37,7 @@ from coordinator.health import HealthConfig, NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
 from coordinator.membership import Membership, NoPipeline
 from coordinator.pipeline import RequestInfo
+from coordinator.reshape import Reshaping
 from coordinator.requests import (Delta, Done, LiveRequest, RequestHandle, RequestLimits,
                                   generation_max_new_tokens, max_kv_tokens)
 from coordinator.schedulers import HelixScheduler, make_scheduler
@@ -151,7 +152,7 @@ def live_scheduler(plan: Plan, kv: KVEstimator) -> HelixScheduler:
     return sched
 
 
-class Coordinator(Draining, Membership, Adapters):
+class Coordinator(Draining, Membership, Reshaping, Adapters):
     """Serves ``plan`` with the workers given to :meth:`attach`."""
 
     _make_scheduler = staticmethod(live_scheduler)
@@ -341,7 +342,10 @@ class Coordinator(Draining, Membership, Adapters):
             self._finish(req, "error", release_stages=False, error=error)
 
     def _never_fits(self, req: LiveRequest) -> str | None:
-        """Why no pipeline of nodes that still take requests can ever hold ``req``, or None."""
+        """Why no pipeline of nodes that still take requests can ever hold ``req``, or None (always
+        None while a plan is applied: its nodes come back with their new slices)."""
+        if self.reshaping:
+            return None
         draining = frozenset(self.draining_nodes())
         room = self._max_kv_tokens(draining)
         total = len(req.prompt_token_ids) + req.params.max_tokens

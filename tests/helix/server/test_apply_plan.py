@@ -1,0 +1,97 @@
+"""Applying a new plan to a live stack (issue 16 item 4): drain-first per node, routing switched at
+once, requests in flight finish on their pipelines. Real workers, ZeroMQ, gRPC and HTTP in this
+process (tests.builders.stack), the tiny model, greedy outputs checked against ``transformers``."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from coordinator.reshape import mixed_plan, next_move
+from coordinator.runtime import RuntimeConfig
+from helix.plan import ArcFlow, NodePlacement
+
+from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, with_kv
+from tests.builders.stack import local_stack
+from tests.builders.traffic import finish, in_flight_on, submit_all, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+MAX_TOKENS = 24
+
+
+def moved_plan():
+    """The branching plan with every slice moved: cpu-0 [0,4) -> [0,5), cpu-1 [2,8) -> [5,8),
+    cpu-2 [4,8) -> [3,8) (cpu-0 stays the only first stage: its move is forced)."""
+    plan = branching_plan()
+    plan = dataclasses.replace(
+        plan, placements=(NodePlacement("cpu-0", 0, 5), NodePlacement("cpu-1", 5, 8),
+                          NodePlacement("cpu-2", 3, 8)),
+        arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 100.0),
+                   ArcFlow("cpu-0", "cpu-2", 200.0), ArcFlow("cpu-1", "coordinator", 100.0),
+                   ArcFlow("cpu-2", "coordinator", 200.0)))
+    return with_kv(plan, 8192)
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model):
+    with local_stack(tiny_model[0], RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, stack):
+    ids = [tuple(stack.coordinator.codec.encode(p)) for p in PROMPTS]
+    return {i: hf_greedy(tiny_model[1], i, MAX_TOKENS) for i in ids}
+
+
+def test_next_move_keeps_a_pipeline_and_forces_only_the_last_holder():
+    ranges = {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}
+    every = set(ranges)
+    assert next_move(8, ranges, ["cpu-1", "cpu-2"], every) == ("cpu-1", False)
+    assert next_move(8, ranges, ["cpu-2"], every - {"cpu-1"}) == ("cpu-2", True)   # last [4,8)
+    assert next_move(8, ranges, ["cpu-0", "cpu-2"], every) == ("cpu-2", False)    # cpu-0 holds 0-1
+    assert next_move(8, ranges, ["cpu-0"], every) == ("cpu-0", True)
+
+
+def test_mixed_plan_routes_moved_nodes_on_the_new_flows():
+    old, new = branching_plan(), moved_plan()
+    ranges = {"cpu-0": (0, 4), "cpu-1": (5, 8), "cpu-2": (4, 8)}
+    mixed = mixed_plan(old, new, ranges, {"cpu-1"})
+    assert {(p.node, p.start, p.end) for p in mixed.placements} == \
+        {("cpu-0", 0, 4), ("cpu-1", 5, 8), ("cpu-2", 4, 8)}
+    arcs = {(a.src, a.dst): a.flow_tokens_per_s for a in mixed.arc_flows}
+    assert arcs[("cpu-0", "cpu-2")] == 100.0 and arcs[("cpu-0", "cpu-1")] == 100.0   # old, new
+    assert ("cpu-1", "coordinator") in arcs and not mixed.extras
+
+
+def test_a_forced_replan_moves_every_slice_under_load_and_outputs_stay_greedy(stack, reference):
+    coord = stack.coordinator
+    prompts = list(reference)
+    before = submit_all(coord, prompts, 16)
+    until(lambda: in_flight_on(coord, "cpu-2") and in_flight_on(coord, "cpu-1"), 60,
+          "requests generating through both pipelines")
+    report, during = {}, []
+    applier = threading.Thread(target=lambda: report.update(r=coord.apply_plan(moved_plan(), timeout_s=120)))
+    applier.start()
+    while applier.is_alive():   # requests keep coming while slices move
+        during.append(submit_all(coord, prompts, 2))
+        applier.join(timeout=0.3)
+    after = submit_all(coord, prompts, 16)
+    for pending in (before, *during, after):
+        finish(pending, prompts, reference)   # every request, whichever plan it ran on
+    steps = {s.node: s for s in report["r"].steps}
+    assert set(steps) == {"cpu-0", "cpu-1", "cpu-2"}
+    assert steps["cpu-0"].forced and not steps["cpu-1"].forced
+    real = {s.node: (s.stats().start, s.stats().end) for s in stack.servers}   # the workers' own word
+    assert real == {"cpu-0": (0, 5), "cpu-1": (5, 8), "cpu-2": (3, 8)}
+    assert {p.node: (p.start, p.end) for p in coord.plan.placements} == real
+    assert coord.requests_moved == 0           # in-flight requests finished where they were
+    nodes = {n["node"]: (n["state"], n["start"], n["end"])
+             for n in httpx.get(stack.url + "/admin/nodes", timeout=30).json()["nodes"]}
+    assert nodes == {"cpu-0": ("ok", 0, 5), "cpu-1": ("ok", 5, 8), "cpu-2": ("ok", 3, 8)}
+    stack.wait_kv_free()
