@@ -1,0 +1,144 @@
+"""Elastic-cluster benchmark (issue 16): what joins, drains and re-plans cost, and how often the
+re-plan trigger fires.
+
+Two parts, kept apart:
+
+- **simulated** (this file's first part; ``planner.trigger`` + ``helix simulate --replan``):
+  1. geo24 (LLaMA-2 70B, the planner's placement without one node), online: the node joins, the
+     trigger re-plans, the moved nodes drain and load their new layers over their links (reduced
+     service), then the new plan serves; then a node is drained for good and the trigger re-plans
+     without it. Decode tokens/s before / during / after each event, and per re-plan its moves,
+     switch time (slowest load), predicted gain and cost, and the seconds of reduced service.
+  2. the Azure conversation trace's hour replayed through the trigger's windows on geo24 (each
+     request counted as completed at its arrival time; polls every minute): how many re-plans are
+     considered and adopted with the default band and margin (hysteresis) and without either.
+- **live** (``--live``): the same join and drain on a real stack. Added by the live join helper;
+  this file only reserves the flag and the BENCHMARKS.md section.
+
+    python scripts/bench_elastic.py [--no-write] [--skip-trace] [--skip-events] [--live]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SECTION = "## Elastic clusters: joins, drains, re-plans (`scripts/bench_elastic.py`)"
+POLL_S = 60.0
+
+
+# --- simulated part -------------------------------------------------------------------------------
+def geo24_plan(time_limit_s: float):
+    """geo24 and the planner's placement for it (``time_limit_s`` of MILP)."""
+    from helix.sim import run as simrun
+    from helix.spec import load_cluster
+    spec = load_cluster(ROOT / "cluster_specs" / "geo24.yaml")
+    return spec, simrun.make_plan(spec, "milp", time_limit_s=time_limit_s)
+
+
+def trace_replans(spec, plan, configs: dict, trace: str = "conv") -> list[dict]:
+    """The trace's hour through a :class:`~planner.trigger.ReplanTrigger` per config: re-plans
+    considered, adopted, layer moves, load seconds, and the predicted cost of the moves."""
+    from helix.sim.workload import load_azure_trace, resolve_trace
+    from planner.trigger import ReplanTrigger
+    requests = load_azure_trace(resolve_trace(trace))
+    end_s = requests[-1].arrival_s
+    rows = []
+    for label, config in configs.items():
+        trigger = ReplanTrigger(spec, plan, config)
+        wall0 = time.perf_counter()
+        i, now = 0, POLL_S
+        while now <= end_s + POLL_S:
+            while i < len(requests) and requests[i].arrival_s <= now:
+                trigger.observe(requests[i].arrival_s, requests[i].prompt_tokens,
+                                requests[i].output_tokens)
+                i += 1
+            trigger.poll(now)
+            now += POLL_S
+        h = trigger.history
+        adopted = [r for r in h if r.adopted]
+        rows.append({"label": label, "considered": len(h), "adopted": len(adopted),
+                     "moves": sum(len(r.decision.moves) for r in adopted),
+                     "load_s": sum(m.load_s for r in adopted for m in r.decision.moves),
+                     "cost_tokens": sum(r.decision.cost_tokens for r in adopted),
+                     "max_drift": max((r.drift for r in h), default=0.0),
+                     "wall_s": time.perf_counter() - wall0,
+                     "adopted_at": [round(r.at_s) for r in adopted]})
+    return rows
+
+
+def trace_table(rows: list[dict], trace: str) -> str:
+    head = (f"| Azure {trace} trace, 1 h, polled every {POLL_S:.0f} s | re-plans considered | "
+            f"adopted (at s) | layer moves | load s (sum) | predicted cost (tokens) | largest drift "
+            f"| wall s |")
+    body = [f"| {r['label']} | {r['considered']} | {r['adopted']} ({', '.join(map(str, r['adopted_at'])) or '-'}) "
+            f"| {r['moves']} | {r['load_s']:.0f} | {r['cost_tokens']:,.0f} | {r['max_drift']:.0%} | "
+            f"{r['wall_s']:.0f} |" for r in rows]
+    return "\n".join([head, "|" + "---|" * 8, *body])
+
+
+def events_view(spec, plan) -> str | None:
+    """The simulated join and drain with re-plans (module docstring, part 1); None until the
+    simulator re-plans (``helix simulate --replan``)."""
+    return None
+
+
+def default_configs(time_limit_s: float) -> dict:
+    from planner.trigger import TriggerConfig
+    return {"band 15 %, margin 5 %, 120 s apart (default)": TriggerConfig(time_limit_s=time_limit_s),
+            "no hysteresis (band 0, margin 0, no interval)":
+                TriggerConfig(time_limit_s=time_limit_s, drift=0.0, hysteresis=0.0,
+                              min_interval_s=0.0)}
+
+
+# --- live part (added by the live join helper) ----------------------------------------------------
+def live_view(args) -> str:
+    raise SystemExit("bench_elastic.py --live: not built yet (the live join + apply work adds it)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=5.0,
+                    help="planner seconds per re-plan (and 4x that for the first plan)")
+    ap.add_argument("--skip-trace", action="store_true", help="skip the trace-hour count")
+    ap.add_argument("--skip-events", action="store_true", help="skip the simulated join / drain")
+    ap.add_argument("--live", action="store_true", help="also run the live part")
+    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    args = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    spec, plan = geo24_plan(4 * args.time_limit)
+    parts = []
+    if not args.skip_events:
+        table = events_view(spec, plan)
+        if table:
+            print(table)
+            parts.append("Simulated join and drain with re-plans (geo24, `helix simulate "
+                         "--replan`):\n\n" + table)
+    if not args.skip_trace:
+        table = trace_table(trace_replans(spec, plan, default_configs(args.time_limit)), "conv")
+        print(table)
+        parts.append("The trigger on the trace's hour (geo24, `planner.trigger`):\n\n" + table)
+    if args.live:
+        parts.append(live_view(args))
+    if not args.no_write and parts:
+        from bench_runtime import append_to_section   # scripts/ is this script's import path
+        flags = " ".join(f for f, on in (("--skip-trace", args.skip_trace),
+                                         ("--skip-events", args.skip_events),
+                                         ("--live", args.live)) if on)
+        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_elastic.py --time-limit "
+                 f"{args.time_limit:g}{' ' + flags if flags else ''}`\n\n"
+                 f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, load average "
+                 f"{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n"
+                 + "\n\n".join(parts) + "\n")
+        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""When to re-plan (issue 16 item 3): membership changes, workload drift past a band, the decision's
+margin, a minimum interval; deterministic for a clock passed in."""
+
+import pytest
+
+from helix.spec import parse_cluster
+from planner import predicted
+from planner.trigger import ReplanTrigger, TriggerConfig
+
+THREE = {"l4-0", "l4-1", "l4-2"}
+
+
+def _spec(count: int = 4):
+    return parse_cluster({"model": "llama-2-7b",
+                          "regions": {"east": {"bandwidth": "10Gbps", "latency": "1ms"}},
+                          "nodes": [{"name": "l4-{i}", "gpu": "L4", "count": count, "region": "east"}]})
+
+
+def _trigger(config: TriggerConfig = TriggerConfig(time_limit_s=3, window_s=60, min_requests=20,
+                                                   min_interval_s=0)) -> ReplanTrigger:
+    """Three of four L4s running the planner's placement for them; the fourth may join."""
+    spec = _spec()
+    probe = ReplanTrigger(spec, predicted.plan(spec, "separate"), config, present=THREE)
+    running = predicted.plan(probe.cluster(), "milp", time_limit_s=3, threads=1)
+    return ReplanTrigger(spec, running, config, present=THREE)
+
+
+def _minute(trigger: ReplanTrigger, start_s: float, prompt: int, output: int, n: int = 30) -> None:
+    for i in range(n):
+        trigger.observe(start_s + i * 60.0 / n, prompt, output)
+
+
+def _layers(plan) -> dict[str, tuple[int, int]]:
+    return {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
+
+
+def test_alternating_small_mix_changes_cause_no_replan():
+    t = _trigger()
+    drifts = []
+    for minute in range(8):
+        prompt, output = (763, 232) if minute % 2 == 0 else (830, 215)
+        _minute(t, minute * 60.0, prompt, output)
+        assert t.poll(minute * 60.0 + 60.0) is None
+        drifts.append(t.drift(t.observed_mix(minute * 60.0 + 60.0)))
+    # The swings move capacities, but inside the 15 % band.
+    assert 0.01 < max(drifts) < 0.15 and t.history == []
+    # Without the band (drift 0), the same swings make every minute that differs from the last
+    # decision's mix a re-plan to consider (the first is the spec's own mix: drift 0).
+    loose = _trigger(TriggerConfig(time_limit_s=3, window_s=60, min_requests=20, min_interval_s=0,
+                                   drift=0.0))
+    for minute in range(4):
+        prompt, output = (763, 232) if minute % 2 == 0 else (830, 215)
+        _minute(loose, minute * 60.0, prompt, output)
+        loose.poll(minute * 60.0 + 60.0)
+    assert [r.at_s for r in loose.history] == [120.0, 180.0, 240.0]
+
+
+def test_a_large_drift_triggers_exactly_one_replan():
+    t = _trigger()
+    _minute(t, 0.0, 763, 232)
+    assert t.poll(60.0) is None
+    for minute in range(1, 6):   # long outputs, short prompts from minute 1 on
+        _minute(t, minute * 60.0, 200, 900)
+        t.poll(minute * 60.0 + 60.0)
+    assert len(t.history) == 1
+    r = t.history[0]
+    assert r.at_s == 120.0 and r.cause.startswith("drift") and r.drift > 0.15
+    assert r.mix.mean_prompt_tokens == pytest.approx(200) and r.mix.mean_output_tokens == \
+        pytest.approx(900)
+    assert r.spec.workload == r.mix and t.mix == r.mix   # the new reference
+    d = r.decision
+    assert d.current_tokens_per_s > 0 and d.proposed_tokens_per_s >= d.current_tokens_per_s * 0.999
+
+
+def test_a_join_replans_and_gives_the_node_layers():
+    t = _trigger()
+    before = _layers(t.plan)
+    assert "l4-3" not in before and set(before) == THREE
+    t.node_joined(30.0, "l4-3")
+    r = t.poll(30.0)
+    assert r is not None and r.cause == "join l4-3" and r.adopted
+    assert "l4-3" in _layers(r.plan) and t.plan is r.plan
+    d = r.decision
+    assert d.proposed_tokens_per_s > 1.1 * d.current_tokens_per_s
+    new = next(m for m in d.moves if m.node == "l4-3")
+    assert new.old is None and new.beside and new.load_s == pytest.approx(new.load_bytes / 1.25e9)
+    assert new.load_bytes >= (new.new[1] - new.new[0]) * r.spec.model.layer_bytes(2)
+    assert t.poll(31.0) is None   # nothing new since
+
+
+def test_a_node_that_leaves_loses_its_layers():
+    t = _trigger()
+    gone = next(iter(sorted(_layers(t.plan))))
+    t.node_left(10.0, gone)
+    r = t.poll(10.0)
+    assert r.adopted and r.cause == f"leave {gone}" and r.decision.dropped_nodes == (gone,)
+    assert gone not in _layers(r.plan) and sorted({n.name for n in r.spec.nodes}) == \
+        sorted(THREE - {gone})
+
+
+def test_min_interval_holds_back_a_second_drift_replan():
+    t = _trigger(TriggerConfig(time_limit_s=3, window_s=60, min_requests=20, min_interval_s=600))
+    _minute(t, 0.0, 200, 900)
+    assert t.poll(60.0) is not None     # the first drift decision
+    _minute(t, 60.0, 1800, 40)          # another large swing, 60 s later
+    assert t.due(120.0) is None and t.poll(120.0) is None
+    assert t.due(660.0) is None         # the window is empty by then: nothing to judge
+    _minute(t, 600.0, 1800, 40)
+    assert t.poll(660.0).cause.startswith("drift")
+
+
+def test_the_trigger_is_deterministic():
+    def run():
+        t = _trigger()
+        _minute(t, 0.0, 300, 700)
+        t.node_joined(50.0, "l4-3")
+        out = [t.poll(60.0)]
+        _minute(t, 60.0, 1500, 100)
+        out.append(t.poll(120.0))
+        return [(r.summary(), sorted(_layers(r.plan).items())) for r in out if r is not None]
+    first, second = run(), run()
+    assert first == second and len(first) == 2
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="window_s must be > 0"):
+        TriggerConfig(window_s=0)
+    with pytest.raises(ValueError, match="drift must be >= 0"):
+        TriggerConfig(drift=-0.1)
+    with pytest.raises(ValueError, match="spec lacks"):
+        ReplanTrigger(_spec(), predicted.plan(_spec(), "separate"), present={"x"})
