@@ -1,10 +1,10 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
 For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
-(``planner.search.baselines``, ``planner.search.construct``, ``planner.search.region_chain``, a
-caller's ``start``) as a warm start, the best kept (the rest skipped once one is within ``gap``
-of the fixed-point bound); stop at once if it is already within ``gap`` of the bound -> the
-packing LP (``planner.search.packing``, bisected for up to 5 % of the time) -> the cover bound
+(``planner.search.baselines``, ``planner.search.construct``, ``planner.search.mixed_stages``,
+``planner.search.region_chain``, a caller's ``start``) as a warm start, the best kept (the rest
+skipped once one is within ``gap`` of the fixed-point bound); stop at once if it is already
+within ``gap`` of the bound -> the packing LP (``planner.search.packing``, bisected for up to 5 % of the time) -> the cover bound
 (``planner.search.cover``, to 20 % of the time) -> multi-region clusters: each region's exact
 class MILP, unioned -> local search on the exact max flow (to 30 %)
 -> the class MILP (``planner.milp.class_model``) with node capacities capped at the bound,
@@ -35,6 +35,7 @@ from planner.search.packing import packing_bound
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.cover import cover_search
+from planner.search.mixed_stages import mixed_stages
 from planner.search.region_chain import region_chain
 from planner.latency import path_stats
 from planner.milp.linear import LinearModel
@@ -127,8 +128,9 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
         # outside it (a node with fewer layers, overlapping stages) may serve more.
         extras["bound_scope"] = (f"placements with every node >= {min_k} layers and no partial "
                                  f"inference (--max-depth {max_depth})")
-    best = _best_warm_start(problem, seed, partial, min_k, bound / (1 + max(gap, 1e-6)), extras) \
-        if warm_starts else Candidate({}, FlowResult(0.0, {}, {}), "none")
+    best = _best_warm_start(problem, seed, partial, min_k, bound / (1 + max(gap, 1e-6)), extras,
+                            time_limit_s) if warm_starts else \
+        Candidate({}, FlowResult(0.0, {}, {}), "none")
     if start:
         best = _with_start(problem, best, start, partial, min_k)
     if method == "milp-paper":
@@ -177,15 +179,16 @@ def _evaluate(problem, placement, source, partial) -> Candidate:
 
 
 def _best_warm_start(problem, seed, partial, min_k, enough: float = math.inf,
-                     extras: dict | None = None) -> Candidate:
+                     extras: dict | None = None, time_limit_s: float = 60.0) -> Candidate:
     """The best of the heuristic and structured placements, in a fixed order; once one serves
     ``enough`` (the gap target against the fixed-point bound is met) the rest are skipped and
     named in ``extras["warm_starts_skipped"]``: at 1,000 nodes they cost minutes and the solve
-    stops there anyway."""
+    stops there anyway. The mixed-stage MILP gets up to 5 % of ``time_limit_s`` (at most 5 s)."""
     best = Candidate({}, FlowResult(0.0, {}, {}), "none")
     starts = {**WARM_STARTS, "sweep": lambda p, s: construct.sweep(p, s, partial),
               "regional": lambda p, s: construct.regional(p, s, partial),
               "stages": lambda p, s: construct.stages(p, s, partial),
+              "mixed-stages": lambda p, s: mixed_stages(p, s, partial, min(5.0, 0.05 * time_limit_s)),
               "region-chain": lambda p, s: region_chain(p, s, partial)}
     for name, heuristic in starts.items():
         if best.value >= enough:
