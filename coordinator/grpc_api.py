@@ -10,7 +10,8 @@
   checks as the HTTP API: ``SamplingParams`` and ``Coordinator.submit``), a full queue
   ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a request that failed on a worker ``INTERNAL``.
 - ``Register``: a worker started outside Ray (``helix worker``) announces ``{"node", "control",
-  "data"}``; ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
+  "data"}`` (and ``"gpu"``, ``"region"`` for a node that joins while serving, issue 16);
+  ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
   (``--keys``) it needs the cluster token, as every worker call does (:mod:`helix.net.control`).
 - ``Info``: the served model and nodes.
 - ``Drain`` ``{"node", "force": bool, "move": bool}``, ``Undrain`` ``{"node"}`` and ``Nodes`` ``{}``
@@ -149,6 +150,10 @@ class CoordinatorService:
         self.model_name = model_name
         self.coordinator: Coordinator | None = None
         self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self.on_join = None
+        """``on_join(handle, register_request) -> reply`` for a worker of a node the plan lacks
+        (``helix.server.elastic``: checks it, raising one-line errors, and places it); None:
+        refused."""
 
     def _authorized(self, context: grpc.ServicerContext) -> bool:
         if self._expected is None:
@@ -247,14 +252,17 @@ class CoordinatorService:
 
     def register(self, req: dict, ctx=None) -> dict:
         """A worker says where it listens: before serving starts the registry collects it; after,
-        the node rejoins (a restarted worker), loading its slice in the background."""
+        the node rejoins (a restarted worker), loading its slice in the background, or, for a node
+        the plan lacks, joins (:attr:`on_join`; ``gpu`` and ``region`` may come with it)."""
         reply = self.registry.register(req, ctx)
         coord = self.coordinator
         if coord is not None:
             handle = WorkerHandle(str(req["node"]), str(req["control"]), str(req["data"]))
             if handle.node not in coord.workers:
-                raise HelixUserError(f"node {handle.node!r} is not in the plan; nodes: "
-                                     f"{sorted(coord.workers)}")
+                if self.on_join is None:
+                    raise HelixUserError(f"node {handle.node!r} is not in the plan; nodes: "
+                                         f"{sorted(coord.workers)}")
+                return self.on_join(handle, req)
             threading.Thread(target=self._rejoin, args=(coord, handle), daemon=True,
                              name=f"helix-rejoin-{handle.node}").start()
         return reply

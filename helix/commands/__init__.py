@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "helix.commands.serve",
     "helix.commands.bench",
     "helix.commands.drain",
+    "helix.commands.replan",
     "helix.commands.profile",
     "helix.commands.keys",
 )

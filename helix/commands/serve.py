@@ -31,7 +31,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           max_request_bytes: int = typer.Option(16 * 2**20, min=1, help="largest request body accepted (413 above)"),
           request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)"),
           strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)"),
-          keys: Optional[Path] = typer.Option(None, "--keys", help="folder made by `helix keys`: encrypt and authenticate the data plane (ZeroMQ CURVE) and the control plane (gRPC TLS + cluster token) between coordinator and workers; Ray workers get the keys from here, `helix worker` needs --keys too")) -> None:
+          keys: Optional[Path] = typer.Option(None, "--keys", help="folder made by `helix keys`: encrypt and authenticate the data plane (ZeroMQ CURVE) and the control plane (gRPC TLS + cluster token) between coordinator and workers; Ray workers get the keys from here, `helix worker` needs --keys too"),
+          cluster: Optional[Path] = typer.Option(None, "--cluster", help="the cluster spec (YAML) the plan was made for: a `helix worker` of a node the plan lacks that registers while serving is checked against it (a spec node, or a new one with --gpu/--region), placed by a re-plan from the running placement and routed to once its slice is loaded; without it such a worker is refused")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
@@ -69,7 +70,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                                             admin_open=_loopback(host),
                                             max_body_bytes=max_request_bytes,
                                             body_timeout_s=request_body_timeout, strict=strict),
-                           keys=cluster_keys)
+                           keys=cluster_keys, cluster=_cluster(cluster))
     the_plan = Plan.load(plan)
     sock = bind_http(host, port)   # before any worker starts: a port in use fails in a second
     # Sweeps up every process this command started (a local Ray's included) once it exits, even
@@ -95,8 +96,11 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
            data_port: int = typer.Option(0, help="ZeroMQ data-plane port (0 = any)"),
            control_port: int = typer.Option(0, help="gRPC control port (0 = any)"),
            register_timeout_s: float = typer.Option(60.0, help="how long to retry registering"),
+           gpu: Optional[str] = typer.Option(None, "--gpu", help="this node's GPU kind, for a node that joins a running server: it must agree with the cluster spec (helix serve --cluster), or, for a name the spec lacks, be a known kind"),
+           region: Optional[str] = typer.Option(None, "--region", help="this node's region, for a node that joins and that the cluster spec lacks (default: the spec's only region)"),
            keys: Optional[Path] = typer.Option(None, "--keys", help="the folder `helix serve --keys` uses (copied here): CURVE on the data plane, TLS and the cluster token on gRPC")) -> None:
-    """Run one worker outside Ray: register with the coordinator over gRPC and serve until told to stop."""
+    """Run one worker outside Ray: register with the coordinator over gRPC and serve until told to
+    stop. A node the running plan lacks joins: the server re-plans with it and loads its slice."""
     from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError
     from helix.net.keys import ClusterKeys
     from worker.server import WorkerServer
@@ -107,12 +111,15 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
     server = WorkerServer(node, str(model), host, data_port, control_port, keys=cluster_keys)
     client = ControlClient(coordinator, COORDINATOR_SERVICE, keys=cluster_keys)
     deadline = time.monotonic() + register_timeout_s
+    announce = {**server.addresses, **({"gpu": gpu} if gpu else {}), **({"region": region} if region else {})}
     while True:
         try:
-            client.call("Register", server.addresses, timeout_s=5.0)
+            client.call("Register", announce, timeout_s=5.0)
             break
         except ControlError as exc:
-            if exc.code.name == "UNAUTHENTICATED" or time.monotonic() > deadline:
+            # Refused for what it says (a bad join) or who it is: retrying cannot help.
+            final = exc.code.name in ("UNAUTHENTICATED", "INVALID_ARGUMENT", "NOT_FOUND")
+            if final or time.monotonic() > deadline:
                 server.shutdown()
                 raise HelixUserError(f"cannot register with the coordinator at {coordinator}: {exc.details}")
             time.sleep(1.0)
@@ -139,6 +146,13 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
     typer.echo(format_report(report))
     if report.mismatches:
         raise typer.Exit(1)
+
+
+def _cluster(path: Optional[Path]):
+    if path is None:
+        return None
+    from helix.spec import load_cluster
+    return load_cluster(path)
 
 
 def _loopback(host: str) -> bool:

@@ -1,11 +1,17 @@
-"""Admin routes of the HTTP API: draining nodes (issue 16, :mod:`coordinator.drain`).
+"""Admin routes of the HTTP API: draining nodes and applying a new plan (issue 16,
+:mod:`coordinator.drain`, :mod:`coordinator.reshape`).
 
 - ``GET /admin/nodes``: ``{"nodes": [status, ...]}``, one per plan node (state ``ok`` / ``suspect`` /
   ``dead`` / ``draining`` / ``drained``, its layers, the requests left on it);
 - ``GET /admin/nodes/{node}``: one node's status;
 - ``POST /admin/drain`` ``{"node", "force": false, "move": false}``: out of routing now; its
   requests finish where they are (``move``: start again elsewhere); the node's status after it;
-- ``POST /admin/undrain`` ``{"node"}``: back into routing.
+- ``POST /admin/undrain`` ``{"node"}``: back into routing;
+- ``GET /admin/plan``: the running plan (what ``helix plan NEW --from`` takes as the running one);
+- ``POST /admin/plan`` ``{"plan": {...}, "timeout_s": 600}``: apply a new plan live, drain-first
+  per node (:mod:`coordinator.reshape`); answers when it is done, with each node's change. A plan
+  that does not fit (other model, a dropped node, a node without a worker) is 400, one being
+  applied already 409.
 
 ``--api-key`` guards them as it guards ``/v1`` (:mod:`helix.server.guard`). An unknown node is 404,
 a drain that would leave some layer unserved 409 (``force`` drains anyway), a bad body 400. The
@@ -15,10 +21,13 @@ routes are plain functions: FastAPI runs them off the event loop (a drain calls 
 from __future__ import annotations
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException
 
 from coordinator.drain import ADMIN_NEEDS_KEY, DrainRefused, UnknownNode
+from coordinator.reshape import ApplyBusy
+from helix.errors import HelixUserError
+from helix.plan import Plan
 
 
 class DrainRequest(BaseModel):
@@ -35,13 +44,23 @@ class UndrainRequest(BaseModel):
     node: StrictStr
 
 
+class ApplyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    plan: dict
+    """The new plan, as ``helix plan -o`` writes it (the YAML's mapping)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for one node's requests to finish before its slice moves."""
+
+
 def _call(action):
     try:
         return action()
     except UnknownNode as exc:
         raise HTTPException(404, str(exc)) from None
-    except DrainRefused as exc:
+    except (DrainRefused, ApplyBusy) as exc:
         raise HTTPException(409, str(exc)) from None
+    except HelixUserError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 def add_admin_routes(app: FastAPI, coordinator, admin_open: bool = True) -> None:
@@ -70,3 +89,13 @@ def add_admin_routes(app: FastAPI, coordinator, admin_open: bool = True) -> None
     def undrain(body: UndrainRequest):
         changes_allowed()
         return _call(lambda: coordinator.undrain(body.node).to_dict())
+
+    @app.get("/admin/plan")
+    def plan():
+        return coordinator.plan.to_dict()
+
+    @app.post("/admin/plan")
+    def apply_plan(body: ApplyRequest):
+        changes_allowed()
+        return _call(lambda: coordinator.apply_plan(Plan.from_dict(body.plan, "the new plan"),
+                                                    timeout_s=body.timeout_s).to_dict())

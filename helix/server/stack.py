@@ -2,7 +2,7 @@
 
 1. the coordinator's gRPC service (worker registration, native client API);
 2. one worker per plan node: Ray actors (:mod:`helix.server.launcher`), and/or external workers that
-   register over gRPC (``helix worker``);
+   register over gRPC (``helix worker``); nodes that register later join (:mod:`helix.server.elastic`);
 3. the live coordinator: configure slices and peers (a worker that cannot load its slice stops
    everything with the node's name and the reason), build the scheduler;
 4. the OpenAI-compatible HTTP app.
@@ -21,7 +21,9 @@ from coordinator.textcodec import TextCodec
 from helix.errors import HelixUserError
 from helix.models import ModelSpec
 from helix.plan import Plan
+from helix.spec import ClusterSpec
 from helix.server.app import create_app
+from helix.server.elastic import Elastic
 from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
 from helix.net.control import ControlServer, start_server
@@ -46,6 +48,9 @@ class ServeOptions:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     http: HttpOptions = field(default_factory=HttpOptions)
     """API key and request-body limits of the OpenAI API."""
+    cluster: ClusterSpec | None = None
+    """The cluster spec (``--cluster``): nodes the plan lacks that register while serving are
+    checked against it and placed by a re-plan (:mod:`helix.server.elastic`); None: refused."""
     keys: ClusterKeys | None = None
     """The cluster's keys (``--keys DIR``): CURVE on the data plane, TLS and the cluster token on
     the control plane (worker calls and registration), handed to the Ray workers; None: plain."""
@@ -84,6 +89,7 @@ class ServeStack:
         self.launcher = RayLauncher(options.launch, self.progress)
         self.grpc: ControlServer | None = None
         self.coordinator: Coordinator | None = None
+        self.elastic: Elastic | None = None
         self.app = None
 
     def start(self) -> "ServeStack":
@@ -112,6 +118,8 @@ class ServeStack:
                                        self.options.host, observer=self.metrics, keys=self.options.keys)
         self.progress(f"loading each worker's slice of {Path(self.model_path).name} ...")
         self.coordinator.attach(handles)
+        self.elastic = Elastic(self.coordinator, self.options.cluster)
+        self.service.on_join = self.elastic.join
         self.service.coordinator = self.coordinator
         self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
 

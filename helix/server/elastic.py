@@ -1,0 +1,144 @@
+"""Nodes that join a running ``helix serve`` (issue 16 item 1): checked against the cluster spec,
+placed by a re-plan, routed to once their slice is loaded.
+
+A worker whose node the plan lacks registers (``helix worker --coordinator ... --node NAME --gpu
+KIND [--region R]``); the coordinator's gRPC service hands it to :meth:`Elastic.join`, which checks
+it at once (the worker hears a one-line error and exits) and places it in the background:
+
+- a node of the cluster spec (``helix serve --cluster``) that was absent takes the spec's GPU kind
+  and region (given ones must agree); a new name needs a known ``--gpu`` and a region of the spec
+  (``--region``, or the spec's only region), whose links the spec gives;
+- :class:`planner.trigger.ReplanTrigger` (the policy the simulator also drives) re-plans the
+  cluster with the node, warm-started from the running placement, and decides whether the new
+  placement pays for its moves (:func:`planner.replan.decide`);
+- adopted: :meth:`coordinator.runtime.Coordinator.apply_plan` loads the node's slice, moves the
+  other slices drain-first, and switches routing; kept: the node stays registered but idle
+  (:attr:`Elastic.joins` says why).
+
+This module may import the planner: it is the launcher's side (``coordinator/`` may not).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from coordinator.runtime import Coordinator, WorkerHandle
+from helix.errors import HelixUserError
+from helix.spec import ClusterSpec, NodeSpec
+
+log = logging.getLogger("helix.serve")
+
+
+@dataclass
+class JoinStatus:
+    """One join, as ``Elastic.joins`` keeps it."""
+
+    node: str
+    state: str = "planning"
+    """``planning``, ``applying``, ``serving`` (routed to), ``idle`` (the re-plan kept the running
+    placement) or ``failed``."""
+    detail: str = ""
+
+
+def join_node_spec(spec: ClusterSpec | None, node: str, gpu: str | None, region: str | None) -> NodeSpec:
+    """The joining ``node`` as the cluster spec has it (``gpu`` / ``region`` must agree), or a new
+    node of GPU kind ``gpu`` in ``region``; one-line :class:`HelixUserError` otherwise."""
+    if spec is None:
+        raise HelixUserError(f"node {node!r} is not in the plan, and helix serve was started "
+                             f"without --cluster SPEC, so a new node cannot be placed")
+    if any(n.name == node for n in spec.nodes):
+        known = spec.node(node)
+        if gpu is not None and gpu != known.gpu:
+            raise HelixUserError(f"node {node!r} is a {known.gpu} in the cluster spec, not a {gpu}")
+        if region is not None and region != spec.region_of(node):
+            raise HelixUserError(f"node {node!r} is in region {spec.region_of(node)!r} in the "
+                                 f"cluster spec, not {region!r}")
+        return known
+    if gpu is None:
+        raise HelixUserError(f"node {node!r} is not in the cluster spec: give its GPU kind "
+                             f"(helix worker --gpu KIND)")
+    if region is None:
+        if len(spec.regions) > 1:
+            raise HelixUserError(f"node {node!r} is not in the cluster spec: give its region "
+                                 f"(helix worker --region R; the spec has {', '.join(spec.regions)})")
+        region = next(iter(spec.regions))
+    if region not in spec.regions:
+        raise HelixUserError(f"region {region!r} of node {node!r} is not in the cluster spec (its "
+                             f"links are not given); regions: {', '.join(spec.regions)}")
+    from pydantic import ValidationError
+    try:
+        return NodeSpec(name=node, gpu=gpu, region=region)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise HelixUserError(f"node {node!r}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+class Elastic:
+    """Joins of one running serve (module docstring). ``spec``: the cluster spec every node that
+    may take part is checked against (None: no new node can be placed)."""
+
+    def __init__(self, coordinator: Coordinator, spec: ClusterSpec | None, config=None,
+                 apply_timeout_s: float = 600.0) -> None:
+        self.coordinator = coordinator
+        self.spec = spec
+        self.apply_timeout_s = apply_timeout_s
+        self.joins: dict[str, JoinStatus] = {}
+        self._lock = threading.Lock()   # one re-plan at a time, joins in arrival order
+        self.trigger = None
+        if spec is not None:
+            from planner.trigger import ReplanTrigger, TriggerConfig
+            running = {p.node for p in coordinator.plan.placements}
+            unknown = sorted(running - {n.name for n in spec.nodes})
+            if unknown:
+                raise HelixUserError(f"--cluster: the spec lacks the plan's node(s) {unknown}")
+            self.trigger = ReplanTrigger(spec, coordinator.plan, config or TriggerConfig(),
+                                         present=running)
+        self._t0 = time.monotonic()
+
+    def join(self, handle: WorkerHandle, request: dict) -> dict:
+        """Check a registering worker of a node the plan lacks (``request``: its Register call,
+        with optional ``gpu`` and ``region``), then place it in the background."""
+        gpu, region = request.get("gpu"), request.get("region")
+        for name, value in (("gpu", gpu), ("region", region)):
+            if value is not None and not isinstance(value, str):
+                raise HelixUserError(f"Register: {name} must be a string, got {value!r}")
+        node = join_node_spec(self.spec, handle.node, gpu, region)
+        status = self.joins.get(handle.node)
+        if status is not None and status.state in ("planning", "applying"):
+            raise HelixUserError(f"node {handle.node!r} is joining already ({status.state})")
+        self.joins[handle.node] = JoinStatus(handle.node)
+        threading.Thread(target=self._place, args=(handle, node), daemon=True,
+                         name=f"helix-join-{handle.node}").start()
+        return {"ok": True, "joining": True}
+
+    def _place(self, handle: WorkerHandle, node: NodeSpec) -> None:
+        status = self.joins[handle.node]
+        try:
+            with self._lock:
+                self.trigger.node_joined(self._now(), node)
+                replan = self.trigger.poll(self._now())
+                d = replan.decision
+                if not d.adopt:
+                    status.state, status.detail = "idle", d.reason
+                    log.warning("join of %s: the re-plan keeps the running placement (%s); the node "
+                                "stays idle", handle.node, d.reason)
+                    return
+                status.state = "applying"
+                status.detail = (f"{d.current_tokens_per_s:,.0f} -> {d.proposed_tokens_per_s:,.0f} "
+                                 f"tokens/s predicted, {len(d.moves)} node(s) change")
+                log.warning("join of %s: re-plan adopted (%s)", handle.node, status.detail)
+                try:
+                    self.coordinator.apply_plan(replan.plan, joining=[handle],
+                                                timeout_s=self.apply_timeout_s)
+                finally:   # what runs now, applied whole or in part
+                    self.trigger.plan = self.coordinator.plan
+            status.state = "serving"
+        except Exception as exc:
+            status.state, status.detail = "failed", str(exc).splitlines()[0] if str(exc) else repr(exc)
+            log.exception("join of %s failed", handle.node)
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
