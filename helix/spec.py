@@ -177,6 +177,16 @@ class CoordinatorSpec(_Frozen):
     """Coordinator -> any node (prompt tokens to the first stages); replaces the region figures."""
     inbound: LinkParams | None = None
     """Any node -> coordinator (sampled tokens from the last stages); replaces the region figures."""
+    token_cpu_s: Duration | None = Field(None, alias="token_cpu")
+    """CPU time the coordinator spends per token it streams (receive it, detokenize, send it to
+    the caller): the simulator passes every token through a FIFO server with this service time
+    before its caller sees it (:mod:`helix.sim.hop`). None: free, as for a coordinator with
+    cores of its own (GPU clusters). Measured by ``scripts/bench_live.py``'s calibration."""
+    shared_cpu_s: Duration | None = Field(None, alias="shared_cpu")
+    """CPU time per streamed token that processes other than the workers (the coordinator, a
+    load generator on the same machine) spend on the workers' cores: the simulator takes it from
+    the workers busy at that moment (their next steps get longer). None: the workers' cores are
+    their own. Measured by ``scripts/bench_live.py``'s calibration."""
 
 
 class WorkloadSpec(_Frozen):

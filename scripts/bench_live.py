@@ -1,16 +1,26 @@
-"""Live system vs simulator on this machine (issue 12's acceptance, first cut): a random-weight LLaMA
-(``small-llama``: 8 layers, hidden 512) profiled with ``helix profile`` (one pinned core, one
-thread, as the workers run), planned on ``cluster_specs/local2.yaml`` (2 CPU workers) with that
+"""Live system vs simulator on this machine (issue 12's acceptance): a random-weight LLaMA
+(``small-llama``: 8 layers, hidden 512) profiled with ``helix profile`` (one thread per pinned
+core, as the workers run), planned on ``cluster_specs/local2.yaml`` (2 CPU workers) with that
 profile, served by ``helix serve`` with both workers started as ``helix worker`` processes, and
 loaded with ``helix bench``'s load generator at 50 % and 90 % of a capacity measured on the live
 system first (a closed loop run to completion). The simulator replays the same plan, trace slice,
 rate and window; the table puts the median of the live runs (and their spread) beside it.
 
-How the processes share the 2 cores: each worker is pinned to its own core (``taskset``) with one
-torch thread (``OMP_NUM_THREADS=1``); the coordinator (``helix serve``: HTTP, detokenizing, the
-scheduler) and this script (the load generator) are not pinned and take their CPU from both.
+How the processes share the 2 cores, and how the simulator is told:
+
+- each worker is pinned to its own core (``taskset``) with one torch thread
+  (``OMP_NUM_THREADS=1``). The profile is taken the same way, on every worker core at once
+  (``--profile corun``, the default): two workers stepping side by side share the memory bus and
+  the last-level cache, so a step is slower than on a machine with the other core idle;
+- the coordinator (``helix serve``: HTTP, tokenizer, scheduler, ZeroMQ, detokenizer) and this
+  script (the load generator) are not pinned and take their CPU from the workers' cores. The
+  capacity run measures both processes' CPU seconds per generated token (``/proc``); the
+  simulator gets them as the spec's ``coordinator: {token_cpu, shared_cpu}`` (the coordinator's
+  FIFO service time per token, and the CPU per token taken from the workers busy at that moment:
+  :mod:`helix.sim.hop`). The table shows the simulation with those figures and without them.
 
     python scripts/bench_live.py [--quick] [--no-write] [--runs 3] [--duration 60] [--loads 0.5,0.9]
+                                 [--profile corun|alone] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +74,7 @@ class LiveStack:
         for n in nodes:
             serve += ["--external", n]
         self.procs.append(self._start(serve, env, log_dir / "serve.log"))
-        cores = os.sched_getaffinity(0)
-        for i, node in enumerate(nodes):
-            core = sorted(cores)[i % len(cores)]
+        for node, core in zip(nodes, worker_cores(len(nodes))):
             cmd = ["taskset", "-c", str(core), *helix, "worker", "--coordinator",
                    f"127.0.0.1:{grpc_port}", "--node", node, "--model", str(ckpt)]
             self.procs.append(self._start(cmd, {**env, "OMP_NUM_THREADS": "1"},
@@ -123,16 +132,27 @@ def figures(r) -> dict[str, float]:
             "tpot": ms(r.request_decode_latency.p50_s)}
 
 
-def profile(work: Path, quick: bool) -> Path:
-    """``helix profile`` of small-llama on one pinned core with one thread, as the workers run."""
-    out = work / "profile"
+def worker_cores(num_workers: int) -> list[int]:
+    """The core each worker is pinned to (round robin over the cores this process may use)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[i % len(cores)] for i in range(num_workers)]
+
+
+def profile(work: Path, quick: bool, corun: int = 1) -> Path:
+    """``helix profile`` of small-llama with one thread on a pinned core, as the workers run.
+    ``corun`` > 1: that many profiles at once, each on its own worker core, as the workers step
+    side by side (they share the memory bus and the last-level cache: a step is slower than
+    alone); the first one's figures are used."""
     grid = ["--quick"] if quick else ["--prompt-lengths", "64,256,512", "--max-prompt-tokens",
                                       "1024", "--contexts", "128,512", "--seqs", "1,4,16,32"]
-    core = str(sorted(os.sched_getaffinity(0))[0])
-    subprocess.run(["taskset", "-c", core, sys.executable, "-m", "helix.cli", "profile", MODEL,
-                    "-o", str(out), "--threads", "1", *grid], check=True, cwd=ROOT,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
-    return out
+    outs = [work / ("profile" if i == 0 else f"profile-corun-{i}") for i in range(corun)]
+    procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-m", "helix.cli",
+                               "profile", MODEL, "-o", str(out), "--threads", "1", *grid], cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
+             for core, out in zip(worker_cores(corun), outs)]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("helix profile failed")
+    return outs[0]
 
 
 def plan_with_profile(work: Path, profile_dir: Path) -> tuple[Path, Path]:
@@ -145,18 +165,68 @@ def plan_with_profile(work: Path, profile_dir: Path) -> tuple[Path, Path]:
     return spec_path, plan_path
 
 
-def measure_capacity(url: str, base, concurrency: int, num_requests: int) -> tuple[float, object]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """What a streamed token costs outside the workers, from one closed-loop run's CPU times."""
+
+    tokens: int
+    coordinator_cpu_s: float
+    """``helix serve``'s CPU over the run (HTTP, tokenizer, scheduler, ZeroMQ, detokenizer)."""
+    loadgen_cpu_s: float
+    """This process's CPU over the run (the load generator: HTTP client, stream parsing)."""
+
+    @property
+    def token_cpu_s(self) -> float:
+        """The coordinator's CPU per token: the service time of its FIFO (helix.sim.hop)."""
+        return self.coordinator_cpu_s / self.tokens
+
+    @property
+    def shared_cpu_s(self) -> float:
+        """CPU per token that the coordinator and the load generator take from the workers' cores."""
+        return (self.coordinator_cpu_s + self.loadgen_cpu_s) / self.tokens
+
+    def describe(self) -> str:
+        return (f"coordinator {self.token_cpu_s * 1e3:.3f} ms CPU per token, load generator "
+                f"{(self.shared_cpu_s - self.token_cpu_s) * 1e3:.3f} ms ({self.tokens} tokens)")
+
+
+def with_host_costs(spec_path: Path, costs: HostCosts, out: Path) -> Path:
+    """``spec_path`` with the measured figures in its ``coordinator`` section (``token_cpu``,
+    ``shared_cpu``: :class:`helix.spec.CoordinatorSpec`), written to ``out``."""
+    import yaml
+    data = yaml.safe_load(spec_path.read_text())
+    data["coordinator"] = {**(data.get("coordinator") or {}),
+                           "token_cpu": f"{costs.token_cpu_s * 1e6:.1f}us",
+                           "shared_cpu": f"{costs.shared_cpu_s * 1e6:.1f}us"}
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def measure_capacity(url: str, base, concurrency: int, num_requests: int,
+                     coordinator_pid: int) -> tuple[float, object, HostCosts]:
     """Requests/s of a closed loop (``concurrency`` in flight) over ``num_requests`` trace requests,
-    run to completion: the live system's capacity on this slice of the trace."""
+    run to completion: the live system's capacity on this slice of the trace; and the CPU the
+    coordinator (process ``coordinator_pid``) and this load generator spent per token meanwhile."""
     from helix.sim.workload import timed_workload
-    r = bench(url, timed_workload(base, num_requests, float("inf"), "trace"), None,
-              max_concurrency=concurrency)
-    return r.requests_completed / r.duration_s, r
+    workload = timed_workload(base, num_requests, float("inf"), "trace")
+    serve0, me0 = cpu_seconds(coordinator_pid), os.times()
+    r = bench(url, workload, None, max_concurrency=concurrency)
+    serve1, me1 = cpu_seconds(coordinator_pid), os.times()
+    costs = HostCosts(r.tokens_generated, serve1 - serve0,
+                      (me1.user + me1.system) - (me0.user + me0.system))
+    return r.requests_completed / r.duration_s, r, costs
 
 
-def run_loads(url: str, spec, plan, base, capacity_rps: float, loads: list[float], runs: int,
+def run_loads(url: str, specs: dict, plan, base, capacity_rps: float, loads: list[float], runs: int,
               duration_s: float) -> list[tuple]:
-    """Per load: the live runs' figures and the simulator's on the same workload."""
+    """Per load: the live runs' figures and, per spec of ``specs`` (label -> spec), the
+    simulator's on the same workload."""
     from helix.sim.engine import SimConfig
     from helix.sim.run import simulate
     from helix.sim.workload import timed_workload
@@ -169,22 +239,29 @@ def run_loads(url: str, spec, plan, base, capacity_rps: float, loads: list[float
             live.append(figures(bench(url, workload, duration_s)))
             print(f"load {load:.2f} run {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in
                                                                live[-1].items()), flush=True)
-        sim = figures(simulate(spec, plan, workload, SimConfig(mode="online", duration_s=duration_s)))
-        print(f"load {load:.2f} sim: " + ", ".join(f"{k} {v:.1f}" for k, v in sim.items()), flush=True)
-        rows.append((load, rate, live, sim))
+        sims = []
+        for label, spec in specs.items():
+            sims.append(figures(simulate(spec, plan, workload,
+                                         SimConfig(mode="online", duration_s=duration_s))))
+            print(f"load {load:.2f} {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                                         sims[-1].items()), flush=True)
+        rows.append((load, rate, live, sims))
     return rows
 
 
-def table(rows: list[tuple]) -> str:
-    lines = ["| load | rate req/s | live decode tok/s | sim | live TTFT p50 ms | sim | "
-             "live TPOT p50 ms | sim |", "|---|---|---|---|---|---|---|---|"]
-    for load, rate, live, sim in rows:
+def table(rows: list[tuple], labels: list[str]) -> str:
+    """Per load and figure: the live median (min-max), then each simulation (ratio to the median)."""
+    sims = " | ".join(labels)
+    head = f"| load | rate req/s | live decode tok/s | {sims} | live TTFT p50 ms | {sims} | " \
+           f"live TPOT p50 ms | {sims} |"
+    lines = [head, "|" + "---|" * (2 + 3 * (1 + len(labels)))]
+    for load, rate, live, sims_ in rows:
         cells = [f"{load:.2f}", f"{rate:.3f}"]
         for key in ("decode", "ttft", "tpot"):
             vals = [x[key] for x in live]
             med = statistics.median(vals)
-            cells += [f"{med:.1f} ({min(vals):.1f}-{max(vals):.1f})",
-                      f"{sim[key]:.1f} ({sim[key] / med:.2f}x)"]
+            cells.append(f"{med:.1f} ({min(vals):.1f}-{max(vals):.1f})")
+            cells += [f"{sim[key]:.1f} ({sim[key] / med:.2f}x)" for sim in sims_]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -212,6 +289,9 @@ def main() -> None:
                     help="100 %%: the live closed loop's requests/s, or the plan's prediction")
     ap.add_argument("--max-prompt", type=int, default=512, help="trace slice: prompt <= this")
     ap.add_argument("--max-output", type=int, default=128, help="trace slice: output <= this")
+    ap.add_argument("--profile", choices=("corun", "alone"), default="corun",
+                    help="profile on every worker core at once, as the workers step side by side "
+                    "(default), or on one core with the others idle")
     ap.add_argument("--keep", type=Path, default=None, help="keep the profile, spec, plan and "
                     "server logs in this folder (default: a temporary one, removed)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "helix" / "small-llama-v1")
@@ -229,7 +309,8 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="helix-bench-live-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        spec_path, plan_path = plan_with_profile(work, profile(work, args.quick))
+        corun = len(load_cluster(SPEC).nodes) if args.profile == "corun" else 1
+        spec_path, plan_path = plan_with_profile(work, profile(work, args.quick, corun))
         spec, plan = load_cluster(spec_path), Plan.load(plan_path)
         placement = ", ".join(f"{p.node} [{p.start},{p.end})" for p in plan.placements)
         predicted = describe_prediction(plan)
@@ -243,21 +324,23 @@ def main() -> None:
         try:
             bench(stack.url, base[:2], None)   # warm-up
             concurrency = spec.serving.max_batch_seqs
-            capacity_rps, sat = measure_capacity(stack.url, base, concurrency,
-                                                 concurrency if args.quick else 3 * concurrency)
+            capacity_rps, sat, costs = measure_capacity(
+                stack.url, base, concurrency, concurrency if args.quick else 3 * concurrency,
+                stack.procs[0].pid)
             print(f"measured capacity: {capacity_rps:.3f} req/s ({sat.decode_throughput_tokens_per_s:.1f}"
-                  f" decode tok/s, {concurrency} in flight)", flush=True)
+                  f" decode tok/s, {concurrency} in flight); {costs.describe()}", flush=True)
             measured_rps = capacity_rps
             if args.capacity == "predicted":
                 capacity_rps = plan.prediction.requests_per_s
-            rows = run_loads(stack.url, spec, plan, base, capacity_rps, loads, args.runs,
-                             args.duration)
+            host_spec = load_cluster(with_host_costs(spec_path, costs, work / "local2-host.yaml"))
+            rows = run_loads(stack.url, {"sim": host_spec, "no hop": spec}, plan, base,
+                             capacity_rps, loads, args.runs, args.duration)
         finally:
             stack.close()
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    text = table(rows)
+    text = table(rows, ["sim", "sim, no hop"])
     print(text)
     if not args.no_write:
         from bench_runtime import append_to_section
@@ -267,12 +350,16 @@ def main() -> None:
         machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {load_at_start:.1f} at "
                    f"start, {os.getloadavg()[0]:.1f} at the end")
         entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}` on "
-                 f"{machine}. {MODEL} on local2 ({placement}), profiled on one pinned core; conv "
+                 f"{machine}. {MODEL} on local2 ({placement}), profiled with one thread on "
+                 f"{'each worker core at once' if corun > 1 else 'one pinned core'}; conv "
                  f"trace, prompt <= {args.max_prompt}, output <= {args.max_output} (mean "
                  f"{mean_prompt:.0f} / {mean_output:.0f}); {args.duration:g} s windows; measured "
                  f"capacity {measured_rps:.3f} req/s ({args.capacity} capacity is 100 %); plan: "
-                 f"{predicted}; live: median (min-max) of {args.runs} runs; sim: the same "
-                 f"workload, ratio to the live median.\n\n{text}\n")
+                 f"{predicted}; measured in the capacity run: {costs.describe()}; live: median "
+                 f"(min-max) of {args.runs} runs; sim: the same workload with the coordinator hop "
+                 f"(helix.sim.hop: each token served {costs.token_cpu_s * 1e3:.3f} ms in a FIFO, "
+                 f"{costs.shared_cpu_s * 1e3:.3f} ms CPU per token taken from the busy workers); "
+                 f"sim, no hop: without it; ratios to the live median.\n\n{text}\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 
 

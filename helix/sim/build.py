@@ -10,6 +10,7 @@ from helix.costmodel import CostModel
 from helix.errors import InfeasibleError, SpecError
 from helix.plan import COORDINATOR, Plan
 from helix.sim.engine import SimConfig, Simulator
+from helix.sim.hop import CoordinatorHop
 from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
@@ -116,6 +117,8 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
         flow_plan = plan if plan.extras.get("flow_capacities") else \
             with_flow_capacities(plan, build_problem(spec))
     model = spec.model
-    return Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
+    made = Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
                      model.activation_bytes_per_token(spec.dtype_bytes), token_id_bytes(model),
                      flow_plan=flow_plan, remake=remake if flow_plan is not None else None)
+    made.hop = CoordinatorHop.of(spec.coordinator)   # measured, or None: free (helix.sim.hop)
+    return made

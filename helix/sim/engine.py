@@ -29,6 +29,7 @@ from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event,
                               NodeDown, NodeJoins, NodeUp, RequestArrival, RequestFinish, StepFinish,
                               StepStart, TransferFinish)
 from helix.sim.failures import FailureHandlers, NodeFailure
+from helix.sim.hop import CoordinatorHop
 from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
 from helix.sim.network import Network
 from helix.sim.request import SimRequest
@@ -81,6 +82,10 @@ class SimConfig:
 
 class Simulator(FailureHandlers, ElasticHandlers):
     """One run: workers with real step policies, a real scheduler, simulated links and clock."""
+
+    hop: CoordinatorHop | None = None
+    """The coordinator's measured cost per token (:mod:`helix.sim.hop`; set by
+    ``build_simulator`` from the spec); None: free, the default."""
 
     def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
                  workers: Mapping[str, SimWorker], network: Network,
@@ -249,16 +254,18 @@ class Simulator(FailureHandlers, ElasticHandlers):
         """Sampled tokens arrive: stream them, finish requests, feed the rest back to stage 0."""
         out: list[Event] = []
         feeds: dict[SimWorker, list] = {}
-        metrics = self.metrics
+        metrics, hop = self.metrics, self.hop
         for req, _, _, epoch in items:
             if req.finish_s is not None or epoch != req.epoch:
                 continue   # finished, or sampled on a pipeline the request has left
             req.received += 1
             first = req.received == 1
-            metrics.on_token(now_s, first, req.arrival_s if first else req.last_token_s)
+            # The caller sees it once the coordinator served it (helix.sim.hop; None: at once).
+            seen_s = now_s if hop is None else hop.deliver(now_s, self.workers.values())
+            metrics.on_token(seen_s, first, req.arrival_s if first else req.last_token_s)
             if first:
-                req.first_token_s = now_s
-            req.last_token_s = now_s
+                req.first_token_s = seen_s
+            req.last_token_s = seen_s
             if req.received >= req.output_tokens:
                 out.append(RequestFinish(now_s, req))
             else:
@@ -358,6 +365,8 @@ class Simulator(FailureHandlers, ElasticHandlers):
         if used > w.peak_used_blocks:
             w.peak_used_blocks = used
         duration_s = w.step_time_s(plan)
+        if self.hop is not None:   # CPU the coordinator took from this worker's core
+            duration_s += self.hop.charge(w)
         w.busy = True
         return (StepFinish(now_s + duration_s, w, plan, duration_s, w.epoch),)
 

@@ -1,0 +1,62 @@
+"""The coordinator hop: what a token costs on its way to the caller, and the CPU it takes from
+workers that share their cores with the coordinator (measured figures, off unless the spec has them).
+
+On a GPU cluster the coordinator has a machine of its own: a token costs it microseconds and the
+simulator charges nothing (the spec's ``coordinator`` section gives no figures). When the
+coordinator shares one machine's cores with pinned CPU workers (``cluster_specs/local2.yaml`` under
+``scripts/bench_live.py``) it is not free, and two things follow, each from a measured figure of
+:class:`helix.spec.CoordinatorSpec`:
+
+- ``token_cpu``: every token the last stage samples passes the coordinator (one Python process:
+  ZeroMQ receive, detokenize, stream it to the caller), a FIFO server with that service time per
+  token; the caller sees the token when it leaves the server. The next step's input does not wait
+  for it (a live last stage feeds the first stage, or itself, directly).
+- ``shared_cpu``: CPU time per token that the coordinator and any other process on the machine
+  (a load generator) spend on the workers' cores. A pinned worker whose core it takes loses that
+  time: the share of each token is split equally among the workers busy when the token arrives and
+  added to their next steps. A core whose worker is idle gives it for free (the OS runs the
+  coordinator there), so nobody pays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from helix.spec import CoordinatorSpec
+from helix.sim.worker import SimWorker
+
+
+class CoordinatorHop:
+    """The coordinator's FIFO token server and the CPU time it owes the workers."""
+
+    __slots__ = ("token_s", "shared_s", "free_s", "owed_s")
+
+    def __init__(self, token_s: float = 0.0, shared_s: float = 0.0) -> None:
+        """``token_s``: service time per token; ``shared_s``: CPU per token taken from the workers."""
+        self.token_s = token_s
+        self.shared_s = shared_s
+        self.free_s = 0.0
+        """When the server finishes the tokens it holds."""
+        self.owed_s: dict[str, float] = {}
+        """Worker name -> seconds its next step is lengthened by (CPU the others took)."""
+
+    @classmethod
+    def of(cls, coordinator: CoordinatorSpec) -> "CoordinatorHop | None":
+        """The hop the spec's measured figures describe; None when it gives none (free)."""
+        token_s, shared_s = coordinator.token_cpu_s or 0.0, coordinator.shared_cpu_s or 0.0
+        return cls(token_s, shared_s) if token_s > 0 or shared_s > 0 else None
+
+    def deliver(self, now_s: float, workers: Iterable[SimWorker]) -> float:
+        """A token arrives at ``now_s``: when its caller sees it. Its CPU is taken from ``workers``
+        that are busy now (their next step pays it)."""
+        done_s = max(now_s, self.free_s) + self.token_s
+        self.free_s = done_s
+        if self.shared_s > 0:
+            busy = [w.name for w in workers if w.busy]
+            for name in busy:
+                self.owed_s[name] = self.owed_s.get(name, 0.0) + self.shared_s / len(busy)
+        return done_s
+
+    def charge(self, worker: SimWorker) -> float:
+        """Seconds to add to the step ``worker`` starts now (what it is owed is then paid)."""
+        return self.owed_s.pop(worker.name, 0.0)
