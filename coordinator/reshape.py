@@ -197,7 +197,7 @@ class Reshaping:
                    moved: set[str], forced: bool, deadline: float, say) -> Step:
         """Drain ``node``, wait until it is empty, load ``new``, route on the placement now, undrain."""
         was = ranges[node]
-        say(f"moving node {node} {list(was)} -> {list(new)}" +
+        say(f"moving node {node} [{was[0]}, {was[1]}) -> [{new[0]}, {new[1]})" +
             (" (its drain leaves no pipeline: new requests wait until it is back)" if forced else ""))
         t0 = time.monotonic()
         self.drain(node, force=True)

@@ -25,6 +25,10 @@ def nodes(server: str = typer.Option("http://127.0.0.1:8000", "--server", help=_
         client.close()
 
 
+def _rng(r) -> str:
+    return "-" if r is None else f"[{r[0]}, {r[1]})"
+
+
 def _moves(running: dict, new: dict) -> list[str]:
     def ranges(plan):
         return {p["node"]: (p["start"], p["end"]) for p in plan["placements"] if p["end"] > p["start"]}
@@ -33,7 +37,7 @@ def _moves(running: dict, new: dict) -> list[str]:
     for node in sorted(set(now) | set(then)):
         a, b = now.get(node), then.get(node)
         if a != b:
-            lines.append(f"  {node}: {'-' if a is None else list(a)} -> {'-' if b is None else list(b)}")
+            lines.append(f"  {node}: {_rng(a)} -> {_rng(b)}")
     return lines
 
 
@@ -75,8 +79,8 @@ def replan(plan: Path = typer.Argument(..., help="the new plan.yaml (e.g. from `
             return
         report = client.call("POST", "/admin/plan", {"plan": new, "timeout_s": timeout})
         for s in report["steps"]:
-            old = "joined" if s["old"] is None else f"{list(s['old'])} ->"
-            typer.echo(f"  {s['node']}: {old} {list(s['new'])}: drained in {s['drain_s']:.1f} s, "
+            old = "joined with" if s["old"] is None else f"{_rng(s['old'])} ->"
+            typer.echo(f"  {s['node']}: {old} {_rng(s['new'])}: drained in {s['drain_s']:.1f} s, "
                        f"loaded in {s['load_s']:.1f} s" + (" (no pipeline meanwhile: requests "
                                                            "waited)" if s["forced"] else ""))
         typer.echo(f"applied in {report['seconds']:.1f} s; routing on the new plan "

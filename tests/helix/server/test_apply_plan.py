@@ -95,3 +95,40 @@ def test_a_forced_replan_moves_every_slice_under_load_and_outputs_stay_greedy(st
              for n in httpx.get(stack.url + "/admin/nodes", timeout=30).json()["nodes"]}
     assert nodes == {"cpu-0": ("ok", 0, 5), "cpu-1": ("ok", 5, 8), "cpu-2": ("ok", 3, 8)}
     stack.wait_kv_free()
+
+
+def test_helix_replan_applies_over_http_and_refuses_plans_that_do_not_fit(stack, reference, tmp_path,
+                                                                        capsys):
+    from helix.cli import main
+    coord = stack.coordinator
+    prompts = list(reference)
+    back = tmp_path / "back.yaml"
+    branching_plan().save(back)
+    # Dry run: the changes, nothing applied; --save-running writes what runs.
+    assert main(["replan", str(back), "--server", stack.url, "--save-running",
+                 str(tmp_path / "running.yaml")]) in (0, None)
+    out = capsys.readouterr().out
+    assert "3 node(s) change" in out and "cpu-1: [5, 8) -> [2, 8)" in out and "dry run" in out
+    assert (tmp_path / "running.yaml").is_file()
+    assert {(p.node, p.start, p.end) for p in coord.plan.placements} >= {("cpu-1", 5, 8)}
+    pending = submit_all(coord, prompts, 8)
+    assert main(["replan", str(back), "--server", stack.url, "--apply"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "applied in" in out and "cpu-0: [0, 5) -> [0, 4)" in out
+    finish(pending, prompts, reference)
+    assert {p.node: (p.start, p.end) for p in coord.plan.placements} == \
+        {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}
+    # Plans that do not fit: 400, one line, nothing changed.
+    plan = branching_plan()
+    dropped = dataclasses.replace(plan, placements=plan.placements[:2],
+                                  arc_flows=tuple(a for a in plan.arc_flows if "cpu-2" not in (a.src, a.dst)))
+    stranger = dataclasses.replace(plan, placements=(*plan.placements, NodePlacement("gpu-7", 4, 8)))
+    for bad, words in ((dropped, "gives node(s) ['cpu-2'] no layers"),
+                       (stranger, "no worker for the new plan's node(s) ['gpu-7']")):
+        r = httpx.post(stack.url + "/admin/plan", json={"plan": with_kv(bad, 8192).to_dict()}, timeout=30)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        assert "\n" not in r.json()["error"]["message"]
+    r = httpx.post(stack.url + "/admin/plan", json={"plan": {"schema_version": 99}}, timeout=30)
+    assert r.status_code == 400 and "schema_version" in r.json()["error"]["message"]
+    assert {p.node: (p.start, p.end) for p in coord.plan.placements}["cpu-2"] == (4, 8)
+    stack.wait_kv_free()
