@@ -94,30 +94,53 @@ output, p the mean prompt):
   t_layer(0, D_v))]``, else ``k x t_layer(D_v p / o, D_v)`` (:meth:`CostModel.stage_step_s`:
   T(k)'s operating point with D_v instead of every KV-resident request; a layer's time is a max
   of compute and memory time, so a prompt spread thinly over every step would cost too little);
-- *round trip*: a token visits every stage; at each it waits for the step in progress (with
-  the stage's busy fraction ``u_v = steps/s x t_v``, the step's residual ``E[t^2] / (2 E[t])``:
-  the rare prompt-carrying steps are long and weigh in) and rides the next:
-  ``R = sum_v (t_v + u_v E[t_v^2] / (2 t_v)) + link latencies + bytes / bandwidth`` plus the
-  wait behind the message each link is sending (a prompt's hidden states take a second on a
-  100 Mb/s link), coordinator hop included; a stage steps at most back to back, so with many
-  thin pipelines through it ``D_v = decode tokens/s x t_v``;
-  the prompt's pass ``F`` is the same with one prompt more in each step;
+- *round trip*: a token visits every stage. At each it first waits out the step in progress:
+  a plain step of another wave (t0_v, a fraction 1 - s_v of the steps) or one carrying a prompt
+  piece (t1_v, a fraction s_v), ``steps/s x [(1 - s_v) t0_v^2 + s_v t1_v^2] / 2``, then rides a
+  plain step, or one carrying another pipeline's prompt piece (at nodes pipelines share);
+  plus link latencies, bytes / bandwidth and the wait behind the message each link is sending
+  (a prompt's hidden states take a second on a 100 Mb/s link), coordinator hop included; a
+  stage steps at most back to back, so with many thin pipelines through it
+  ``D_v = decode tokens/s x t_v``;
+- *convoy*: the pipeline's own prompts hold its decodes up at every stage, not at one. A prompt
+  crosses the stages in long steps and leaves the pipeline ``Delta = sum_v (t1_v - t0_v)``
+  behind a decode wave that entered with it. A wave entering ``a`` after it catches it up at
+  some stage and from then on reaches each stage while the prompt's step there runs (the prompt
+  left the stage before just as the wave's short step began): it exits ``max(0, Delta - a)``
+  late. Only the latest prompt counts (earlier ones are further ahead); prompts enter Poisson at
+  the pipeline's request rate lambda, so ``a ~ Exp(lambda)`` and a round trip carries
+  ``E[max(0, Delta - a)] = Delta - (1 - exp(-lambda Delta)) / lambda``: ``lambda Delta^2 / 2``
+  when prompts are rare (S stages of equal steps: S^2 times one stage's residual, where a
+  per-stage residual gives S times it; measured on hetero42's 18-stage pipelines: a token that
+  waits, waits 82 ms, where one residual is ~13), ``Delta - 1 / lambda`` when they overlap;
+- *chunked prefill*: with a step budget C a step carries ``piece = min(p, C - D_v)`` prompt
+  tokens, so a prompt takes ``p / piece`` steps at each stage (fractional: the last piece is a
+  short one). The pieces follow one another down the pipeline, each stage forwarding a piece
+  when its step ends, so the later pieces leave paced by the slowest stage:
+  ``Delta = sum_v (t1_v - t0_v) + (p / piece - 1) max_v t1_v``, where t1_v is a step with one
+  piece. A smaller budget shortens every prompt step (fewer decodes wait behind a long one) but
+  stretches the prompt over more steps;
+- *first token*: ``F = sum_v (t0_v + wait_v) + links + Delta + p x bytes / bandwidth``: the
+  prompt's pieces are the convoy's head. Its prompt-dependent part (``Delta`` and the bytes) is
+  scaled by each request's prompt length for the TTFT median;
 - *Little's law*: a request stays ``T = F + (o - 1) R``; a pipeline with N requests in flight
   serves ``N / T`` requests/s, ``o N / T`` decode tokens/s, ``(p + o) N / T`` tokens/s;
 - N is what the KV allows: every pipeline grows in proportion to its share of the requests until
   a node's ``M_v`` (or its compute, T(k)) is used up; D, t, R and N are iterated to a fixed point.
 
 With one stage and one wave this is T(k) again, capped by Little's law. W = 2 is measured, not
-derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-2.5 waves (a
-prefill step, several times longer than a decode step, holds up the tokens behind it and they
-travel on together); mixed A100/L4 pipelines move in 3-5, with little effect since their steps
-barely grow with the batch.
+derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-2.5 waves (the
+waves a convoy catches leave it together); mixed A100/L4 pipelines move in 3-5, with little
+effect since their steps barely grow with the batch.
 
-Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md): decode
-tokens/s within 17 % on single24, geo24, hetero42 (70B) and single24 (30B), within 10 % with the
-lengths of the requests a run served. The assumptions that limit it: W is one constant (long
-pipelines shared by many requests form more waves), and waiting is a one-step residual
-(hetero42's deep mixed pipelines queue more: TPOT p50 -31 %).
+Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md), at step
+budgets 2048 and 512. Per pipeline (single24, 600 s offline, requests admitted after 200 s): round
+trips A100 / L4 / T4 chains 0.169 / 1.015 / 1.284 s predicted vs 0.157 / 1.006 / 1.220 simulated
+at 512, 0.186 / 1.224 / 1.696 vs 0.175 / 1.243 / 1.202 at 2048 (the T4 chain's convoy is
+overstated there: 16 requests measured). What limits it: W is one constant (waves merge behind
+a convoy: fewer, bigger), and the fallback paths are enumerated in a fixed order up to a limit
+(on hetero42 the simulator's scheduler holds 658 of its 867 requests on a 20-stage path the
+enumeration never reaches, so the prediction there is short of requests in flight).
 
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
@@ -350,6 +373,14 @@ class CostModel:
                            extra_prompt_tokens: float = 0.0) -> tuple[float, float]:
         """(E[t], E[t^2]) of :meth:`stage_step_s`'s steps: the few that carry a prompt are long,
         and a token arriving at a busy stage waits out the step in progress, E[t^2] / (2 E[t])."""
+        base, full, share = self.stage_step_parts(node, num_layers, decode_seqs, extra_prompt_tokens)
+        return base + share * (full - base), (1 - share) * base ** 2 + share * full ** 2
+
+    def stage_step_parts(self, node: NodeSpec, num_layers: int, decode_seqs: float,
+                         extra_prompt_tokens: float = 0.0) -> tuple[float, float, float]:
+        """(plain step, step carrying a prompt piece, share of steps that carry one) of a stage
+        with ``decode_seqs`` decodes whose prompts join them (``decode_seqs / o`` per step). When
+        every step carries prompt tokens the two steps are one (share 1)."""
         p, o = self.workload.mean_prompt_tokens, self.workload.mean_output_tokens
         d, ctx = decode_seqs, p + o / 2
         joining = d / o   # prompts per step
@@ -361,12 +392,11 @@ class CostModel:
         share = joining * p / piece   # steps that carry a prompt piece
         if share >= 1:
             t = step(min(joining * p, self.prompt_room_tokens(d)) + extra_prompt_tokens)
-            return t, t * t
+            return t, t, 1.0
         # Prompts come whole, or in chunks when the step's budget is smaller: a fraction of the
         # steps carries a piece (a layer's time is a max of compute and memory time, so spreading
         # the prompt over every step would undercount it).
-        base, full = step(extra_prompt_tokens), step(piece + extra_prompt_tokens)
-        return base + share * (full - base), (1 - share) * base ** 2 + share * full ** 2
+        return step(extra_prompt_tokens), step(piece + extra_prompt_tokens), share
 
     def prompt_room_tokens(self, decode_seqs: float) -> float:
         """Prompt tokens a step with ``decode_seqs`` decodes has room for (the step's token budget

@@ -7,10 +7,13 @@ system measure. The derivation (operating points per node, round trips per pipel
 is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this module computes it:
 
 1. start with one decode per step everywhere;
-2. step time of every node at its batch (:meth:`CostModel.stage_step_moments`), with the wait
-   behind the step in progress (busy fraction x E[t^2] / (2 E[t])) and behind the messages a
-   link is sending (links are FIFO queues, M/G/1: :meth:`_Model.link_waits`); round trip R and
-   first-token time F of every pipeline; a request's stay ``T = F + (o - 1) R``;
+2. step times of every node at its batch (:meth:`CostModel.stage_step_parts`: a plain step and
+   one carrying a prompt piece, chunked by the step budget), the wait behind the step in
+   progress, the convoy of the pipeline's own prompts (:func:`convoy_delay_s`: a decode wave
+   behind a prompt waits at every stage it crosses) and the wait behind the messages a link is
+   sending (links are FIFO queues, M/G/1: :meth:`_Model.link_waits`); round trip R and
+   first-token time F of every pipeline (a prompt's pieces after the first paced by its slowest
+   stage); a request's stay ``T = F + (o - 1) R``;
 3. requests in flight per pipeline by progressive filling: every max-flow pipeline grows in
    proportion to its share of requests times its stay (the scheduler sends it that share of the
    arrivals), until a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines
@@ -183,53 +186,69 @@ class _Model:
         return self.link_incidence @ (busy * residual / (1.0 - busy))
 
     def step_times(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(mean step, its residual seen by an arrival E[t^2] / (2 E[t]), step carrying one more
-        prompt or the first chunk of it, chunks a prompt takes) of every node at its decode
-        batch (chunked prefill: the step's token budget less its decodes per chunk)."""
+        """Per node at its decode batch: (plain step, step carrying a prompt piece, share of steps
+        that carry one, prompt pieces per prompt) (:meth:`CostModel.stage_step_parts`; chunked
+        prefill: a piece is the step's token budget less its decodes, so a prompt of p tokens
+        takes p / piece steps: fractional, the last piece is a short one)."""
         cost, p = self.cost, self.p
-        moments = np.array([cost.stage_step_moments(n, int(k), d)
-                            for n, k, d in zip(self.spec_nodes, self.layers, batch)])
-        decode, residual = moments[:, 0], moments[:, 1] / (2 * moments[:, 0])
-        piece = np.array([min(p, cost.prompt_room_tokens(d)) for d in batch])
-        prompt = np.array([cost.stage_step_s(n, int(k), d, extra_prompt_tokens=c)
-                           for n, k, d, c in zip(self.spec_nodes, self.layers, batch, piece)])
-        return decode, residual, prompt, np.ceil(p / piece)
+        parts = np.array([cost.stage_step_parts(n, int(k), d)
+                          for n, k, d in zip(self.spec_nodes, self.layers, batch)])
+        piece = np.array([cost.prompt_piece_tokens(d) for d in batch])
+        return parts[:, 0], parts[:, 1], parts[:, 2], p / piece
+
+    def per_path(self, node_values: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
+        """Per path, the sum over its stages of ``node_values`` (times ``own[entry]`` per
+        (path, node) entry when given)."""
+        A = self.incidence
+        w = node_values[A.cols] if own is None else node_values[A.cols] * own
+        return np.bincount(A.rows, weights=w, minlength=A.shape[0])
 
     def solve(self, in_flight_of) -> tuple[np.ndarray, ...]:
-        """Iterate to the fixed point; ``in_flight_of(stay_s)`` gives requests per pipeline."""
-        o = self.o
+        """Iterate to the fixed point; ``in_flight_of(stay_s)`` gives requests per pipeline.
+
+        Per stage a token rides a plain step, or one carrying another pipeline's prompt piece,
+        and first waits out the step in progress; its own pipeline's prompts hold it up as a
+        convoy (:func:`convoy_delay_s`). Derivation: :mod:`helix.costmodel`, *Inside a pipeline*."""
+        o, p, A = self.o, self.p, self.incidence
         batch = np.ones(len(self.nodes))
-        busy = np.zeros(len(self.nodes))
+        steps = np.zeros(len(self.nodes))
         rate = np.zeros(len(self.paths))
         for _ in range(MAX_ITERATIONS):
-            step, residual, prompt_step, chunks = self.step_times(batch)
-            visit = step + busy * residual   # its own step, and what is left of the one running
+            base, full, share, pieces = self.step_times(batch)
+            step = base + share * (full - base)
+            # Per (path, node) entry: the fraction of the node's prompts that are not the path's
+            # own (those ride with the path's decodes as a convoy instead).
+            through = A.T @ rate
+            others = 1.0 - np.divide(rate[A.rows], through[A.cols], out=np.zeros(len(A.rows)),
+                                     where=through[A.cols] > 0)
+            plain_wait = steps * (1 - share) * base ** 2 / 2   # another wave's step in progress
+            piece_wait = steps * share * full ** 2 / 2          # a prompt piece's step
+            visit = self.per_path(base + plain_wait) + self.per_path(
+                share * (full - base) + piece_wait, others)
             waits = self.link_waits(rate, float(batch.mean()))
-            R = self.incidence @ visit + self.link_latency + self.link_s_per_token * batch.min() \
-                + waits
-            F0 = self.incidence @ visit + self.link_latency + waits
-            # A chunked prompt's pieces follow each other down the pipeline, paced by its
-            # slowest stage: (chunks - 1) more of that stage's chunk steps.
-            pace = self.incidence.row_max((chunks - 1) * (prompt_step + visit - step)) \
-                if (chunks > 1).any() else 0.0
-            F = F0 + self.incidence @ (prompt_step - step) + self.link_s_per_token * self.p + pace
+            links = self.link_latency + waits
+            excess = self.per_path(full - base) + A.row_max((pieces - 1) * full)
+            R = visit + links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
+            # The prompt: its pieces' steps at every stage (the first waits out the step in
+            # progress), paced by the slowest stage for the pieces after the first.
+            F0 = self.per_path(base + plain_wait + piece_wait) + links
+            F = F0 + excess + self.link_s_per_token * p
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
             rate = N / stay                               # requests/s per pipeline
-            decode_rate = self.incidence.T @ (rate * o)   # decode tokens/s per node
+            decode_rate = A.T @ (rate * o)                # decode tokens/s per node
             # Steps/s: one per wave of each pipeline through the node, but never more than back to
             # back (then each step takes what arrived during the previous one).
-            waves = self.incidence.T @ (np.minimum(DECODE_WAVES, N) / R)
+            waves = A.T @ (np.minimum(DECODE_WAVES, N) / R)
             steps = np.minimum(waves, 1.0 / step)
             new = np.clip(np.divide(decode_rate, steps, out=np.ones_like(steps), where=steps > 0),
                           1.0, self.cost.serving.max_batch_seqs)
-            busy = np.minimum(1.0, np.divide(decode_rate * step, new,
-                                             out=np.zeros_like(new), where=new > 0))
+            steps = np.divide(decode_rate, new, out=np.zeros_like(new), where=new > 0)
             done = np.allclose(new, batch, rtol=1e-3)
             batch = 0.5 * batch + 0.5 * new
             if done:
                 break
-        return N, rate, R, F, F0, batch, busy
+        return N, rate, R, F, F0, batch, steps * step
 
     def fill(self, stay: np.ndarray) -> np.ndarray:
         """Requests in flight per pipeline at saturation (progressive filling, see the module):
@@ -270,6 +289,23 @@ class _Model:
                 if full.any():
                     live &= ~coef.columns_in(full)
         return N
+
+
+def convoy_delay_s(excess_s: np.ndarray, prompts_per_s: np.ndarray) -> np.ndarray:
+    """Mean delay per round trip that a pipeline's own prompts cause its decodes (a convoy).
+
+    A prompt crosses the stages in long steps: it exits the pipeline ``excess_s`` (Delta) later
+    than a decode wave entering with it would. A wave that enters a age ``a`` after it catches up
+    and then follows it stage by stage, so it exits ``max(0, Delta - a)`` late (at each stage the
+    wave waits for the step in progress, which the prompt keeps long at every stage it crosses).
+    Only the latest prompt matters (the earlier ones are further ahead). With prompts arriving
+    Poisson at ``lambda``, a ~ Exp(lambda): E[max(0, Delta - a)] = Delta - (1 - e^(-lambda Delta))
+    / lambda (lambda Delta^2 / 2 when prompts are rare; Delta - 1 / lambda when they overlap)."""
+    lam, delta = np.asarray(prompts_per_s, float), np.asarray(excess_s, float)
+    x = lam * delta
+    # Delta - (1 - e^-x) / lambda = Delta (1 - (1 - e^-x) / x); -expm1 keeps small x exact.
+    ratio = np.divide(-np.expm1(-x), x, out=np.ones_like(x), where=x > 1e-12)
+    return delta * (1.0 - ratio)
 
 
 def _ttft_median(fixed_s: np.ndarray, mean_prompt_s: np.ndarray, weights: np.ndarray

@@ -13,7 +13,7 @@ Then Helix placement + scheduler against Swarm placement + scheduler, offline, s
 single24 >= 1.8x, geo24 >= 2.5x in decode tokens/s).
 
 Usage: ``python scripts/bench_fidelity.py [--duration 600] [--time-limit 60] [--cases single24,...]
-[--no-append]``. Prints a table and appends it to BENCHMARKS.md with the command, machine and load.
+[--chunk-tokens N] [--no-append]``. Prints a table and appends it to BENCHMARKS.md with the command, machine and load.
 """
 
 from __future__ import annotations
@@ -92,9 +92,18 @@ def _err(pred: float | None, got: float | None) -> str:
     return f"{(pred - got) / got * 100:+.0f} %"
 
 
-def fidelity(name: str, duration_s: float, time_limit_s: float) -> tuple[list[str], dict]:
+def with_chunk_tokens(spec, chunk_tokens: int | None):
+    """``spec`` with the step token budget ``chunk_tokens`` (None: as the spec has it)."""
+    if chunk_tokens is None:
+        return spec
+    return spec.model_copy(update={"serving": spec.serving.model_copy(
+        update={"chunk_tokens": chunk_tokens})})
+
+
+def fidelity(name: str, duration_s: float, time_limit_s: float,
+             chunk_tokens: int | None = None) -> tuple[list[str], dict]:
     cluster, model = CASES[name]
-    spec = spec_of(cluster, model)
+    spec = with_chunk_tokens(spec_of(cluster, model), chunk_tokens)
     t0 = time.perf_counter()
     plan = plan_for_users(spec, "milp", time_limit_s=time_limit_s, threads=1)
     plan_s = time.perf_counter() - t0
@@ -137,6 +146,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=600.0, help="simulated s per run")
     ap.add_argument("--time-limit", type=float, default=60.0, help="planner time limit per case")
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--chunk-tokens", type=int, default=None,
+                    help="step token budget (serving.chunk_tokens) for planning, prediction and "
+                    "simulation; default: the spec's")
     ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
@@ -144,7 +156,7 @@ def main() -> None:
     rows, runs = [], {}
     for name in cases:
         print(f"[{time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
-        r, runs[name] = fidelity(name, args.duration, args.time_limit)
+        r, runs[name] = fidelity(name, args.duration, args.time_limit, args.chunk_tokens)
         rows += r
     swarm_rows = []
     for cluster in ("single24", "geo24"):
@@ -154,7 +166,9 @@ def main() -> None:
             swarm_rows.append(versus_swarm(cluster, run["plan"], run["spec"], run["offline"],
                                            args.duration, args.time_limit))
     out = [f"`python scripts/bench_fidelity.py --duration {args.duration:g} --time-limit "
-           f"{args.time_limit:g} --cases {','.join(cases)}` on {datetime.date.today()} "
+           f"{args.time_limit:g} --cases {','.join(cases)}"
+           f"{'' if args.chunk_tokens is None else f' --chunk-tokens {args.chunk_tokens}'}` on "
+           f"{datetime.date.today()} "
            f"({machine()}; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at "
            "the end). Each cell: predicted by `helix plan` / measured by `helix simulate` "
            "(error of the prediction). Offline: saturated, trace in order (its first requests are "

@@ -2,25 +2,28 @@
 enumeration, the planner's outer loop (terminates, deterministic) and the prediction in plan files."""
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
 from helix.plan import ArcFlow, NodePlacement, Plan
-from helix.prediction import DECODE_WAVES, predict
+from helix.prediction import DECODE_WAVES, convoy_delay_s, predict
 from helix.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
 
 
-def two_stage_spec() -> ClusterSpec:
+def two_stage_spec(chunk_tokens: int = 2048) -> ClusterSpec:
     return ClusterSpec.model_validate({
         "model": "llama-2-7b", "dtype": "float16",
         "workload": {"mean_prompt_tokens": 400, "mean_output_tokens": 100},
+        "serving": {"chunk_tokens": chunk_tokens},
         "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
         "nodes": [{"name": "a", "gpu": "L4"}, {"name": "b", "gpu": "L4"}]})
 
@@ -32,10 +35,12 @@ def two_stage_plan() -> Plan:
                            ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
 
 
-def test_two_stage_pipeline_by_hand():
+@pytest.mark.parametrize("chunk_tokens", [2048, 256])
+def test_two_stage_pipeline_by_hand(chunk_tokens):
     """Offline: the KV of the tighter stage sets N; R, F and the batch D satisfy the fixed point
-    written out here from the docstring's formulas."""
-    spec, plan = two_stage_spec(), two_stage_plan()
+    written out here from the docstring's formulas. At 2048 a prompt runs whole; at 256 it takes
+    p / (256 - D) pieces, the ones after the first paced by the slower stage."""
+    spec, plan = two_stage_spec(chunk_tokens), two_stage_plan()
     cost = CostModel.for_cluster(spec)
     pred, (state,) = predict(spec, plan, cost)
     p, o = 400.0, 100.0
@@ -47,34 +52,58 @@ def test_two_stage_pipeline_by_hand():
     # At the fixed point: D = decode tokens/s / (W / R) on both stages (same pipeline, same rate).
     rate = state.requests_per_s
     D = rate * o * state.round_trip_s / DECODE_WAVES
-    moments = [cost.stage_step_moments(n, 16, D) for n in (a, b)]
-    t = [m[0] for m in moments]
-    residual = [m[1] / (2 * m[0]) for m in moments]   # the step in progress, seen on arrival
-    busy = [rate * o * ti / D for ti in t]
+    parts = [cost.stage_step_parts(n, 16, D) for n in (a, b)]   # (plain, with a piece, share)
+    steps = rate * o / D                                        # steps/s of each stage
+    # A token waits out the step in progress: a plain one (another wave) or a prompt piece's.
+    plain_wait = [steps * (1 - sh) * t0 ** 2 / 2 for t0, _, sh in parts]
+    piece_wait = [steps * sh * t1 ** 2 / 2 for _, t1, sh in parts]
     link = spec.link("coordinator", "a").latency_s * 3   # coordinator -> a -> b -> coordinator
     # Seconds per token on each hop: token ids to and from the coordinator, hidden states a -> b.
     per_token = [2 / spec.link("coordinator", "a").bandwidth_bytes_per_s,
                  4096 * 2 / spec.link("a", "b").bandwidth_bytes_per_s,
                  2 / spec.link("b", "coordinator").bandwidth_bytes_per_s]
-    link += D * sum(per_token)   # this path's decode messages (the model uses the smallest batch)
     # Each link is a FIFO (M/G/1): a message waits u E[s^2] / (2 E[s] (1 - u)).
     link += sum((u := min(0.95, rate * (p + o) * s)) * (p / (p + o) * p * s / 2 + o / (p + o) * D * s / 2)
                 / (1 - u) for s in per_token)
-    wait = [ti + u * r for ti, u, r in zip(t, busy, residual)]
-    R = sum(wait) + link
+    # The prompt's lag behind a decode wave: its longer step at each stage, and its pieces after
+    # the first at the slower stage's pace.
+    pieces = p / min(p, chunk_tokens - D)
+    assert (pieces > 1) == (chunk_tokens == 256)
+    excess = sum(t1 - t0 for t0, t1, _ in parts) + (pieces - 1) * max(t1 for _, t1, _ in parts)
+    # Convoy: a wave entering a ~ Exp(rate) after the pipeline's latest prompt exits
+    # max(0, excess - a) late: E = excess - (1 - exp(-rate excess)) / rate.
+    convoy = excess - (1 - math.exp(-rate * excess)) / rate
+    R = sum(t0 + w for (t0, _, _), w in zip(parts, plain_wait)) + link + D * sum(per_token) + convoy
     assert state.round_trip_s == pytest.approx(R, rel=0.01)
-    F = sum(cost.stage_step_s(n, 16, D, extra_prompt_tokens=p) - ti + w
-            for n, ti, w in zip((a, b), t, wait)) + link + (p - D) * sum(per_token)
+    F = sum(t0 + w0 + w1 for (t0, _, _), w0, w1 in zip(parts, plain_wait, piece_wait)) + link \
+        + excess + p * sum(per_token)
     assert state.first_token_s == pytest.approx(F, rel=0.01)
     # Little's law.
     assert rate == pytest.approx(m / (F + (o - 1) * R), rel=0.02)
     assert pred.decode_tokens_per_s == pytest.approx(rate * o, rel=1e-9)
     assert pred.prompt_decode_tokens_per_s == pytest.approx(rate * (p + o), rel=1e-9)
     # The old T(k) says each node serves far more: it batches every KV-resident request each step.
-    assert cost.throughput_tokens_per_s(a, 16) > 1.5 * pred.prompt_decode_tokens_per_s
+    assert cost.throughput_tokens_per_s(a, 16) > pred.prompt_decode_tokens_per_s
     # Online at 75 %: latencies exist, and a token's time is at least the two decode steps.
     assert pred.tpot_p50_s >= sum(cost.stage_step_s(n, 16, 1) for n in (a, b))
     assert pred.ttft_p50_s > pred.tpot_p50_s
+
+
+def test_convoy_delay_against_a_poisson_sample():
+    """The convoy's closed form against a sample: prompts Poisson at lambda, a wave entering at a
+    random time exits max(0, Delta - (time since the latest prompt)) late; and its two limits."""
+    rng = np.random.default_rng(7)
+    for lam, delta in [(0.2, 3.0), (1.0, 1.0), (5.0, 2.0)]:
+        arrivals = np.cumsum(rng.exponential(1 / lam, 400_000))
+        t = rng.uniform(arrivals[10], arrivals[-10], 200_000)
+        age = t - arrivals[np.searchsorted(arrivals, t) - 1]
+        sampled = np.maximum(0.0, delta - age).mean()
+        assert convoy_delay_s(np.array([delta]), np.array([lam]))[0] == pytest.approx(sampled, rel=0.02)
+    # Rare prompts: lambda Delta^2 / 2 (the residual of one long stretch); overlapping ones:
+    # Delta - 1 / lambda (the wave is always behind a prompt); none: 0.
+    assert convoy_delay_s(np.array([2.0]), np.array([1e-4]))[0] == pytest.approx(1e-4 * 2.0, rel=1e-3)
+    assert convoy_delay_s(np.array([2.0]), np.array([100.0]))[0] == pytest.approx(2.0 - 0.01, rel=1e-6)
+    assert convoy_delay_s(np.array([2.0, 0.0]), np.array([0.0, 1.0])).tolist() == [0.0, 0.0]
 
 
 def test_fallback_paths_fill_what_the_flow_paths_leave():
