@@ -9,19 +9,30 @@ Unloading stops admitting the task's requests at once, waits until those in flig
 (``timeout_s``), then tells every worker to drop it, so no request of it is ever between stages
 when a worker lets it go.
 
-Every worker holds every task; a worker that rejoins loads them all before it takes requests (item 4
-of the issue, placing tasks on some replicas only and moving them with the load, is not built).
+By default every worker holds every task; a worker that rejoins loads them all before it takes
+requests. With ``RuntimeConfig.task_placement`` set and a plan of several pipelines (item 4 of the
+issue), a task is held only by the nodes of its replicas (:class:`~coordinator.task_placement.
+TaskPlacement` decides: first the least used pipeline, then greedy moves from busy replicas to idle
+ones at an adaptive interval). Its requests are routed only over nodes that hold it, so every stage
+of their pipeline does. A move loads the task on the nodes that lack it, then routes there; the
+nodes it leaves stop getting its requests at once and unload it when the requests of it that
+cross them are done. Rebalancing runs on its own thread, started with the first task.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from coordinator.task_placement import Move, TaskPlacement
 from helix.errors import HelixUserError
 from helix.net.control import ControlError
+from helix.pipelines import enumerate_pipelines
+
+log = logging.getLogger("helix.coordinator")
 
 
 class UnknownAdapter(HelixUserError):
@@ -36,7 +47,7 @@ class TaskInfo:
     kind: str
     path: str
     nbytes: int
-    """Bytes of its parameters, summed over the workers (each holds its layers' part)."""
+    """Bytes of its parameters, summed over the workers that hold it (each its layers' part)."""
     draining: bool = False
 
 
@@ -47,7 +58,28 @@ class Adapters:
 
     def _adapters_init(self) -> None:
         self._tasks = {}
-        self._adapter_lock = threading.Lock()   # one load / unload at a time
+        self._node_bytes: dict[str, dict[str, int]] = {}   # each task's bytes on each node holding it
+        self._adapter_lock = threading.Lock()   # one load / unload / move at a time
+        self.placement: TaskPlacement | None = None
+        """Which pipelines hold which task (None: every worker holds every task)."""
+        pipes = enumerate_pipelines(self.plan)
+        if self.config.task_placement is not None and len(pipes) > 1:
+            self.placement = TaskPlacement([p.nodes for p in pipes], [p.share for p in pipes],
+                                           self.config.task_placement)
+        self._placement_thread: threading.Thread | None = None
+
+    def task_nodes(self, name: str | None) -> frozenset[str] | None:
+        """The nodes a request of task ``name`` may be routed over (None: any)."""
+        if name is None or self.placement is None:
+            return None
+        with self._lock:
+            return self.placement.nodes_of(name) if name in self.placement.tasks else None
+
+    def note_task_request(self, name: str | None, tokens: int) -> None:
+        """A request of ``name`` (None: the base model) arrived, bringing ``tokens`` (its load)."""
+        if self.placement is not None:
+            with self._lock:
+                self.placement.record(name, tokens)
 
     def adapters(self) -> list[TaskInfo]:
         with self._lock:
@@ -71,9 +103,14 @@ class Adapters:
             with self._lock:
                 if name in self._tasks:
                     raise HelixUserError(f"adapter {name!r} is already loaded")
-            replies, errors = self._each_worker("LoadAdapter", {"name": name, "path": str(path)})
+                holders = None if self.placement is None else sorted(self.placement.add_task(name))
+            replies, errors = self._each_worker("LoadAdapter", {"name": name, "path": str(path)},
+                                                nodes=holders)
             if errors:
                 self._each_worker("UnloadAdapter", {"name": name}, nodes=list(replies))
+                if self.placement is not None:
+                    with self._lock:
+                        self.placement.remove_task(name)
                 node, message = errors[0]
                 raise HelixUserError(f"loading adapter {name!r} failed on {node}: {message}")
             kinds = {r["kind"] for r in replies.values()}
@@ -81,6 +118,8 @@ class Adapters:
                             sum(int(r["nbytes"]) for r in replies.values()))
             with self._lock:
                 self._tasks[name] = info
+                self._node_bytes[name] = {n: int(r["nbytes"]) for n, r in replies.items()}
+            self._start_placement()
             return info
 
     def unload_adapter(self, name: str, timeout_s: float = 60.0) -> TaskInfo:
@@ -98,15 +137,21 @@ class Adapters:
                     raise HelixUserError(f"adapter {name!r}: {self._requests_of(name)} request(s) still "
                                          f"running after {timeout_s:g} s; not unloaded")
                 time.sleep(0.01)
-            self._each_worker("UnloadAdapter", {"name": name})
+            with self._lock:
+                holders = None if self.placement is None else sorted(self.placement.remove_task(name))
+            self._each_worker("UnloadAdapter", {"name": name}, nodes=holders)
             with self._lock:
                 del self._tasks[name]
+                self._node_bytes.pop(name, None)
             return info
 
     def _load_adapters_on(self, node: str, client) -> None:
-        """A worker that (re)joins gets every loaded task before it takes requests."""
+        """A worker that (re)joins gets the loaded tasks it holds before it takes requests."""
         with self._adapter_lock:
             for task in self.adapters():
+                held = self.task_nodes(task.name)
+                if held is not None and node not in held:
+                    continue
                 try:
                     client.call("LoadAdapter", {"name": task.name, "path": task.path},
                                 timeout_s=self.config.configure_timeout_s)
@@ -114,9 +159,77 @@ class Adapters:
                     raise HelixUserError(f"node {node!r} could not load adapter {task.name!r} from "
                                          f"{task.path}: {exc.details.strip().splitlines()[-1]}") from None
 
-    def _requests_of(self, name: str) -> int:
+    def _requests_of(self, name: str, nodes: frozenset[str] | None = None) -> int:
+        """Requests of task ``name`` in flight (those crossing ``nodes`` only, when given)."""
         with self._lock:
-            return sum(1 for r in self._live.values() if not r.done and r.adapter == name)
+            return sum(1 for r in self._live.values() if not r.done and r.adapter == name and (
+                nodes is None or (r.pipeline is not None and not nodes.isdisjoint(r.pipeline.nodes))))
+
+    # --- placement across replicas (coordinator.task_placement) -----------------------------------
+    def _start_placement(self) -> None:
+        if self.placement is None or self._placement_thread is not None:
+            return
+        t = self._placement_thread = threading.Thread(target=self._placement_loop, daemon=True,
+                                                      name="helix-coordinator-placement")
+        t.start()
+        self._threads.append(t)
+
+    def _placement_loop(self) -> None:
+        """Rebalance when due (the policy's adaptive interval), and make the moves one by one."""
+        tick_s = max(0.05, min(1.0, self.config.task_placement.min_interval_s / 4))
+        while not self._stop.wait(tick_s):
+            try:
+                with self._lock:
+                    now = time.monotonic()
+                    moves = self.placement.rebalance(now) if self.placement.due(now) else []
+                for m in moves:
+                    self.apply_move(m)
+            except Exception:   # the thread must outlive one bad round
+                log.exception("coordinator: task placement round failed")
+
+    def apply_move(self, move: Move, drain_timeout_s: float = 60.0) -> bool:
+        """Make ``move`` (:meth:`TaskPlacement.rebalance`'s): load the task on ``move.load``, route
+        on the new replicas, then unload it from ``move.unload`` once no request of it crosses
+        them. False (and the task stays where it was) when a worker could not load it."""
+        name = move.task
+        with self._adapter_lock:
+            with self._lock:
+                task = self._tasks.get(name)
+            if task is None or task.draining:
+                with self._lock:
+                    self.placement.abort(move)
+                return False
+            with self._lock:   # what holds it now (a move made by hand may overlap another)
+                need = [n for n in move.load if n not in self._node_bytes[name]]
+            replies, errors = self._each_worker("LoadAdapter", {"name": name, "path": task.path},
+                                                nodes=need)
+            if errors:
+                self._each_worker("UnloadAdapter", {"name": name}, nodes=list(replies))
+                with self._lock:
+                    self.placement.abort(move)
+                log.warning("coordinator: moving task %s to %s failed: %s", name, move.load, errors[0])
+                return False
+            with self._lock:
+                self.placement.commit(move)   # routes over the new replicas from now on
+                self._node_bytes[name].update({n: int(r["nbytes"]) for n, r in replies.items()})
+                self._tasks[name] = TaskInfo(**{**vars(task), "nbytes": sum(self._node_bytes[name].values())})
+            log.info("coordinator: task %s moved to replica %d (loaded on %s)", name, move.to,
+                     ", ".join(move.load) or "nothing new")
+            with self._lock:
+                gone = frozenset(move.unload) - self.placement.nodes_of(name)
+            if gone:
+                deadline = time.monotonic() + drain_timeout_s
+                while self._requests_of(name, gone) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                replies, _ = self._each_worker("UnloadAdapter", {"name": name}, nodes=sorted(gone))
+                with self._lock:
+                    info = self._tasks.get(name)
+                    if info is not None:
+                        held = self._node_bytes[name]
+                        for n in replies:
+                            held.pop(n, None)
+                        self._tasks[name] = TaskInfo(**{**vars(info), "nbytes": sum(held.values())})
+            return True
 
     def _each_worker(self, method: str, body: dict, nodes: list[str] | None = None):
         """Call ``method`` on the plan's workers in parallel: (replies by node, [(node, error)])."""

@@ -41,6 +41,7 @@ from coordinator.reshape import Reshaping
 from coordinator.requests import (Delta, Done, LiveRequest, RequestHandle, RequestLimits,
                                   generation_max_new_tokens, max_kv_tokens)
 from coordinator.schedulers import HelixScheduler, make_scheduler
+from coordinator.task_placement import PlacementConfig
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import USER_FAILURE, HelixUserError
 from helix.plan import COORDINATOR, Plan
@@ -89,6 +90,9 @@ class RuntimeConfig:
     expected_output_tokens: float = WorkloadSpec().mean_output_tokens
     """Seed of the running mean of output lengths that requests reserve KV for (see
     :class:`~coordinator.kv_estimator.OutputLengthMean`)."""
+    task_placement: PlacementConfig | None = None
+    """Place fine-tuned tasks on some of the plan's pipelines and move them with the load
+    (:mod:`coordinator.task_placement`); None: every worker holds every task."""
     engine: dict = field(default_factory=dict)
     """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
     plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
@@ -273,6 +277,7 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         with self._lock:
             self._check_route()
             self.check_adapter(adapter)
+            self.note_task_request(adapter, len(prompt) + self.output_length.reservation(params.max_tokens))
             rid = self._next_id
             self._next_id += 1
             handle = RequestHandle(rid, self.cancel, loop)
@@ -303,7 +308,7 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         ids, params = req.dispatch_token_ids(), req.dispatch_params()
         # KV for the expected output, not for max_tokens (which may be the whole context).
         info = RequestInfo(req.request_id, len(ids), self.output_length.reservation(params.max_tokens))
-        pipeline = self.scheduler.schedule(info)
+        pipeline = self.scheduler.schedule(info, self.task_nodes(req.adapter))
         if pipeline is None:
             return False
         try:

@@ -54,6 +54,7 @@ class Scheduler:
         self._layers = {n: end - start for n, (start, end) in topology.ranges.items()}
         self._fit_masks: dict[Topology, FitMask] = {}
         self._amounts: dict[tuple, tuple[Pipeline, tuple[tuple[str, int], ...]]] = {}
+        self._only_masks: dict[tuple[int, frozenset[str]], int] = {}   # node sets as bitmasks
         self._picks = self._picks_on(topology)
 
     def choose(self, vertex: str, candidates: list[str]) -> str:
@@ -64,23 +65,28 @@ class Scheduler:
         # share them with the original without saying so.
         raise TypeError(f"{type(self).__name__} cannot be deep-copied; build a new scheduler")
 
-    def schedule(self, request: RequestInfo) -> Pipeline | None:
-        """A pipeline for ``request`` with its KV reserved, or None when every path is masked."""
-        return self._schedule_on(self.topology, request, self._picks)
+    def schedule(self, request: RequestInfo, only: frozenset[str] | None = None) -> Pipeline | None:
+        """A pipeline for ``request`` with its KV reserved, or None when every path is masked.
+        ``only``: every stage must be one of these nodes (those holding the request's task,
+        :class:`~coordinator.task_placement.TaskPlacement`); None: any node."""
+        return self._schedule_on(self.topology, request, self._picks, only)
 
     def _picks_on(self, topology: Topology) -> list[Pick]:
         """How to choose at each vertex of ``topology`` (:meth:`Topology.walk_mask`)."""
         return topology.picks(self.choose)
 
-    def _schedule_on(self, topology: Topology, request: RequestInfo, picks: list[Pick]
-                     ) -> Pipeline | None:
+    def _schedule_on(self, topology: Topology, request: RequestInfo, picks: list[Pick],
+                     only: frozenset[str] | None = None) -> Pipeline | None:
         tokens = request.kv_tokens
         fit = self._fit_masks.get(topology)   # by identity: hashing the node tuple costs more
         if fit is None:   # one per node order; topologies of one plan share it
             fit = next((f for t, f in self._fit_masks.items() if t.nodes == topology.nodes), None) \
                 or FitMask(self.kv, topology.nodes, self._layers)
             self._fit_masks[topology] = fit
-        pipeline = topology.walk_mask(picks, fit.allowed(tokens))
+        allowed = fit.allowed(tokens)
+        if only is not None:
+            allowed &= self._only_mask(topology, only)
+        pipeline = topology.walk_mask(picks, allowed)
         if pipeline is None:
             return None
         # Topologies hand out one Pipeline object per path, so the amounts repeat. The entry holds
@@ -99,6 +105,15 @@ class Scheduler:
             assigned[n] += 1
         self._pipelines[request.request_id] = pipeline
         return pipeline
+
+    def _only_mask(self, topology: Topology, only: frozenset[str]) -> int:
+        key = (id(topology), only)
+        mask = self._only_masks.get(key)
+        if mask is None:
+            if len(self._only_masks) >= _AMOUNTS_CACHE_SIZE:
+                self._only_masks.clear()
+            mask = self._only_masks[key] = topology.mask_of(n for n in only if n in topology.index)
+        return mask
 
     def release(self, request_id: int) -> None:
         """The request finished or was cancelled: free its KV reservation and queue slots."""
@@ -187,10 +202,10 @@ class HelixScheduler(Scheduler):
             return index[otherwise(name, topology.candidates(v, mask))]
         return pick_or_else
 
-    def schedule(self, request: RequestInfo) -> Pipeline | None:
-        pipeline = self._schedule_on(self.topology, request, self._picks)
+    def schedule(self, request: RequestInfo, only: frozenset[str] | None = None) -> Pipeline | None:
+        pipeline = self._schedule_on(self.topology, request, self._picks, only)
         if pipeline is None and self.fallback is not None:
-            pipeline = self._schedule_on(self.fallback, request, self._fallback_picks)
+            pipeline = self._schedule_on(self.fallback, request, self._fallback_picks, only)
         return pipeline
 
     def _choose_by_kv(self, vertex: str, candidates: list[str]) -> str:

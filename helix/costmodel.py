@@ -145,11 +145,31 @@ enumeration never reaches, so the prediction there is short of requests in fligh
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
 (:meth:`CostModel.pipeline_capacity_tokens_per_s`; ``planner.predicted`` iterates it).
+
+**Adapter terms** (issue 17; :func:`adapter_layer_time_s`, the simulator's charge per step). A
+step that carries requests of fine-tuned tasks runs, on every layer, the shared products once and
+then each task's own term over its rows only (:mod:`worker.adapters`): per task group g of n_g
+rows (prompt tokens + decodes of the task's requests in the step) and per adapted projection
+(in x out), a LoRA of rank r is two small GEMMs and an add back into the output::
+
+    flops_g = 2 n_g r (in + out)                                  # X A, then (X A) B
+    bytes_g = r (in + out) b  +  n_g (in + 2 out + 2 r) b          # A and B once per group; rows
+                                                                   #   of X read, of Y read and
+                                                                   #   written, X A out and in
+    t_g     = max(flops_g / (n peak e_c), bytes_g / (n bw e_m)) + kernels x launch_s
+
+summed over the targets and the groups (kernels = 3: two GEMMs and the add; launch_s =
+:data:`ADAPTER_KERNEL_LAUNCH_S`). The GEMMs are far below the ridge (r = 16), so a group costs
+its parameters' bytes plus its launches: what grows with the number of *distinct* tasks in a
+step, not with its rows (Punica and S-LoRA measured the same of per-task LoRA loops: the launches
+and the parameter reads dominate at small batches, which is why they fuse them; our engine does
+not). Base-model rows add nothing. Tensor parallel splits a term as it splits the layer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -223,6 +243,56 @@ def analytic_layer_time_s(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_b
                                   prompt_context, gpu.kv_reread_cost), gpu, num_gpus)
 
 
+#: Seconds to launch one small kernel of an adapter term (and, on a CPU node, one PyTorch op's
+#: dispatch): CUDA's launch latency is ~3-5 us for back-to-back launches (NVIDIA's CUDA
+#: programming guide, "kernel launch overhead"; nsys traces of PyTorch eager mode show 4-6 us per
+#: small op), a few us of PyTorch dispatch ride on top.
+ADAPTER_KERNEL_LAUNCH_S = 5e-6
+
+#: Kernels per adapted projection per task group: X A, (X A) B, the add into the output.
+ADAPTER_KERNELS_PER_TARGET = 3
+
+
+@dataclass(frozen=True)
+class AdapterShape:
+    """The tasks' parameter-efficient terms as the cost model charges them: LoRA of ``rank`` on
+    ``targets`` (Hugging Face projection names) of every layer."""
+
+    rank: int = 16
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj")
+
+    def projections(self, model: ModelSpec) -> tuple[tuple[int, int], ...]:
+        """``(in, out)`` of each target of ``model``."""
+        h, d, inter = model.hidden_size, model.head_dim, model.intermediate_size
+        shapes = {"q_proj": (h, model.num_heads * d), "k_proj": (h, model.num_kv_heads * d),
+                  "v_proj": (h, model.num_kv_heads * d), "o_proj": (model.num_heads * d, h),
+                  "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+        unknown = [t for t in self.targets if t not in shapes]
+        if unknown:
+            raise ValueError(f"unknown adapter target(s) {unknown}; known: {', '.join(shapes)}")
+        return tuple(shapes[t] for t in self.targets)
+
+
+def adapter_layer_time_s(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_bytes: int,
+                         group_rows: Sequence[float], shape: AdapterShape = AdapterShape()) -> float:
+    """Seconds the task terms add to ONE layer of a step whose task groups have ``group_rows``
+    rows each (formula in the module docstring; base-model rows are not in ``group_rows``)."""
+    b, r, n = dtype_bytes, shape.rank, num_gpus
+    flops_rate = n * gpu.fp16_flops * gpu.compute_efficiency
+    bytes_rate = n * gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency
+    launches = ADAPTER_KERNELS_PER_TARGET * ADAPTER_KERNEL_LAUNCH_S
+    total = 0.0
+    for rows in group_rows:
+        if rows <= 0:
+            continue
+        for inp, out in shape.projections(model):
+            flops = 2 * rows * r * (inp + out)
+            nbytes = r * (inp + out) * b + rows * (inp + 2 * out + 2 * r) * b
+            total += max(flops / flops_rate, nbytes / bytes_rate) + launches
+    return total
+
+
 @dataclass(frozen=True)
 class OperatingPoint:
     """Steady-state batch of a node holding k layers (see module docstring)."""
@@ -291,6 +361,14 @@ class CostModel:
         if prompt_context is None:
             prompt_context = min(prompt_tokens, self.workload.mean_prompt_tokens) / 2
         return profile.step_overhead_s(prompt_tokens, decode_seqs, decode_context, prompt_context)
+
+    def adapter_step_s(self, node: NodeSpec, num_layers: int, group_rows: Sequence[float],
+                       shape: AdapterShape = AdapterShape()) -> float:
+        """Seconds the task terms add to a step through ``num_layers`` layers of ``node``
+        (:func:`adapter_layer_time_s` per layer; the roofline's, also for profiled nodes: the
+        profiles measure the base model only)."""
+        return num_layers * adapter_layer_time_s(self.model, node.kind, node.num_gpus,
+                                                 self.dtype_bytes, group_rows, shape)
 
     # --- memory -------------------------------------------------------------------------------------
     def kv_capacity_tokens(self, node: NodeSpec, num_layers: int, first: bool = False,

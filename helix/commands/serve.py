@@ -24,6 +24,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
           max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
           max_model_len: Optional[int] = typer.Option(None, min=1, help="most prompt + output tokens per request (as vLLM's --max-model-len; default and upper limit: the checkpoint's max_position_embeddings)"),
+          task_replicas: Optional[int] = typer.Option(None, min=1, help="hold each fine-tuned task (load_lora_adapter) on this many of the plan's pipelines at first, route its requests only there, and move tasks from busy pipelines to idle ones as their load changes (default: every worker holds every task)"),
           worker_host: Optional[str] = typer.Option(None, help="address every Ray worker binds (default: the address Ray reports for the worker's node when joining a cluster with --address / RAY_ADDRESS; 127.0.0.1 with a local Ray)"),
           node_timeout: float = typer.Option(60.0, min=0.0, help="seconds to wait for each plan node's Ray node (resource helix_node:NAME) to join before failing with the `ray start` line to run there"),
           api_key: Optional[str] = typer.Option(None, envvar="HELIX_API_KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize, /detokenize and /admin (helix drain), and on gRPC Generate and the drain calls (as vLLM's --api-key; env HELIX_API_KEY)"),
@@ -36,6 +37,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
+    from coordinator.task_placement import PlacementConfig
     from helix.plan import Plan
     from helix.server.guard import HttpOptions
     from helix.server.http import bind_http, run_blocking
@@ -65,7 +67,9 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                            launch=LaunchConfig(address=address, bind_host=worker_host,
                                                node_timeout_s=node_timeout),
                            runtime=RuntimeConfig(max_waiting_requests=max_waiting,
-                                                 max_model_len=max_model_len),
+                                                 max_model_len=max_model_len,
+                                                 task_placement=None if task_replicas is None else
+                                                 PlacementConfig(initial_replicas=task_replicas)),
                            http=HttpOptions(api_key=api_key, protect_health=api_key_health,
                                             admin_open=_loopback(host),
                                             max_body_bytes=max_request_bytes,

@@ -84,6 +84,17 @@ def simulate(
                                     "other pipelines at once (helix drain --move)."),
     join: list[str] = typer.Option([], "--join", help="NODE@T: a node of the plan is absent until "
                                    "T simulated seconds in, then takes requests. Repeatable."),
+    tasks: int = typer.Option(0, "--tasks", min=0, help="Requests name one of N fine-tuned tasks "
+                              "(LoRA terms on every projection): each step pays its tasks' terms "
+                              "(cost model: bytes and kernel launches per task group). 0: the base "
+                              "model only."),
+    task_skew: str = typer.Option("uniform", "--task-skew", help="With --tasks: how popular each "
+                                  "task is: uniform, or zipf:S (task k named in proportion to k^-S)."),
+    task_rank: int = typer.Option(16, "--task-rank", help="With --tasks: the LoRA rank."),
+    task_replicas: Optional[int] = typer.Option(
+        None, "--task-replicas", help="With --tasks: place each task on this many of the plan's "
+        "pipelines at first and move tasks from busy to idle ones as helix serve does "
+        "(coordinator.task_placement); default: every node holds every task."),
 ) -> None:
     """Simulate serving a trace on a cluster with a plan: throughput, latencies, utilization.
 
@@ -113,7 +124,8 @@ def simulate(
                        record_events=event_log is not None,
                        failures=tuple(_failure(f, detect, spec) for f in fail),
                        drains=tuple(_elastic(d, "--drain", spec, drain_move) for d in drain),
-                       joins=tuple(_elastic(j, "--join", spec) for j in join))
+                       joins=tuple(_elastic(j, "--join", spec) for j in join),
+                       tasks=_task_mix(tasks, task_skew, task_rank, task_replicas))
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
                                   num_requests=num_requests, load=load, rate_per_s=rate)
@@ -127,6 +139,36 @@ def simulate(
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
                     json_out, event_log)
+
+
+def _task_mix(tasks: int, skew: str, rank: int, replicas: int | None):
+    """``--tasks`` and its options as a :class:`~helix.sim.tasks.TaskMix` (None without tasks)."""
+    if not tasks:
+        if skew != "uniform" or replicas is not None:
+            raise HelixUserError("--task-skew and --task-replicas need --tasks N")
+        return None
+    from helix.costmodel import AdapterShape
+    from helix.sim.tasks import TaskMix
+    return TaskMix(tasks, skew, shape=AdapterShape(rank), replicas=replicas)
+
+
+def _replan_config(on: bool, drift: float, horizon: float, hysteresis: float, time_limit: float,
+                   scheduler: str):
+    """``--replan`` and its options as a :class:`~helix.sim.replan.ReplanConfig` (None: off)."""
+    if not on:
+        return None
+    if scheduler != "helix":
+        raise HelixUserError(f"--replan needs --scheduler helix (re-planned flows), got {scheduler!r}")
+    from helix.sim.replan import ReplanConfig
+    from planner.trigger import TriggerConfig
+    for name, value, ok in (("--replan-drift", drift, drift >= 0), ("--horizon", horizon, horizon > 0),
+                            ("--hysteresis", hysteresis, hysteresis >= 0),
+                            ("--replan-time-limit", time_limit, time_limit > 0)):
+        if not (ok and math.isfinite(value)):
+            bound = "> 0" if name in ("--horizon", "--replan-time-limit") else ">= 0"
+            raise HelixUserError(f"{name} must be {bound} and finite, got {value:g}")
+    return ReplanConfig(TriggerConfig(drift=drift, horizon_s=horizon, hysteresis=hysteresis,
+                                      time_limit_s=time_limit))
 
 
 def _failure(text: str, detect_s: float, spec):
@@ -226,6 +268,13 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                   f"{result.requests_arrived} arrived, {result.requests_rejected} rejected"
                   + (f", {result.requests_moved} moved to other pipelines ({result.moved_prefill_tokens} "
                      f"tokens prefilled again)" if config.failures or config.drains else ""))
+    if config.tasks is not None:
+        placement = sim.placement
+        console.print(f"{config.tasks.num_tasks} tasks ({config.tasks.skew}, LoRA rank "
+                      f"{config.tasks.shape.rank}): " + (
+                          "every node holds every task" if placement is None else
+                          f"placed on {len(placement.replicas)} pipelines, {placement.rounds} "
+                          f"rebalancing rounds, {placement.moves} task moves"))
     for phase in result.phases:
         rate = phase["decode_tokens_per_s"]
         console.print(f"  {phase['label']} ({phase['start_s']:.0f}-{phase['end_s']:.0f} s): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from coordinator.kv_estimator import KVEstimator
@@ -12,6 +13,7 @@ from helix.plan import COORDINATOR, Plan
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.hop import CoordinatorHop
 from helix.sim.network import LinkParams, Network
+from helix.sim.tasks import assign_tasks, task_name, task_placement
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 from helix.spec import ClusterSpec
@@ -79,8 +81,11 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
         node = spec.node(p.node)
         overhead = functools.partial(cost.step_overhead_s, node) if node.label in cost.profiles \
             else None   # measured by `helix profile`; the roofline has no such term
+        adapters = None if config.tasks is None else functools.partial(
+            cost.adapter_step_s, node, p.num_layers, shape=config.tasks.shape)
         workers[p.node] = SimWorker(p.node, p.start, p.end, cap,
-                                    functools.partial(cost.layer_time_s, node), pc, block, overhead)
+                                    functools.partial(cost.layer_time_s, node), pc, block, overhead,
+                                    adapters)
     return workers
 
 
@@ -102,6 +107,15 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
                     cost: CostModel | None = None) -> Simulator:
     """A ready-to-run simulator of ``plan`` on ``spec`` with the named scheduler."""
     check_plan_matches(spec, plan)
+    placement = None
+    if config.tasks is not None:   # every request names a task (or the base model)
+        workload = assign_tasks(workload, config.tasks, config.seed)
+        mix = config.tasks
+        if mix.replicas is not None and scheduler == "helix":
+            names = dict.fromkeys([task_name(k) for k in range(mix.num_tasks)]
+                                  + [r.task for r in workload if r.task is not None])
+            placement = task_placement(plan, names, dataclasses.replace(
+                mix.placement, initial_replicas=mix.replicas))
     cost = cost or CostModel.for_cluster(spec)
     limits = serving_limits(spec, plan, cost)
     workers = build_workers(spec, plan, cost, config, limits)
@@ -119,6 +133,7 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
     model = spec.model
     made = Simulator(config, workload, sched, workers, build_network(spec, config.link_sharing),
                      model.activation_bytes_per_token(spec.dtype_bytes), token_id_bytes(model),
-                     flow_plan=flow_plan, remake=remake if flow_plan is not None else None)
+                     flow_plan=flow_plan, remake=remake if flow_plan is not None else None,
+                     placement=placement)
     made.hop = CoordinatorHop.of(spec.coordinator)   # measured, or None: free (helix.sim.hop)
     return made

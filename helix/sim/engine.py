@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
+from coordinator.task_placement import TaskPlacement
 from coordinator.kv_estimator import KVEstimator
 from helix.plan import COORDINATOR, Plan
 from helix.serving import UNCHUNKED_STEP_TOKENS
@@ -33,6 +34,7 @@ from helix.sim.hop import CoordinatorHop
 from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
 from helix.sim.network import Network
 from helix.sim.request import SimRequest
+from helix.sim.tasks import TaskMix, TaskRouting
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 
@@ -78,9 +80,12 @@ class SimConfig:
     """Workers drained during the run (``helix simulate --drain NODE@T``)."""
     joins: tuple[NodeJoin, ...] = ()
     """Workers absent until they join during the run (``helix simulate --join NODE@T``)."""
+    tasks: TaskMix | None = None
+    """Requests of many fine-tuned tasks (``helix simulate --tasks N``): steps pay their adapter
+    terms, tasks are placed across pipelines (:mod:`helix.sim.tasks`); None: the base model only."""
 
 
-class Simulator(FailureHandlers, ElasticHandlers):
+class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
     """One run: workers with real step policies, a real scheduler, simulated links and clock."""
 
     hop: CoordinatorHop | None = None
@@ -91,7 +96,8 @@ class Simulator(FailureHandlers, ElasticHandlers):
                  workers: Mapping[str, SimWorker], network: Network,
                  activation_bytes_per_token: int, token_id_bytes: int, *,
                  flow_plan: Plan | None = None,
-                 remake: Callable[[Plan, KVEstimator], Scheduler] | None = None) -> None:
+                 remake: Callable[[Plan, KVEstimator], Scheduler] | None = None,
+                 placement: TaskPlacement | None = None) -> None:
         """``activation_bytes_per_token``: one hidden state between stages; ``token_id_bytes``: one
         token id between the coordinator and a stage (``build_simulator`` takes both from the
         model, as the planner does, so link loads match the plan's arc capacities).
@@ -126,6 +132,7 @@ class Simulator(FailureHandlers, ElasticHandlers):
             raise ValueError(f"failures name unknown node(s) {unknown}")
         self.event_log: list[tuple[float, str, str]] | None = [] if config.record_events else None
         self._init_elastic(flow_plan, remake)
+        self._init_tasks(placement)   # tasks across pipelines (helix.sim.tasks); None: no tasks
         self.handlers: dict[type[Event], Callable[..., Iterable[Event]]] = {
             RequestArrival: self.on_arrival, CoordinatorSchedule: self.on_coordinator_schedule,
             TransferFinish: self.on_transfer_finish, LinkWake: self.on_link_wake,
@@ -179,7 +186,7 @@ class Simulator(FailureHandlers, ElasticHandlers):
     def on_arrival(self, ev: RequestArrival) -> Iterable[Event]:
         now_s, index = ev.time_s, ev.index
         r = self.workload[index]
-        self.queue.append(SimRequest(index, now_s, r.prompt_tokens, r.output_tokens))
+        self.queue.append(SimRequest(index, now_s, r.prompt_tokens, r.output_tokens, r.task))
         self.arrived += 1
         out = list(self._kick_coordinator(now_s))
         if index + 1 < len(self.workload):
@@ -189,7 +196,8 @@ class Simulator(FailureHandlers, ElasticHandlers):
     def _next_waiting(self, now_s: float) -> SimRequest | None:
         if not self.queue and self.config.mode == "offline" and self._next_index < len(self.workload):
             r = self.workload[self._next_index]
-            self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens))
+            self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens,
+                                         r.task))
             self._next_index += 1
             self.arrived += 1
         return self.queue[0] if self.queue else None
@@ -197,6 +205,8 @@ class Simulator(FailureHandlers, ElasticHandlers):
     def on_coordinator_schedule(self, ev: CoordinatorSchedule) -> Iterable[Event]:
         """Admit waiting requests in FIFO order until one fits nowhere (it keeps waiting)."""
         now_s = ev.time_s
+        if self.placement is not None:   # tasks placed across pipelines (helix.sim.tasks)
+            return self._schedule_tasks(now_s)
         self._schedule_pending = False
         out: list[Event] = []
         while (req := self._next_waiting(now_s)) is not None:

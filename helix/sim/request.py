@@ -16,10 +16,10 @@ class SimRequest:
     __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "pipeline",
                  "workers", "admitted_s", "first_token_s", "last_token_s", "finish_s",
                  "generated", "received", "sent_upto", "sent_at_s", "decode_latency_sum_s",
-                 "epoch", "moves")
+                 "epoch", "moves", "task")
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int,
-                 output_tokens: int) -> None:
+                 output_tokens: int, task: str | None = None) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
@@ -41,6 +41,8 @@ class SimRequest:
         """Which pipeline the request is on (it changes when the request moves off a dead node):
         messages of an older epoch are stale."""
         self.moves = 0
+        self.task = task
+        """The fine-tuned task it names (None: the base model)."""
 
     @property
     def done(self) -> bool:

@@ -17,6 +17,9 @@ from worker.step_policy import PolicyConfig, StepPlan, StepPolicy
 #: ``layer_time(prompt_tokens, decode_seqs, decode_context, prompt_context) -> seconds`` of ONE layer.
 LayerTime = Callable[[float, float, float, float], float]
 
+#: ``adapter_time(rows of each task group) -> seconds`` the task terms add to a step over the slice.
+AdapterTime = Callable[[list[int]], float]
+
 
 class SimWorker:
     """One node's slice ``[start, end)``; ``requests`` maps request id -> (SimRequest, stage index)."""
@@ -24,13 +27,16 @@ class SimWorker:
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
                  "_num_partial", "peak_used_blocks", "down", "epoch", "detected_epoch", "routed",
-                 "first_routed_s", "last_routed_s")
+                 "first_routed_s", "last_routed_s", "adapter_time")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
-                 block_size_tokens: int = 16, step_overhead: LayerTime | None = None) -> None:
+                 block_size_tokens: int = 16, step_overhead: LayerTime | None = None,
+                 adapter_time: AdapterTime | None = None) -> None:
         """``step_overhead``: seconds a step costs apart from its layers (same arguments as
-        ``layer_time``, charged once per step); None = nothing."""
+        ``layer_time``, charged once per step); None = nothing. ``adapter_time``: seconds the
+        fine-tuned tasks' terms add to a step over the whole slice, given each task group's rows
+        (:meth:`helix.costmodel.CostModel.adapter_step_s`); None = nothing."""
         self.name = name
         self.start = start
         self.end = end
@@ -60,6 +66,7 @@ class SimWorker:
         """Requests the coordinator gave a pipeline through this worker (a moved one again)."""
         self.first_routed_s: float | None = None
         self.last_routed_s: float | None = None
+        self.adapter_time = adapter_time
 
     def go_down(self) -> None:
         """The process is gone: every request and all KV with it; a step in progress never ends."""
@@ -98,7 +105,25 @@ class SimWorker:
         self.policy.finish(request_id)
 
     def step_time_s(self, plan: StepPlan) -> float:
-        """Duration of ``plan`` over this slice (requests join at their entry layer)."""
+        """Duration of ``plan`` over this slice (requests join at their entry layer), plus its
+        fine-tuned tasks' terms (charged over the whole slice, also for a request that enters
+        mid-slice)."""
+        t = self._base_time_s(plan)
+        if self.adapter_time is None:
+            return t
+        rows: dict[str, int] = {}
+        requests = self.requests
+        for rid in plan.decode_ids:
+            task = requests[rid][0].task
+            if task is not None:
+                rows[task] = rows.get(task, 0) + 1
+        for c in plan.prefill_chunks:
+            task = requests[c.request_id][0].task
+            if task is not None:
+                rows[task] = rows.get(task, 0) + c.num_tokens
+        return t + self.adapter_time(list(rows.values())) if rows else t
+
+    def _base_time_s(self, plan: StepPlan) -> float:
         if self._num_partial == 0:
             d = len(plan.decode_ids)
             p = 0

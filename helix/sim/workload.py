@@ -39,6 +39,8 @@ class TraceRequest:
     """Seconds after the first request of the workload."""
     prompt_tokens: int
     output_tokens: int
+    task: str | None = None
+    """The fine-tuned task it names (None: the base model; :mod:`helix.sim.tasks`)."""
 
 
 def resolve_trace(ref: str) -> Path:
