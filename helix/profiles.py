@@ -6,7 +6,8 @@ A profile is a folder (``performance.profiles`` in the spec names one per node l
 - ``decode_bs2time.csv``: decoding sequences in one step (one token each) -> ms for one layer;
 - optionally ``profile.yaml``: how it was measured (model, device, dtype, threads, ...) and, under
   ``step_overhead_ms``, the step's fixed cost apart from its layers as ``[batch, context, ms]`` rows
-  for prompt and decode steps (written by ``helix profile``; see :func:`write_profile`).
+  for prompt and decode steps, of a middle stage and (``last_prompt``, ``last_decode``) of a last
+  stage, which also samples (written by ``helix profile``; see :func:`write_profile`).
 
 Rows are ``batch,ms`` (the Helix artifact's format, see ``shared/data/profiles``: no context
 dimension) or ``batch,context,ms``, where context is the prompt length of each request (prompt
@@ -129,6 +130,11 @@ class MeasuredProfile:
     profile`` measures it; None in the reference's profiles)."""
     decode_overhead: Surface | None = None
     """The same by decoding sequences and context."""
+    last_prompt_overhead: Surface | None = None
+    """The fixed cost of a *last* stage's step (it also runs the LM head and samples), by prompt
+    tokens and length; None: not measured (a last stage then costs what a middle one does)."""
+    last_decode_overhead: Surface | None = None
+    """The same by decoding sequences and context."""
 
     def layer_time_s(self, prompt_tokens: float, decode_seqs: float,
                      decode_context: float | None = None,
@@ -141,15 +147,19 @@ class MeasuredProfile:
 
     def step_overhead_s(self, prompt_tokens: float, decode_seqs: float,
                         decode_context: float | None = None,
-                        prompt_context: float | None = None) -> float:
+                        prompt_context: float | None = None, last: bool = False) -> float:
         """The step's fixed cost apart from its layers (scheduling, building the batch, moving
-        inputs and outputs): once per step, whatever the number of layers; 0 when not measured."""
+        inputs and outputs): once per step, whatever the number of layers; 0 when not measured.
+        ``last``: of a pipeline's last stage (the LM head and sampling too), where measured."""
         length = None if prompt_context is None else 2 * prompt_context
+        prompt, decode = self.prompt_overhead, self.decode_overhead
+        if last and (self.last_prompt_overhead is not None or self.last_decode_overhead is not None):
+            prompt, decode = self.last_prompt_overhead, self.last_decode_overhead
         total = 0.0
-        if self.prompt_overhead is not None:
-            total += self.prompt_overhead(prompt_tokens, length)
-        if self.decode_overhead is not None:
-            total += self.decode_overhead(decode_seqs, decode_context)
+        if prompt is not None:
+            total += prompt(prompt_tokens, length)
+        if decode is not None:
+            total += decode(decode_seqs, decode_context)
         return total
 
 
@@ -200,7 +210,9 @@ def load_profile(folder: str | Path, label: str) -> MeasuredProfile:
     return MeasuredProfile(label=label, prompt=read_surface(folder / PROMPT_FILE),
                            decode=read_surface(folder / DECODE_FILE), source=str(folder), meta=meta,
                            prompt_overhead=_overhead(overhead, "prompt", meta_path),
-                           decode_overhead=_overhead(overhead, "decode", meta_path))
+                           decode_overhead=_overhead(overhead, "decode", meta_path),
+                           last_prompt_overhead=_overhead(overhead, "last_prompt", meta_path),
+                           last_decode_overhead=_overhead(overhead, "last_decode", meta_path))
 
 
 def _overhead(section: Any, kind: str, where: Path) -> Surface | None:
@@ -225,10 +237,11 @@ def write_rows(path: Path, header: str, rows: list[ProfileRow]) -> None:
 
 def write_profile(folder: str | Path, prompt: list[ProfileRow], decode: list[ProfileRow],
                   meta: dict[str, Any], prompt_overhead: list[ProfileRow] = (),
-                  decode_overhead: list[ProfileRow] = ()) -> Path:
+                  decode_overhead: list[ProfileRow] = (), last_prompt_overhead: list[ProfileRow] = (),
+                  last_decode_overhead: list[ProfileRow] = ()) -> Path:
     """Write a profile folder that :func:`load_profile` reads back; returns the folder. ``meta``
-    goes to ``profile.yaml`` with the step overheads (rows with contexts) under
-    :data:`OVERHEAD_KEY`."""
+    goes to ``profile.yaml`` with the step overheads (rows with contexts; a middle stage's and a
+    last stage's) under :data:`OVERHEAD_KEY`."""
     import yaml
 
     def ms_rows(rows: list[ProfileRow]) -> list[list[float]]:
@@ -237,6 +250,9 @@ def write_profile(folder: str | Path, prompt: list[ProfileRow], decode: list[Pro
         meta = {**meta, OVERHEAD_KEY: {
             "note": "the step's fixed cost apart from its layers: [batch, context, ms]",
             "prompt": ms_rows(prompt_overhead), "decode": ms_rows(decode_overhead)}}
+        if last_prompt_overhead or last_decode_overhead:
+            meta[OVERHEAD_KEY].update(last_prompt=ms_rows(last_prompt_overhead),
+                                      last_decode=ms_rows(last_decode_overhead))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     write_rows(folder / PROMPT_FILE, "prompt tokens in the step, prompt length per request, "

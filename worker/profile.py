@@ -161,6 +161,11 @@ class ProfileResult:
     decode: tuple[ProfileRow, ...]
     prompt_overhead: tuple[ProfileRow, ...]
     decode_overhead: tuple[ProfileRow, ...]
+    last_prompt_overhead: tuple[ProfileRow, ...] = ()
+    """The fixed cost of a last stage's step (it also embeds, when first, and runs the final norm,
+    the LM head and sampling for each sequence it samples), by prompt tokens and length."""
+    last_decode_overhead: tuple[ProfileRow, ...] = ()
+    """The same by decoding sequences and context."""
 
 
 def random_slice(spec: ModelSpec, num_layers: int, dtype: torch.dtype, device: torch.device,
@@ -183,13 +188,30 @@ def random_slice(spec: ModelSpec, num_layers: int, dtype: torch.dtype, device: t
     return SliceWeights(deep, 1, 1 + num_layers, [layer() for _ in range(num_layers)])
 
 
+def random_model(spec: ModelSpec, num_layers: int, dtype: torch.dtype, device: torch.device,
+                 seed: int = 1) -> SliceWeights:
+    """A whole model of ``spec``'s shapes with ``num_layers`` random layers: a slice that is the
+    first and the last stage at once (embedding, final norm, LM head), as a worker serving a whole
+    replica runs."""
+    middle = random_slice(spec, num_layers, dtype, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    h, vocab = spec.hidden_size, spec.vocab_size
+
+    def mat() -> torch.Tensor:
+        return (torch.randn(vocab, h, generator=gen) * h ** -0.5).to(device, dtype)
+    whole = dataclasses.replace(spec, num_layers=num_layers)
+    return SliceWeights(whole, 0, num_layers, middle.layers, embed=mat(),
+                        final_norm=torch.ones(h, dtype=dtype, device=device), lm_head=mat())
+
+
 class _Timer:
     """One engine and the requests it holds, driven with hidden-state inputs. Its model's
     ``forward`` (the layers) is timed inside each step, so a step splits into layers and the rest."""
 
     def __init__(self, weights: SliceWeights, grid: ProfileGrid, device: torch.device,
-                 dtype: str) -> None:
-        config = EngineConfig(block_size_tokens=_BLOCK_TOKENS, num_kv_blocks=grid.kv_blocks,
+                 dtype: str, kv_blocks: int | None = None) -> None:
+        config = EngineConfig(block_size_tokens=_BLOCK_TOKENS,
+                              num_kv_blocks=kv_blocks or grid.kv_blocks,
                               max_num_seqs=grid.max_seqs, max_num_batched_tokens=grid.step_tokens,
                               chunked_prefill=True, dtype=dtype, device=str(device),
                               pack_cpu_weights=True)
@@ -219,6 +241,10 @@ class _Timer:
 
     def _new(self, length: int, max_tokens: int) -> StageInput:
         rid = next(self._ids)
+        if self.engine.weights.is_first:   # token ids in; sampled to the end, whatever they are
+            ids = tuple(int(t) for t in torch.randint(self.engine.weights.spec.vocab_size, (length,)))
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            return StageInput(rid, 0, token_ids=ids, new_request=NewRequest(rid, length, params, ids))
         return StageInput(rid, 0, hidden_states=self._states(length),
                           new_request=NewRequest(rid, length, SamplingParams(max_tokens=max_tokens)))
 
@@ -271,6 +297,32 @@ class _Timer:
                                f"{(prefill_tokens, decodes)}: a bug in the profiler's setup")
 
 
+class _WholeTimer(_Timer):
+    """A whole-model engine (:func:`random_model`): it samples and feeds its tokens back itself,
+    so every request it holds decodes in every step; a decode point holds exactly its sequences."""
+
+    def hold(self, seqs: int, context: int, max_tokens: int) -> None:
+        """Hold ``seqs`` requests whose prompts of ``context`` tokens are computed."""
+        self.release_all()
+        inputs = [self._new(context, max_tokens) for _ in range(seqs)]
+        self.engine.step(inputs)
+        policy = self.engine.policy
+        while any(policy.num_computed(i.request_id) < context for i in inputs):
+            self.engine.step()   # the prompts' chunks (the first ones decode meanwhile)
+        self._held = [[context, i.request_id] for i in inputs]
+
+    def keep(self, seqs: int) -> None:
+        """Release held requests until ``seqs`` remain."""
+        gone = self._held[seqs:]
+        self.engine.release([rid for _, rid in gone])
+        self._held = self._held[:seqs]
+
+    def decode_step(self, seqs: int) -> tuple[float, float]:
+        times = self._timed_step([])
+        self._check(decodes=seqs)
+        return times
+
+
 def _time(run: Callable[[], tuple[float, float]], reps: int, layers: int) -> tuple[float, float]:
     """(one layer, the step's fixed cost) in seconds: the fastest of ``reps`` runs after a warm-up,
     each part on its own (other processes only ever slow a run down)."""
@@ -313,4 +365,40 @@ def measure(spec: ModelSpec, grid: ProfileGrid, device: str, dtype: str,
             decode_fixed.append(ProfileRow(seqs, context, fixed_s))
             advance(f"decode {seqs} seqs at context {context}")
         timer.release_all()
-    return ProfileResult(tuple(prompt), tuple(decode), tuple(prompt_fixed), tuple(decode_fixed))
+    del timer
+    last_prompt, last_decode = measure_last_stage(spec, grid, dev, dtype, advance)
+    return ProfileResult(tuple(prompt), tuple(decode), tuple(prompt_fixed), tuple(decode_fixed),
+                         last_prompt, last_decode)
+
+
+def measure_last_stage(spec: ModelSpec, grid: ProfileGrid, dev: torch.device, dtype: str,
+                       advance: Callable[[str], None] = lambda _what: None
+                       ) -> tuple[tuple[ProfileRow, ...], tuple[ProfileRow, ...]]:
+    """The fixed step cost (apart from the layers) of a whole-model engine of one layer at every
+    point of ``grid``: what a worker that is its pipeline's last stage pays per step beyond a
+    middle stage's cost (sampling, LM head; and embedding when it is also the first stage).
+    Decode points of one context share one prefill: the sequences are released, largest batch
+    first, down to each point's count."""
+    points = grid.decode_points()
+    # Tokens a held request samples: one in every timed step, and one per step of the prompts.
+    steps = (grid.reps + 1) * len(grid.decode_seqs) + 2 + \
+        max(grid.decode_seqs, default=0) * max(grid.decode_contexts, default=0) // grid.step_tokens
+    per_seq = blocks_for_tokens(max(grid.decode_contexts, default=0) + steps + 1, _BLOCK_TOKENS)
+    blocks = max(grid.kv_blocks, per_seq * max(grid.decode_seqs, default=0))
+    timer = _WholeTimer(random_model(spec, 1, torch_dtype(dtype), dev), grid, dev, dtype, blocks)
+    prompt = []
+    for n, length in grid.prompt_points():
+        _, fixed_s = _time(lambda: timer.prompt_step(n, length), grid.reps, 1)
+        prompt.append(ProfileRow(n * length, length, fixed_s))
+    advance("last stage: prompt steps")
+    decode = []
+    for context in grid.decode_contexts:
+        ctx = min(context, spec.max_position_embeddings - steps - 1)
+        timer.hold(max(grid.decode_seqs), ctx, max_tokens=steps + 1)
+        for seqs in sorted(grid.decode_seqs, reverse=True):
+            timer.keep(seqs)
+            _, fixed_s = _time(lambda: timer.decode_step(seqs), grid.reps, 1)
+            decode.append(ProfileRow(seqs, context, fixed_s))
+        timer.release_all()
+    advance("last stage: decode steps")
+    return tuple(prompt), tuple(sorted(decode, key=lambda r: (r.context, r.batch)))

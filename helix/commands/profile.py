@@ -55,7 +55,7 @@ def profile_command(
 ) -> None:
     """Measure per-layer prompt and decode step times of the serving engine on this device.
 
-    Writes prompt_bs2time.csv and decode_bs2time.csv (batch, context, ms for one layer) and profile.yaml (device, dtype, threads, the step's fixed cost apart from its layers) into a folder. Name the folder in a cluster spec, performance: {profiles: {LABEL: FOLDER}} with LABEL the nodes' gpu label (CPU, L4, L4x2, ...), and `helix plan` and `helix simulate` use the measured times. Defaults: a grid for the device (--quick for a tiny one), the device's usual dtype, every core.
+    Writes prompt_bs2time.csv and decode_bs2time.csv (batch, context, ms for one layer) and profile.yaml (device, dtype, threads, the step's fixed cost apart from its layers, for a middle stage and for a last stage, which also samples) into a folder. Name the folder in a cluster spec, performance: {profiles: {LABEL: FOLDER}} with LABEL the nodes' gpu label (CPU, L4, L4x2, ...), and `helix plan` and `helix simulate` use the measured times. Defaults: a grid for the device (--quick for a tiny one), the device's usual dtype, every core.
     """
     import dataclasses
 
@@ -96,12 +96,13 @@ def profile_command(
     columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, transient=True) as bar:
-        task = bar.add_task("starting", total=grid.num_points)
+        task = bar.add_task("starting", total=grid.num_points + 2)   # + the last stage's two
         result = measure(spec, grid, dev, dtype,
                          advance=lambda what: bar.update(task, advance=1, description=what))
     meta = _metadata(spec, dev, dtype, grid, time.perf_counter() - t0)
     write_profile(folder, list(result.prompt), list(result.decode), meta,
-                  list(result.prompt_overhead), list(result.decode_overhead))
+                  list(result.prompt_overhead), list(result.decode_overhead),
+                  list(result.last_prompt_overhead), list(result.last_decode_overhead))
     typer.echo(f"wrote {folder}: {len(result.prompt)} prompt and {len(result.decode)} decode points "
                f"({meta['device_name']}, {dtype}, {meta['torch_threads']} threads, "
                f"{meta['seconds']:.1f} s)")

@@ -79,8 +79,11 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
             raise InfeasibleError(f"node {p.node!r} cannot hold layers [{p.start}, {p.end}) with room "
                                   f"for KV ({cap} tokens)")
         node = spec.node(p.node)
-        overhead = functools.partial(cost.step_overhead_s, node) if node.label in cost.profiles \
-            else None   # measured by `helix profile`; the roofline has no such term
+        # Measured by `helix profile` (a last stage's step also runs the LM head and samples);
+        # the roofline has no such term.
+        profile = cost.profiles.get(node.label)
+        overhead = None if profile is None else functools.partial(
+            profile.step_overhead_s, last=p.end == plan.num_layers)
         adapters = None if config.tasks is None else functools.partial(
             cost.adapter_step_s, node, p.num_layers, shape=config.tasks.shape)
         workers[p.node] = SimWorker(p.node, p.start, p.end, cap,

@@ -44,6 +44,12 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
         [(16, 16), (32, 16), (64, 16), (128, 16), (64, 64), (128, 64)]
     assert [(r.batch, r.context) for r in profile.decode.rows()] == [(1, 16), (4, 16), (1, 64), (4, 64)]
     assert all(r.seconds > 0 for r in profile.prompt.rows() + profile.decode.rows())
+    # A last stage's fixed cost (LM head, sampling) measured apart, at the same points.
+    assert [(r.batch, r.context) for r in profile.last_prompt_overhead.rows()] == \
+        [(r.batch, r.context) for r in profile.prompt_overhead.rows()]
+    assert [(r.batch, r.context) for r in profile.last_decode_overhead.rows()] == \
+        [(r.batch, r.context) for r in profile.decode_overhead.rows()]
+    assert all(r.seconds > 0 for r in profile.last_decode_overhead.rows())
 
     spec_path = tmp_path / "one.yaml"
     spec_path.write_text(ONE_NODE)
@@ -63,7 +69,8 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
     assert plan["placements"] == [{"node": "cpu-0", "start": 0, "end": 8}]
     assert plan["max_flow_tokens_per_s"] == pytest.approx(cost.throughput_tokens_per_s(node, 8))
 
-    # The simulator charges a step its 8 measured layers plus the step's measured fixed cost.
+    # The simulator charges a step its 8 measured layers plus the step's measured fixed cost, a
+    # last stage's (cpu-0 holds the whole model: it samples).
     from helix.plan import Plan
     from worker.step_policy import StepPlan
     sim = build_simulator(spec, Plan.load(plan_path), (TraceRequest(0.0, 8, 2),),
@@ -71,8 +78,10 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
     step = StepPlan(decode_ids=("a", "b"), decode_positions=(40, 60))
     fixed = profile.step_overhead_s(0, 2, 50, 0)
     assert fixed > 0 and cost.step_overhead_s(node, 0, 2, 50, 0) == fixed
+    last = profile.step_overhead_s(0, 2, 50, 0, last=True)
+    assert last == pytest.approx(profile.last_decode_overhead(2, 50))
     assert sim.workers["cpu-0"].step_time_s(step) == pytest.approx(
-        8 * profile.layer_time_s(0, 2, 50, 0) + fixed)
+        8 * profile.layer_time_s(0, 2, 50, 0) + last)
 
 
 def test_a_checkpoint_folder_is_profiled_from_its_config(tmp_path, capsys):

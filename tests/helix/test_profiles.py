@@ -76,3 +76,17 @@ def test_write_then_load_round_trips(tmp_path):
     assert q.step_overhead_s(0, 4, 128) == pytest.approx(4e-4)
     assert q.step_overhead_s(64, 8, 128, 32) == pytest.approx(3e-4 + 8e-4)
     assert q.meta["step_overhead_ms"]["decode"] == [[1, 128, 0.1], [8, 128, 0.8]]
+    # A profile without a last stage's figures charges a last stage the middle one's.
+    assert q.step_overhead_s(0, 4, 128, last=True) == pytest.approx(4e-4)
+
+
+def test_a_last_stage_pays_its_own_measured_fixed_cost(tmp_path):
+    prompt, decode = [ProfileRow(64, 64, 1e-3)], [ProfileRow(1, 128, 2e-4), ProfileRow(8, 128, 5e-4)]
+    write_profile(tmp_path / "p", prompt, decode, {}, [ProfileRow(64, 64, 3e-4)],
+                  [ProfileRow(1, 128, 1e-4), ProfileRow(8, 128, 8e-4)],
+                  [ProfileRow(64, 64, 5e-4)], [ProfileRow(1, 128, 6e-4), ProfileRow(8, 128, 1.3e-3)])
+    p = load_profile(tmp_path / "p", "CPU")
+    assert p.step_overhead_s(0, 8, 128) == pytest.approx(8e-4)                 # a middle stage
+    assert p.step_overhead_s(0, 8, 128, last=True) == pytest.approx(1.3e-3)    # a last stage
+    assert p.step_overhead_s(64, 1, 128, 32, last=True) == pytest.approx(5e-4 + 6e-4)
+    assert p.meta["step_overhead_ms"]["last_decode"] == [[1, 128, 0.6], [8, 128, 1.3]]
