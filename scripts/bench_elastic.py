@@ -12,8 +12,10 @@ Two parts, kept apart:
   2. the Azure conversation trace's hour replayed through the trigger's windows on geo24 (each
      request counted as completed at its arrival time; polls every minute): how many re-plans are
      considered and adopted with the default band and margin (hysteresis) and without either.
-- **live** (``--live``): the same join and drain on a real stack. Added by the live join helper;
-  this file only reserves the flag and the BENCHMARKS.md section.
+- **live** (``--live``, :func:`live_run`): a join and a drain on a real stack (in-process workers,
+  ZeroMQ, gRPC, HTTP; the tiny model on local3 planned without cpu-2): cpu-2's worker joins under a
+  steady greedy load (re-plan + drain-first apply, :mod:`helix.server.elastic`), then is drained;
+  decode tokens/s before / while joining / joined / drained, failed and moved requests.
 
     python scripts/bench_elastic.py [--no-write] [--skip-trace] [--skip-events] [--live]
 """
@@ -98,9 +100,92 @@ def default_configs(time_limit_s: float) -> dict:
                               min_interval_s=0.0)}
 
 
-# --- live part (added by the live join helper) ----------------------------------------------------
+# --- live part ------------------------------------------------------------------------------------
+LIVE_JOINS = "cpu-2"
+"""The node of cluster_specs/local3.yaml that joins the live stack (planned without it), then drains."""
+
+
+def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max_tokens: int) -> dict:
+    """One live run: the in-process stack (tests.builders.stack: real workers, ZeroMQ, gRPC, HTTP)
+    on local3 less cpu-2 under a steady greedy load (bench_drain.Load); after ``before_s`` a worker
+    for cpu-2 starts and joins (helix.server.elastic: re-plan, drain-first apply); ``after_s`` after
+    it serves, cpu-2 is drained over ``POST /admin/drain``; ``after_s`` more. Tokens/s per phase."""
+    import httpx
+
+    from bench_drain import Load   # scripts/ is this script's import path
+    from coordinator.runtime import RuntimeConfig, WorkerHandle
+    from helix.server.elastic import Elastic
+    from helix.spec import load_cluster
+    from tests.builders.elastic import LOCAL3, plan_without
+    from tests.builders.stack import local_stack
+    from worker.server import WorkerServer
+    spec = load_cluster(LOCAL3)
+    runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=120, max_waiting_requests=10_000)
+    joiner = None
+    try:
+        with local_stack(ckpt, runtime, plan=plan_without(spec, LIVE_JOINS)) as stack:
+            coord = stack.coordinator
+            elastic = Elastic(coord, spec)
+            t0 = time.monotonic()
+            load = Load(coord, rate_per_s, max_tokens)
+            time.sleep(before_s)
+            join_s = time.monotonic()
+            joiner = WorkerServer(LIVE_JOINS, str(ckpt), torch_threads=1)
+            elastic.join(WorkerHandle(LIVE_JOINS, joiner.control.address, joiner.data.address),
+                         {"gpu": "CPU"})
+            while elastic.joins[LIVE_JOINS].state in ("planning", "applying"):
+                time.sleep(0.02)
+            serving_s = time.monotonic()
+            status = elastic.joins[LIVE_JOINS]
+            routed = sum(n for nodes, n in coord.pipeline_counts.items() if LIVE_JOINS in nodes)
+            time.sleep(after_s)
+            drain_s = time.monotonic()
+            routed_after_join = sum(n for nodes, n in coord.pipeline_counts.items()
+                                    if LIVE_JOINS in nodes) - routed
+            httpx.post(stack.url + "/admin/drain", json={"node": LIVE_JOINS},
+                       timeout=30).raise_for_status()
+            drained_s = None
+            while drained_s is None and time.monotonic() - drain_s < 60:
+                if coord.node_status(LIVE_JOINS).state == "drained":
+                    drained_s = time.monotonic()
+                time.sleep(0.02)
+            time.sleep(max(0.0, drain_s + after_s - time.monotonic()))
+            end_s = time.monotonic()
+            load.stop()
+            placed = {p.node: (p.start, p.end) for p in coord.plan.placements}
+            return {"join": status.state, "join_s": serving_s - join_s,
+                    "placement": ", ".join(f"{n} [{a}, {b})" for n, (a, b) in sorted(placed.items())),
+                    "before": load.rate(t0 + 1.0, join_s), "joining": load.rate(join_s, serving_s),
+                    "joined": load.rate(serving_s, drain_s),
+                    "drain_s": None if drained_s is None else drained_s - drain_s,
+                    "drained": load.rate(drained_s or drain_s, end_s),
+                    "routed_after_join": routed_after_join, "requests": len(load.records),
+                    "failed": load.failed(), "moved": coord.requests_moved}
+    finally:   # after the stack: its pollers must not see the worker go
+        if joiner is not None:
+            joiner.shutdown()
+
+
 def live_view(args) -> str:
-    raise SystemExit("bench_elastic.py --live: not built yet (the live join + apply work adds it)")
+    """The live part's table (one run; the tiny model on this machine's CPU)."""
+    from helix.commands.demo_checkpoint import write_tiny_checkpoint
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tiny_checkpoint(Path(tmp))
+        r = live_run(Path(tmp), args.live_before, args.live_after, args.live_rate, args.live_tokens)
+    print(r)
+    drain = "-" if r["drain_s"] is None else f"{r['drain_s']:.1f}"
+    return ("Live join and drain (the tiny model on local3 less cpu-2, in-process stack, "
+            f"{args.live_rate:g} req/s x {args.live_tokens} greedy tokens; cpu-2 joins as a new worker "
+            f"after {args.live_before:g} s, is drained {args.live_after:g} s after it serves). Decode "
+            "tokens/s per phase:\n\n"
+            "| join | joined after s | before | joining | joined | drained after s | drained | "
+            "requests via cpu-2 once joined | requests | failed | moved |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {r['join']} | {r['join_s']:.1f} | {r['before']:.0f} | {r['joining']:.0f} | "
+            f"{r['joined']:.0f} | {drain} | {r['drained']:.0f} | {r['routed_after_join']} | "
+            f"{r['requests']} | {r['failed']} | {r['moved']} |\n\n"
+            f"Placement after the join: {r['placement']}.")
 
 
 def main() -> None:
@@ -111,6 +196,11 @@ def main() -> None:
     ap.add_argument("--skip-events", action="store_true", help="skip the simulated join / drain")
     ap.add_argument("--live", action="store_true", help="also run the live part")
     ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--live-rate", type=float, default=8.0, help="--live: requests per second")
+    ap.add_argument("--live-tokens", type=int, default=32, help="--live: greedy tokens per request")
+    ap.add_argument("--live-before", type=float, default=6.0, help="--live: seconds before the join")
+    ap.add_argument("--live-after", type=float, default=8.0,
+                    help="--live: seconds after the join serves, and after the drain")
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
     spec, plan = geo24_plan(4 * args.time_limit)

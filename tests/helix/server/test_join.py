@@ -20,9 +20,10 @@ from coordinator.runtime import RuntimeConfig
 from helix.cli import main
 from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, start_server
 from helix.server.elastic import Elastic
-from helix.spec import load_cluster, parse_cluster
+from helix.spec import load_cluster
 
 from tests.builders.cli import helix_env
+from tests.builders.elastic import LOCAL3, plan_without
 from tests.builders.serving import PROMPTS, hf_greedy
 from tests.builders.stack import MODEL_NAME, local_stack
 from tests.builders.traffic import finish, join_streams, stream_all, submit_all, until
@@ -31,20 +32,6 @@ from tests.conftest import REPO_ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 MAX_TOKENS = 24
-LOCAL3 = REPO_ROOT / "cluster_specs" / "local3.yaml"
-
-
-def plan_without(spec, node: str):
-    """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node``."""
-    from planner import predicted
-    from planner.build import build_problem, with_serving
-    from planner.flowgraph import with_flow_capacities
-    data = spec.to_dict()
-    data["nodes"] = [n for n in data["nodes"] if n["name"] != node]
-    less = parse_cluster(data, base_dir=LOCAL3.parent)
-    problem = build_problem(less)
-    plan = predicted.plan(less, "milp", problem=problem, time_limit_s=10, threads=1, seed=0)
-    return with_flow_capacities(with_serving(plan, less), problem)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""Elastic-cluster builders (issue 16): ``helix plan``'s plan of a spec less some node, so that the
+node can join the running stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+LOCAL3 = REPO_ROOT / "cluster_specs" / "local3.yaml"
+
+
+def plan_without(spec, node: str, base_dir: Path = LOCAL3.parent):
+    """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node``."""
+    from helix.spec import parse_cluster
+    from planner import predicted
+    from planner.build import build_problem, with_serving
+    from planner.flowgraph import with_flow_capacities
+    data = spec.to_dict()
+    data["nodes"] = [n for n in data["nodes"] if n["name"] != node]
+    less = parse_cluster(data, base_dir=base_dir)
+    problem = build_problem(less)
+    plan = predicted.plan(less, "milp", problem=problem, time_limit_s=10, threads=1, seed=0)
+    return with_flow_capacities(with_serving(plan, less), problem)
