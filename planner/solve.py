@@ -1,10 +1,12 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
-For ``milp`` (the default): proven fixed-point bound -> every heuristic and structured placement
-(``planner.search.baselines``, ``planner.search.construct``, ``planner.search.mixed_stages``,
-``planner.search.region_chain``, a caller's ``start``) as a warm start, the best kept (the rest
-skipped once one is within ``gap`` of the fixed-point bound); stop at once if it is already
-within ``gap`` of the bound -> the packing LP (``planner.search.packing``, bisected for up to 5 % of the time) -> the cover bound
+For ``milp`` (the default): closed-form bounds (the fixed point; the crossing bound,
+``planner.search.crossing``, where every token must change regions) -> every heuristic and
+structured placement (``planner.search.baselines``, ``planner.search.construct``,
+``planner.search.mixed_stages``, ``planner.search.region_chain``, a caller's ``start``) as a warm
+start, the best kept (the rest skipped once one is within ``gap`` of the bound); stop at once if
+it is already within ``gap`` of the bound -> the packing LP (``planner.search.packing``, bisected
+for up to 5 % of the time) -> the cover bound
 (``planner.search.cover``, to 20 % of the time) -> multi-region clusters: each region's exact
 class MILP, unioned -> local search on the exact max flow (to 30 %)
 -> the class MILP (``planner.milp.class_model``) with node capacities capped at the bound,
@@ -14,7 +16,7 @@ at most ``PAPER_MILP_NODES`` nodes, the paper MILP (exact on every link), warm-s
 Every bound found is kept; the plan reports the least and a status that speaks of the exact
 problem (``exact_status``). ``milp-paper`` runs the paper's node-level formulation
 (``planner.milp.paper_model``) as the baseline. Heuristic methods return their placement with the
-fixed-point bound.
+closed-form bounds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from planner.search.packing import packing_bound
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.cover import cover_search
+from planner.search.crossing import crossing_bound
 from planner.search.mixed_stages import mixed_stages
 from planner.search.region_chain import region_chain
 from planner.latency import path_stats
@@ -113,15 +116,15 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
         if max_depth is not None:
             log.warning("--max-depth is honoured by the MILP methods only; %s ignores it", method)
         check_feasible(problem)
-        bounds = {"fixed_point": fixed_point_bound(problem)}
+        bounds = proven_bounds(problem)
         cand = _evaluate(problem, HEURISTICS[method](problem, seed), method, partial)
         if not cand.placement:
             raise InfeasibleError(f"the {method} heuristic cannot place {problem.model} on this cluster")
         return _plan(problem, cand, bounds, gap, method, None, t0, partial, {})
     min_k = min_layers_for_depth(problem.num_layers, max_depth)
     check_feasible(problem, min_k)
-    bound = fixed_point_bound(problem, min_k)
-    bounds = {"fixed_point": bound}
+    bounds = proven_bounds(problem, min_k)
+    bound = min(bounds.values())
     extras: dict = {}
     if max_depth is not None:
         # The MILP and the fixed point then range over this restricted set only: a placement
@@ -153,12 +156,22 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
     return _plan(problem, cand, bounds, gap, method, adapter.name, t0, partial, extras)
 
 
+def proven_bounds(problem: PlacementProblem, min_layers: int = 1) -> dict[str, float]:
+    """The closed-form bounds, each valid for every placement (of nodes holding >= ``min_layers``):
+    the fixed point, and the crossing bound where every token must change regions."""
+    bounds = {"fixed_point": fixed_point_bound(problem, min_layers)}
+    crossing = crossing_bound(problem, bounds["fixed_point"], min_layers)
+    if crossing is not None:
+        bounds["crossing"] = crossing
+    return bounds
+
+
 def evaluate(problem: PlacementProblem, placement: Placement, partial_inference: bool = True,
              source: str = "given") -> Plan:
     """``placement`` as it is, no search: its verified max flow as a Plan (method ``source``) with
-    the fixed-point bound (``helix plan --from``'s running placement, re-planning)."""
+    the closed-form bounds (``helix plan --from``'s running placement, re-planning)."""
     cand = _evaluate(problem, placement, source, partial_inference)
-    return _plan(problem, cand, {"fixed_point": fixed_point_bound(problem)}, 0.01, source, None,
+    return _plan(problem, cand, proven_bounds(problem), 0.01, source, None,
                  time.perf_counter(), partial_inference, {})
 
 
@@ -430,6 +443,9 @@ def _complete(lp: LinearModel, fixed: dict[int, float], options: SolveOptions):
 BOUND_NOTES = {
     "fixed_point": "fixed point of the layer work the nodes can do at flow F, capped by their link "
                    "totals and the region cuts (planner.search.bounds)",
+    "crossing": "every token must change regions and no single link between regions carries this "
+                "much, so two nodes run some layer side by side: the layer coverage that wastes "
+                "exceeds the slack the nodes have at this flow (planner.search.crossing)",
     "class_milp": "dual bound of the class MILP; it relaxes the network (links summed per class and "
                   "region), so its bound holds, but its optimum is no placement's flow",
     "class_milp_exact": "dual bound of the class MILP, exact here (one region, no link below the "

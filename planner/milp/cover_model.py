@@ -2,7 +2,10 @@
 
 Every token runs every layer once, on one node holding it, and node i runs at most
 ``cap_i = min(T_i(k_i), in_i, out_i)`` tokens/s in all (in/out: its link totals; the coordinator's
-link alone where its range starts at layer 0 / ends at the last). So for every layer l:
+link alone where its range ends at the last layer, as every token it runs leaves there). Layer 0
+runs only tokens from the coordinator, so there the coordinator link caps it too (not on later
+layers: with partial inference a range starting at 0 also takes tokens mid-range). So for every
+layer l:
 
     sum_{i holds l} min(cap_i, F) >= F            (a cut through layer l)
 
@@ -79,15 +82,17 @@ def build_cover_model(problem: PlacementProblem, target: float, min_layers: int 
         into, out, c_in, c_out = _link_caps(problem, names)
         for s, e in allowed_ranges(proto, L, min_layers):
             cap = min(proto.throughput(e - s), into, out, target)
-            if s == 0:
-                cap = min(cap, c_in)
-            if e == L:
+            if e == L:  # every token it runs leaves for the coordinator
                 cap = min(cap, c_out)
             if cap <= 0:
                 continue
             v = hold[gi, s, e] = lp.var(f"hold[{gi},{s},{e}]", ub=len(names), integer=True)
             for layer in range(s, e):
-                cover[layer].append((v, cap / target))  # scaled: every row reads ">= 1"
+                # Layer 0 runs only tokens from the coordinator; later layers of a range that
+                # starts at 0 may also run tokens that entered mid-range (partial inference).
+                here = min(cap, c_in) if layer == 0 else cap
+                if here > 0:
+                    cover[layer].append((v, here / target))  # scaled: every row reads ">= 1"
         lp.row(f"count[{gi}]", [(v, 1.0) for (g, _, _), v in hold.items() if g == gi],
                hi=len(names))
     for layer in range(L):

@@ -55,3 +55,24 @@ def test_cover_search_proves_the_10_node_30b_reference_optimal(shared_data):
     assert plan.max_flow_tokens_per_s == pytest.approx(286.5874, rel=1e-6)
     assert plan.extras["status"] == "optimal" and plan.extras["bound_source"] == "cover"
     assert plan.solve_seconds <= 10
+
+
+def test_a_first_stage_that_takes_tokens_mid_range_is_not_capped_by_its_coordinator_link():
+    """Node a can only hold both layers, and its coordinator link carries 10 tokens/s; node b
+    holds layer 0 and hands a its tokens at layer 1 (partial inference): 100 tokens/s in all.
+    The cover model capped a at 10 on every layer, so it refuted 50: a bound below a real flow."""
+    from planner.flowgraph import max_flow
+    from planner.problem import COORDINATOR, Link, NodeCapacity, PlacementProblem
+
+    def node(name, table):
+        k = len(table)
+        return NodeCapacity(name=name, gpu=name, region="r", throughput_tokens_per_s=table,
+                            max_layers=k, max_layers_first=k, max_layers_last=k,
+                            max_layers_first_last=k)
+
+    links = {(COORDINATOR, "a"): Link(10.0), (COORDINATOR, "b"): Link(1000.0),
+             ("a", COORDINATOR): Link(1000.0), ("b", "a"): Link(1000.0), ("a", "b"): Link(1000.0)}
+    problem = PlacementProblem("t", 2, (node("a", (0.0, 100.0)), node("b", (100.0,))), links)
+    assert max_flow(problem, {"a": (0, 2), "b": (0, 1)}).value_tokens_per_s == pytest.approx(100.0)
+    assert _verdict(problem, 50.0) == "covered"
+    assert _verdict(problem, 101.0) == "refuted"
