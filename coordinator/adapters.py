@@ -16,7 +16,9 @@ TaskPlacement` decides: first the least used pipeline, then greedy moves from bu
 ones at an adaptive interval). Its requests are routed only over nodes that hold it, so every stage
 of their pipeline does. A move loads the task on the nodes that lack it, then routes there; the
 nodes it leaves stop getting its requests at once and unload it when the requests of it that
-cross them are done. Rebalancing runs on its own thread, started with the first task.
+cross them are done. Rebalancing runs on its own thread, started with the first task. A waiting
+request whose task has no room lets the requests of other tasks behind it pass (FIFO within a
+task, :meth:`Adapters._admit_other_tasks`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from coordinator.task_placement import Move, TaskPlacement
+from coordinator.task_placement import LOOKAHEAD, Move, TaskPlacement
 from helix.errors import HelixUserError
 from helix.net.control import ControlError
 from helix.pipelines import enumerate_pipelines
@@ -166,6 +168,34 @@ class Adapters:
                 nodes is None or (r.pipeline is not None and not nodes.isdisjoint(r.pipeline.nodes))))
 
     # --- placement across replicas (coordinator.task_placement) -----------------------------------
+    def _admit_other_tasks(self) -> None:
+        """The head of the queue waits for room on its task's pipelines (under the lock). With
+        tasks placed, the requests behind it of other tasks, among the first ``LOOKAHEAD``, go
+        where their own tasks have room, FIFO within each task (as the simulator does)."""
+        if self.placement is None or not self._waiting:
+            return
+        waiting = self._waiting
+        blocked = {waiting[0].adapter}
+        i = 1
+        while i < min(len(waiting), LOOKAHEAD):
+            req = waiting[i]
+            if req.adapter in blocked:
+                i += 1
+                continue
+            try:
+                sent = self._try_dispatch(req)
+            except Exception as exc:   # a bug: this request fails, the others go on
+                log.exception("coordinator: dispatching request %d failed", req.request_id)
+                del waiting[i]
+                self._finish(req, "error", release_stages=False, error=f"internal error while "
+                             f"dispatching the request: {type(exc).__name__}: {exc}")
+                continue
+            if sent:
+                del waiting[i]
+            else:
+                blocked.add(req.adapter)
+                i += 1
+
     def _start_placement(self) -> None:
         if self.placement is None or self._placement_thread is not None:
             return

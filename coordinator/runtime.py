@@ -341,8 +341,9 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
             except Exception as exc:   # a bug: the request fails, the queue moves on
                 log.exception("coordinator: dispatching request %d failed", req.request_id)
                 error = f"internal error while dispatching the request: {type(exc).__name__}: {exc}"
-            if error is None:
-                return   # masked for now: it waits (FIFO) until a request ends or usage drops
+            if error is None:   # masked for now: it waits (FIFO) until a request ends or usage drops
+                self._admit_other_tasks()   # (with tasks placed, other tasks' requests may pass)
+                return
             self._waiting.popleft()
             self._finish(req, "error", release_stages=False, error=error)
 

@@ -37,6 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
+LOOKAHEAD = 64
+"""Waiting requests a coordinator looks at per pass when tasks are placed: a request whose task
+has no room lets the requests of other tasks behind it pass (FIFO within each task), or one busy
+task's pipelines would hold up every idle one."""
+
+
 @dataclass(frozen=True)
 class PlacementConfig:
     """How tasks are placed and moved."""

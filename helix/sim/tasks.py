@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from coordinator.pipeline import RequestInfo
-from coordinator.task_placement import PlacementConfig, TaskPlacement
+from coordinator.task_placement import LOOKAHEAD, PlacementConfig, TaskPlacement
 from helix.costmodel import AdapterShape
 from helix.errors import HelixUserError
 from helix.pipelines import enumerate_pipelines
@@ -96,10 +96,6 @@ def task_placement(plan: Plan, tasks, config: PlacementConfig) -> TaskPlacement:
     return placement
 
 
-#: Waiting requests the coordinator looks at per scheduling pass when tasks are placed.
-LOOKAHEAD = 64
-
-
 class TaskRouting:
     """The simulator's side of task placement (see the module docstring)."""
 
@@ -114,8 +110,8 @@ class TaskRouting:
     def _schedule_tasks(self, now_s: float) -> list:
         """:meth:`~helix.sim.engine.Simulator.on_coordinator_schedule` with tasks placed: FIFO
         within each task, but a request whose task has no room now lets the requests of other
-        tasks behind it pass (among the first :data:`LOOKAHEAD` waiting), or one busy task's
-        replicas would hold up every idle one. Each request's demand (prompt + expected output)
+        tasks behind it pass (among the first :data:`~coordinator.task_placement.LOOKAHEAD`
+        waiting), as the live coordinator does. Each request's demand (prompt + expected output)
         counts toward its task's load when the coordinator first sees it."""
         self._schedule_pending = False
         out: list = []

@@ -112,3 +112,41 @@ def test_tasks_are_placed_routed_and_moved(tiny_model, tmp_path):
         # Unloading drops the task from the nodes that hold it.
         coord.unload_adapter("t0")
         assert _holders(stack, "t0") == set()
+
+
+def _tokens(handle, timeout_s: float = 30.0) -> list[int]:
+    out = []
+    for ev in handle.events(timeout_s=timeout_s):
+        out.extend(getattr(ev, "token_ids", ()))
+        if getattr(ev, "error", None):
+            raise AssertionError(ev.error)
+    return out
+
+
+def test_a_task_waiting_for_its_pipelines_lets_other_tasks_pass(tiny_model, tmp_path):
+    """t1's only pipeline is drained: its request waits at the head of the queue, and a t0 request
+    behind it is served meanwhile (FIFO within a task, as in the simulator); t1's runs once its
+    pipeline is back. Both equal the merged references."""
+    from helix.net.sampling import SamplingParams
+    ckpt, model = tiny_model
+    refs = {}
+    config = RuntimeConfig(stats_interval_s=0.1, task_placement=PlacementConfig(
+        min_interval_s=1000, max_interval_s=1000))   # no moves here
+    with local_stack(ckpt, config) as stack:
+        coord = stack.coordinator
+        for seed, name in enumerate(("t0", "t1")):
+            tensors = random_task(model, "lora", ALL, seed + 40)
+            coord.load_adapter(name, str(write_task(tmp_path / name, "lora", tensors, scale=0.5)))
+            refs[name] = merged_model(model, "lora", tensors, scale=0.5)
+        assert _holders(stack, "t1") == set(COLD)
+        ids = list(coord.codec.encode(PROMPTS[0]))
+        params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+        coord.drain("cpu-2")
+        time.sleep(0.5)   # a stats poll or two: cpu-2 is masked
+        blocked = coord.submit(ids, params, adapter="t1")
+        assert coord.num_waiting == 1
+        passing = coord.submit(ids, params, adapter="t0")
+        assert _tokens(passing, timeout_s=20) == _reference(refs["t0"], ids)
+        assert coord.num_waiting == 1   # t1's request still waits for its pipeline
+        coord.undrain("cpu-2")
+        assert _tokens(blocked) == _reference(refs["t1"], ids)
