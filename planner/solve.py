@@ -196,12 +196,15 @@ def _best_warm_start(problem, seed, partial, min_k, enough: float = math.inf,
     """The best of the heuristic and structured placements, in a fixed order; once one serves
     ``enough`` (the gap target against the fixed-point bound is met) the rest are skipped and
     named in ``extras["warm_starts_skipped"]``: at 1,000 nodes they cost minutes and the solve
-    stops there anyway. The mixed-stage MILP gets up to 5 % of ``time_limit_s`` (at most 5 s)."""
+    stops there anyway. The mixed-stage MILP gets up to 15 % of ``time_limit_s`` (at most 10 s),
+    aiming at ``enough`` first and starting above the best so far."""
     best = Candidate({}, FlowResult(0.0, {}, {}), "none")
     starts = {**WARM_STARTS, "sweep": lambda p, s: construct.sweep(p, s, partial),
               "regional": lambda p, s: construct.regional(p, s, partial),
               "stages": lambda p, s: construct.stages(p, s, partial),
-              "mixed-stages": lambda p, s: mixed_stages(p, s, partial, min(5.0, 0.05 * time_limit_s)),
+              # best.value is read when this runs: the best of the starts before it.
+              "mixed-stages": lambda p, s: mixed_stages(
+                  p, s, partial, min(10.0, 0.15 * time_limit_s), best.value, enough),
               "region-chain": lambda p, s: region_chain(p, s, partial)}
     for name, heuristic in starts.items():
         if best.value >= enough:

@@ -15,7 +15,8 @@ For a target X this is cutting stock:
 * Variables: ``use[p]`` in {0..L} - stages built from pattern p.
 * Constraints: ``count[c]``: sum_p m_c(p) use[p] <= n_c;
   ``layers``: sum_p k(p) use[p] <= L + k_max (more cannot help; the overshoot is trimmed).
-* Objective: maximize the layers covered, sum_p k(p) use[p]; X is reachable when it is >= L.
+* Objective: maximize the layers covered, sum_p k(p) use[p]; X is reachable when it is >= L (the
+  solve stops as soon as an incumbent reaches L or the dual bound falls below it).
 
 The largest X reachable (bisected between the fixed-point bound and 0) is laid out, largest k
 first, trimmed from the largest stages (fewer layers never lower T(k)), and measured by the exact
@@ -37,27 +38,33 @@ from planner.search.bounds import fixed_point_bound
 Pattern = tuple[int, tuple[tuple[int, int], ...]]   # (k, ((class index, members), ...))
 
 #: Patterns above this many for one target: the target is skipped (the MILP stays small).
-MAX_PATTERNS = 20_000
+MAX_PATTERNS = 5_000
 
 
 def mixed_stages(problem: PlacementProblem, seed: int = 0, partial: bool = True,
-                 time_budget_s: float = 5.0) -> Placement:
-    """The mixed-stage chain for the largest target X (to 0.1 %) the pattern MILP reaches, or {}."""
+                 time_budget_s: float = 5.0, floor: float = 0.0,
+                 enough: float | None = None) -> Placement:
+    """The mixed-stage chain for the largest target X the pattern MILP reaches in
+    ``time_budget_s``: ``enough`` first (a target that would meet the caller's gap), then
+    bisection between ``floor`` (a flow already reached elsewhere) and the fixed-point bound, to
+    0.1 %. {} when none is reached. A target the solver cannot decide in half the budget counts as
+    unreachable (a heuristic, not a bound)."""
     if len({n.region for n in problem.nodes}) != 1:
         return {}
     classes = node_classes(problem)
     L = problem.num_layers
     deadline = time.perf_counter() + time_budget_s
-    hi = fixed_point_bound(problem)
-    best = _stages_for(classes, hi, L, deadline)
-    lo = hi if best else 0.0
+    lo, hi, best = floor, fixed_point_bound(problem), None
+    X = enough if enough is not None and floor < enough < hi else hi
     while hi - lo > 1e-3 * hi and time.perf_counter() < deadline:
-        X = (lo + hi) / 2
-        stages = _stages_for(classes, X, L, deadline)
+        stages = _stages_for(classes, X, L, min(deadline, time.perf_counter() + time_budget_s / 2))
         if stages is None:
             hi = X
         else:
             lo, best = X, stages
+            if enough is not None and X >= enough:
+                break
+        X = (lo + hi) / 2
     return _lay_out(classes, best, L) if best else {}
 
 
@@ -117,8 +124,13 @@ def _stages_for(classes, X, L, deadline) -> list[Pattern] | None:
             lp.row(f"count[{c.key}]", terms, hi=c.count)
     k_max = max(k for k, _ in pats)
     lp.row("layers", [(use[p], float(k)) for p, (k, _) in enumerate(pats)], hi=float(L + k_max))
-    res = HighsAdapter().solve(lp, SolveOptions(time_limit_s=max(0.0, deadline - time.perf_counter()),
-                                                threads=1, seed=0, rel_gap=0.0))
+
+    def decided(_elapsed: float, primal: float, dual: float) -> bool:
+        return primal >= L - 1e-6 or dual < L - 1e-6   # reached, or proven unreachable
+
+    left = max(0.0, deadline - time.perf_counter())
+    res = HighsAdapter().solve(lp, SolveOptions(time_limit_s=left, threads=1, seed=0, rel_gap=0.0,
+                                                progress=decided))
     if res.values is None or res.objective is None or res.objective < L - 1e-6:
         return None
     return [pats[p] for p, x in enumerate(res.values) for _ in range(int(round(x)))]
