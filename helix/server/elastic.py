@@ -2,7 +2,9 @@
 placed by a re-plan, routed to once their slice is loaded.
 
 A worker whose node the plan lacks registers (``helix worker --coordinator ... --node NAME --gpu
-KIND [--region R]``); the coordinator's gRPC service hands it to :meth:`Elastic.join`, which checks
+KIND [--region R]``, or the Ray actor that :class:`RayJoins` starts on a Ray node that appears
+with a ``helix_node:NAME`` resource of the spec); the coordinator's gRPC service hands it to
+:meth:`Elastic.join`, which checks
 it at once (the worker hears a one-line error and exits) and places it in the background:
 
 - a node of the cluster spec (``helix serve --cluster``) that was absent takes the spec's GPU kind
@@ -142,3 +144,51 @@ class Elastic:
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
+
+
+class RayJoins:
+    """Watches the Ray cluster for nodes that appear with a ``helix_node:<name>`` resource of the
+    cluster spec that no worker serves, and starts each one's worker actor there; the actor
+    registers and joins as a ``helix worker`` does (:meth:`Elastic.join`, its GPU kind and region
+    from the spec). A name the spec lacks is logged once and left alone (it needs ``helix worker
+    --gpu``)."""
+
+    def __init__(self, elastic: Elastic, launcher, model_path: str, coordinator_address: str,
+                 keys=None, interval_s: float = 2.0) -> None:
+        self.elastic, self.launcher = elastic, launcher
+        self._args = (model_path, coordinator_address, keys)
+        self.interval_s = interval_s
+        self.started: set[str] = set()
+        """Nodes whose worker this watcher started."""
+        self._ignored: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="helix-ray-joins", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except Exception:   # Ray away for a moment: try again at the next poll
+                log.exception("watching Ray for joining nodes failed")
+
+    def poll(self) -> list[str]:
+        """Start the workers of new nodes now; their names."""
+        spec = self.elastic.spec
+        known = {n.name for n in spec.nodes} if spec is not None else set()
+        new = sorted(self.launcher.offered() - set(self.elastic.coordinator.workers) - self.started)
+        for node in new:
+            if node not in known:
+                if node not in self._ignored:
+                    self._ignored.add(node)
+                    log.warning("Ray node offers helix_node:%s, which the cluster spec lacks: start "
+                                "`helix worker --node %s --gpu KIND` there to add it", node, node)
+                continue
+            log.warning("Ray node offering helix_node:%s appeared: starting its worker", node)
+            self.launcher.spawn(node, *self._args)
+            self.started.add(node)
+        return [n for n in new if n in known]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)

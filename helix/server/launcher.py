@@ -66,6 +66,8 @@ class RayLauncher:
         self.config = config
         self.progress = progress or log.info
         self._actors: dict[str, object] = {}
+        self._remote_cls = None
+        self._tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
         self._started_ray = False
         self.node_ips: dict[str, tuple[str, ...]] = {}
         """Plan node -> addresses of the live Ray nodes offering its resource (after :meth:`start`)."""
@@ -83,14 +85,8 @@ class RayLauncher:
         self._connect(nodes)
         _check_coordinator_reachable(self.node_ips, coordinator_address)
         self.progress(f"Ray ready ({time.monotonic() - t0:.1f} s); starting workers {', '.join(nodes)}")
-        remote_cls = _ray_worker_class()
-        tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
         for node in nodes:
-            self._actors[node] = remote_cls.options(
-                name=f"helix-worker-{node}-{tag}", num_cpus=0, resources={node_resource(node): 1},
-                max_restarts=self.config.max_restarts).remote(
-                    node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address,
-                    keys)
+            self.spawn(node, model_path, coordinator_address, keys)
         pending = {self._actors[node].addresses.remote(): node for node in nodes}
         addresses: dict[str, dict] = {}
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -108,6 +104,26 @@ class RayLauncher:
             self.progress(f"worker {node} up ({len(addresses)}/{len(nodes)}, "
                           f"{time.monotonic() - t0:.1f} s) at {addresses[node]['data']}")
         return [WorkerHandle(n, addresses[n]["control"], addresses[n]["data"]) for n in nodes]
+
+    def spawn(self, node: str, model_path: str, coordinator_address: str | None = None,
+              keys=None) -> None:
+        """Start ``node``'s worker actor on the Ray node offering ``helix_node:<node>`` (Ray
+        connected); with ``coordinator_address`` it registers there once up."""
+        if self._remote_cls is None:
+            self._remote_cls = _ray_worker_class()
+        self._actors[node] = self._remote_cls.options(
+            name=f"helix-worker-{node}-{self._tag}", num_cpus=0, resources={node_resource(node): 1},
+            max_restarts=self.config.max_restarts).remote(
+                node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address,
+                keys)
+
+    def offered(self) -> set[str]:
+        """Node names whose ``helix_node:<name>`` a live Ray node offers now (empty without Ray)."""
+        import ray
+        if not ray.is_initialized():
+            return set()
+        prefix = node_resource("")
+        return {r[len(prefix):] for r in offered_resources(ray.nodes())}
 
     def _connect(self, nodes: Sequence[str]) -> None:
         import ray

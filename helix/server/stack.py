@@ -23,7 +23,7 @@ from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.spec import ClusterSpec
 from helix.server.app import create_app
-from helix.server.elastic import Elastic
+from helix.server.elastic import Elastic, RayJoins
 from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
 from helix.net.control import ControlServer, start_server
@@ -90,6 +90,7 @@ class ServeStack:
         self.grpc: ControlServer | None = None
         self.coordinator: Coordinator | None = None
         self.elastic: Elastic | None = None
+        self.ray_joins: RayJoins | None = None
         self.app = None
 
     def start(self) -> "ServeStack":
@@ -120,6 +121,9 @@ class ServeStack:
         self.coordinator.attach(handles)
         self.elastic = Elastic(self.coordinator, self.options.cluster)
         self.service.on_join = self.elastic.join
+        if ray_nodes and self.options.cluster is not None:   # Ray nodes that appear later join
+            self.ray_joins = RayJoins(self.elastic, self.launcher, self.model_path, self.grpc.address,
+                                      self.options.keys)
         self.service.coordinator = self.coordinator
         self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
 
@@ -128,6 +132,9 @@ class ServeStack:
         return self.grpc.address
 
     def close(self) -> None:
+        if self.ray_joins is not None:
+            self.ray_joins.close()
+            self.ray_joins = None
         if self.coordinator is not None:
             self.coordinator.close(shutdown_workers=True)
             self.coordinator = None
