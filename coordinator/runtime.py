@@ -100,17 +100,18 @@ class RuntimeConfig:
 
 #: Engine options the plan's serving limits set (see :func:`engine_options`).
 PLAN_ENGINE_OPTIONS = ("dtype", "block_size_tokens", "num_kv_blocks", "max_num_seqs",
-                       "max_num_batched_tokens", "chunked_prefill")
+                       "max_num_batched_tokens", "chunked_prefill", "adapter_cache_bytes")
 
 
 def engine_options(serving: ServingLimits, node: str) -> dict:
     """What ``node``'s engine runs with, from the plan: its dtype, its KV pool (the plan's figure in
     whole blocks), the batch limit and the step's token budget (chunked prefill or not), as the
-    planner and the simulator assumed."""
+    planner and the simulator assumed, and its adapter cache's budget."""
     return {"dtype": serving.dtype, "block_size_tokens": serving.block_size_tokens,
             "num_kv_blocks": serving.kv_blocks(node), "max_num_seqs": serving.max_batch_seqs,
             "max_num_batched_tokens": serving.step_tokens,
-            "chunked_prefill": serving.chunk_tokens > 0}
+            "chunked_prefill": serving.chunk_tokens > 0,
+            "adapter_cache_bytes": serving.adapter_cache_bytes}
 
 
 def check_serving(plan: Plan) -> ServingLimits:

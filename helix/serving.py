@@ -49,6 +49,12 @@ class ServingSpec(_Frozen):
     on single24, geo24 and hetero42, but the prediction does not model that yet (its errors grow
     to -17..+18 % on decode and +30..+55 % on TTFT at 512; BENCHMARKS.md), so 2048, where it
     holds, stays the default until it does."""
+    adapter_cache_bytes: int = Field(2**30, ge=1)
+    """Bytes each worker may hold of registered fine-tuned tasks made ready from disk (an LRU
+    cache of packed adapters, on the worker's device: :mod:`worker.adapter_cache`), beside its
+    weights and KV pool; 1 GiB holds ~13 LLaMA-2 7B LoRA r=16 tasks on all projections in float16,
+    or ~400 of them on a stage of 1/32 of the layers. A task bigger than this on a worker's layers
+    is refused when a request needs it."""
 
 
 class ServingLimits(_Frozen):
@@ -64,6 +70,7 @@ class ServingLimits(_Frozen):
     chunk_tokens: int = Field(512, ge=0)
     """Step token budget (chunked prefill); 0 = whole prompts. The default is what workers of plans
     written before this field ran with (the engine's own 512)."""
+    adapter_cache_bytes: int = Field(ServingSpec().adapter_cache_bytes, ge=1)
     kv_capacity_tokens: dict[str, int]
     """Node -> tokens of KV its pool holds on every layer of its slice; the worker's pool is this
     many tokens rounded down to whole blocks."""
@@ -83,6 +90,7 @@ class ServingLimits(_Frozen):
                    max_batch_seqs=serving.max_batch_seqs, kv_high_water=serving.kv_high_water,
                    block_size_tokens=serving.block_size_tokens,
                    chunk_tokens=serving.chunk_tokens,
+                   adapter_cache_bytes=serving.adapter_cache_bytes,
                    kv_capacity_tokens=dict(kv_capacity_tokens))
 
     @property

@@ -78,8 +78,36 @@ class LoRATerm:
     def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         return (x @ self._a_t) @ self._b_t
 
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        y.addmm_(x @ self._a_t, self._b_t)   # the add fused into the second product
+
     def merged(self, w: torch.Tensor) -> torch.Tensor:
         return w + self.scale * (self.b @ self.a)
+
+
+@dataclass
+class PackedLoRATerm:
+    """The LoRA terms of one fused linear (q, k and v; gate and up) packed for a step: one
+    ``X·A_cat`` with the ``A``s side by side (``[in, sum r]``), then each target's ``B`` (scale
+    folded in) added into its own columns, the add fused into the product (``addmm_``). No copy of
+    the raw parameters is kept. Built by :func:`pack_adapter`."""
+
+    a_t: torch.Tensor                                  # [in, sum r]
+    parts: list[tuple[int, int, int, torch.Tensor]]
+    """(first column, relative to the term's ``start``; first and end rank of ``a_t``; ``B_t``
+    ``[r, out]`` of one target)."""
+    reads_output = False
+
+    def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+        width = max(c + b.shape[1] for c, _, _, b in self.parts)
+        out = x.new_zeros(x.shape[0], width)
+        self.add_to(out, x)
+        return out
+
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        u = x @ self.a_t                                # [n, sum r]
+        for col, r0, r1, b_t in self.parts:
+            y[:, col:col + b_t.shape[1]].addmm_(u[:, r0:r1], b_t)
 
 
 @dataclass
@@ -94,6 +122,9 @@ class BottleneckTerm:
     def delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return ACTIVATIONS[self.activation](y @ self.down.T) @ self.up.T
 
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        y += self.delta(x, y)
+
 
 @dataclass
 class BiasTerm:
@@ -104,6 +135,9 @@ class BiasTerm:
 
     def delta(self, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
         return self.bias.expand(x.shape[0], -1)
+
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        y += self.bias
 
 
 @dataclass
@@ -119,12 +153,15 @@ class SparseTerm:
             return (self.matrix @ x.T.to(self.matrix.dtype)).T.to(x.dtype)
         return (self.matrix @ x.T).T
 
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        y += self.delta(x, y)
+
     @property
     def nnz(self) -> int:
         return int(self.matrix.values().numel())
 
 
-Term = LoRATerm | BottleneckTerm | BiasTerm | SparseTerm
+Term = LoRATerm | PackedLoRATerm | BottleneckTerm | BiasTerm | SparseTerm
 
 
 def sparse_term(indices: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> SparseTerm:
@@ -144,8 +181,30 @@ def term_bytes(term: Term) -> int:
         m = term.matrix
         parts = (m.crow_indices(), m.col_indices(), m.values())
         return sum(t.numel() * t.element_size() for t in parts)
+    if isinstance(term, PackedLoRATerm):
+        return sum(t.numel() * t.element_size() for t in _term_tensors(term))
     fields = (getattr(term, f.name) for f in dataclasses.fields(term))   # not the derived copies
     return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
+
+
+def resident_bytes(tensors) -> int:
+    """Bytes of memory ``tensors`` hold, each storage once (a view shares its base's; a sparse CSR
+    tensor holds three)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        parts = (t.crow_indices(), t.col_indices(), t.values()) if t.layout == torch.sparse_csr else (t,)
+        for p in parts:
+            st = p.untyped_storage()
+            seen[(str(p.device), st.data_ptr())] = st.nbytes()
+    return sum(seen.values())
+
+
+def _term_tensors(term: Term):
+    for v in vars(term).values():   # the fields and the derived (packed) copies
+        if isinstance(v, torch.Tensor):
+            yield v
+    if isinstance(term, PackedLoRATerm):
+        yield from (b_t for *_, b_t in term.parts)
 
 
 # --- one task on one slice ------------------------------------------------------------------------------
@@ -174,8 +233,38 @@ class SliceAdapter:
     def nbytes(self) -> int:
         return sum(term_bytes(t.term) for lin in self.layers.values() for ts in lin.values() for t in ts)
 
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the ready-to-run terms hold in memory (packed copies included): what an
+        :class:`~worker.adapter_cache.AdapterCache` charges against its budget."""
+        return resident_bytes(t for lin in self.layers.values() for ts in lin.values() for at in ts
+                              for t in _term_tensors(at.term))
+
     def terms(self, layer: int, linear: str) -> list[TermAt]:
         return self.layers.get(layer, {}).get(linear, [])
+
+
+def pack_adapter(adapter: SliceAdapter) -> SliceAdapter:
+    """The same task with the LoRA terms of each fused linear packed into one
+    :class:`PackedLoRATerm` (other kinds are kept as they are). The raw ``A`` / ``B`` copies are
+    not kept: the packed tensors are all a step reads."""
+    layers = {}
+    for layer, linears in adapter.layers.items():
+        layers[layer] = {}
+        for linear, terms in linears.items():
+            if not terms or not all(isinstance(t.term, LoRATerm) for t in terms):
+                layers[layer][linear] = terms
+                continue
+            start, end = min(t.start for t in terms), max(t.end for t in terms)
+            a_t = torch.cat([t.term._a_t for t in terms], dim=1)              # [in, sum r]
+            parts, r0 = [], 0
+            for t in terms:
+                r = t.term._a_t.shape[1]
+                parts.append((t.start - start, r0, r0 + r, t.term._b_t))
+                r0 += r
+            target = "+".join(t.target for t in terms)
+            layers[layer][linear] = [TermAt(start, end, target, PackedLoRATerm(a_t, parts))]
+    return dataclasses.replace(adapter, layers=layers)
 
 
 @dataclass
@@ -188,15 +277,19 @@ class TaskRows:
     row_task: torch.Tensor   # [num_tokens] long: index into ``adapters``, -1 = base model
     adapters: Sequence[SliceAdapter]
     groups: list[tuple[SliceAdapter, torch.Tensor | slice]] = field(default_factory=list)
+    stack: object | None = None
+    """A :class:`worker.adapter_stack.LoRAStack` of ``adapters`` (all LoRA of one shape), or None."""
 
     def __post_init__(self) -> None:
         if not self.groups:
             self.groups = _group(self.row_task, self.adapters)
+        self.stacked = self.stack.rows(self.row_task) if self.stack is not None else None
+        """These rows in the stack's batched product (None: each task's terms on its own)."""
 
     def subset(self, rows: torch.Tensor) -> "TaskRows | None":
         """The same for rows ``rows`` of this step, renumbered ``0 .. len(rows) - 1``."""
         sub = self.row_task.index_select(0, rows)
-        return TaskRows(sub, self.adapters) if bool((sub >= 0).any()) else None
+        return TaskRows(sub, self.adapters, stack=self.stack) if bool((sub >= 0).any()) else None
 
 
 def _group(row_task: torch.Tensor,
@@ -233,9 +326,11 @@ def order_by_task(spans: Sequence, num_decodes: int, task_of) -> list:
 
 
 def task_rows(row_counts: Sequence[tuple[SliceAdapter | None, int]],
-              device: torch.device) -> TaskRows | None:
+              device: torch.device, stack_of=None) -> TaskRows | None:
     """The :class:`TaskRows` of a step whose consecutive row runs ``(adapter, rows)`` are given in
-    order (one run per request span); None when no row has a task (base-only steps cost nothing)."""
+    order (one run per request span); None when no row has a task (base-only steps cost nothing).
+    ``stack_of(adapters)``: their :class:`~worker.adapter_stack.LoRAStack` or None
+    (:class:`~worker.adapter_stack.StackCache`)."""
     index: dict[int, int] = {}
     adapters: list[SliceAdapter] = []
     ids: list[int] = []
@@ -250,7 +345,8 @@ def task_rows(row_counts: Sequence[tuple[SliceAdapter | None, int]],
         ids.extend([k] * n)
     if not adapters:
         return None
-    return TaskRows(torch.tensor(ids, dtype=torch.long, device=device), adapters)
+    return TaskRows(torch.tensor(ids, dtype=torch.long, device=device), adapters,
+                    stack=stack_of(adapters) if stack_of is not None else None)
 
 
 def add_task_terms(y: torch.Tensor, x: torch.Tensor, tasks: TaskRows | None, layer: int,
@@ -259,6 +355,9 @@ def add_task_terms(y: torch.Tensor, x: torch.Tensor, tasks: TaskRows | None, lay
     (``[n, out]``, in place) over its rows; ``x`` (``[n, in]``) is the linear's input."""
     if tasks is None:
         return y
+    if tasks.stacked is not None:   # every task LoRA of one shape: one batched product
+        tasks.stacked.add(y, x, layer, linear)
+        return y
     for adapter, rows in tasks.groups:
         terms = adapter.terms(layer, linear)
         if not terms:
@@ -266,8 +365,7 @@ def add_task_terms(y: torch.Tensor, x: torch.Tensor, tasks: TaskRows | None, lay
         if isinstance(rows, slice):
             xr = x[rows]
             for t in terms:
-                yv = y[rows, t.start:t.end]
-                yv += t.term.delta(xr, yv)
+                t.term.add_to(y[rows, t.start:t.end], xr)
             continue
         xr, yr = x.index_select(0, rows), None
         for t in terms:

@@ -33,7 +33,9 @@ from helix.errors import USER_FAILURE, HelixUserError
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
+from worker.adapter_cache import NoRoom
 from worker.adapter_registry import AdapterRegistry
+from worker.adapter_stack import StackCache
 from worker.adapters import SliceAdapter, order_by_task, task_rows
 from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
@@ -81,6 +83,9 @@ class EngineConfig:
     pack_cpu_weights: bool = True
     """Also keep float32 CPU weights packed for MKL (faster decode GEMMs, twice the weight memory);
     see :class:`worker.model.Linear`."""
+    adapter_cache_bytes: int = _SERVING.adapter_cache_bytes
+    """Budget of the LRU cache of registered tasks made ready from disk (the plan's
+    ``serving.adapter_cache_bytes``; :mod:`worker.adapter_cache`)."""
 
 
 def check_pool_fits(pool_bytes: float, free_bytes: float, num_blocks: int, device: str) -> None:
@@ -149,8 +154,11 @@ class SliceEngine:
         """Compiles structured-output automata (set by :meth:`from_checkpoint`: it needs the
         checkpoint's tokenizer); None = guided requests are refused."""
         self._held: list[StageInput] = []          # inputs of requests whose automaton compiles
-        self.adapters = AdapterRegistry(weights)
+        self.adapters = AdapterRegistry(weights, cache_bytes=config.adapter_cache_bytes)
         """The fine-tuned tasks this slice holds (:mod:`worker.adapters`)."""
+        self._task_held: list[StageInput] = []     # inputs of requests waiting for cache room
+        self._pinned: dict[Hashable, SliceAdapter] = {}   # tasks acquired for requests admitted next
+        self._stacks = StackCache()   # LoRA tasks of one shape batched in one product per projection
         self._compiling: dict[Hashable, Future] = {}
 
     @classmethod
@@ -170,7 +178,7 @@ class SliceEngine:
         """Accept ``inputs``, run one iteration, return its outputs. Inputs refused and requests of a
         step that raised are dropped and reported by :meth:`take_failures`, never raised."""
         failed: set[Hashable] = set()
-        inputs = self._hold_for_guides(inputs)
+        inputs = self._hold_for_tasks(self._hold_for_guides(inputs))
         for item in inputs:
             if item.request_id in failed:
                 continue   # a later piece of a request refused earlier in this batch
@@ -212,7 +220,7 @@ class SliceEngine:
                                  self.weights.end - self.weights.start, self.device, self.dtype)
         # Every task's rows run the shared base product together; each task's terms run on its rows.
         batch.tasks = task_rows([(self._reqs[s.request_id].adapter, s.end - s.start) for s in spans],
-                                self.device)
+                                self.device, self._stacks)
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
             chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
@@ -239,9 +247,10 @@ class SliceEngine:
             self.policy.finish(rid)
             self._forget(rid)
             self._compiling.pop(rid, None)
-        if self._held:
+        if self._held or self._task_held:
             gone = set(request_ids)
             self._held = [i for i in self._held if i.request_id not in gone]
+            self._task_held = [i for i in self._task_held if i.request_id not in gone]
 
     def _task_of(self, rid: Hashable) -> str | None:
         adapter = self._reqs[rid].adapter
@@ -254,7 +263,39 @@ class SliceEngine:
 
     def has_work(self) -> bool:
         return (any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
-                or any(f.done() for f in self._compiling.values()))
+                or any(f.done() for f in self._compiling.values())
+                or any(i.new_request is not None and self.adapters.may_fit(i.new_request.adapter)
+                       for i in self._task_held))
+
+    # --- tasks made ready from disk -----------------------------------------------------------------
+    def _hold_for_tasks(self, inputs: Sequence[StageInput]) -> list[StageInput]:
+        """The inputs to accept now. A new request of a registered task is admitted only once its
+        task is ready in the adapter cache and pinned there (read from disk on a miss, here, before
+        the step runs); when the tasks pinned by requests in flight leave no room, it waits here
+        with its later inputs, in arrival order, until requests end (never a step without its
+        task's terms)."""
+        if not self._task_held and not any(i.new_request is not None and i.new_request.adapter is not None
+                                           for i in inputs):
+            return list(inputs)
+        ready, held, waiting = [], [], set()
+        for item in [*self._task_held, *inputs]:
+            rid, new = item.request_id, item.new_request
+            if rid in waiting:
+                held.append(item)
+                continue
+            if new is not None and isinstance(new.adapter, str) and rid not in self._pinned:
+                try:
+                    self._pinned[rid] = self.adapters.acquire(new.adapter,
+                                                              draining_ok=not self.weights.is_first)
+                except NoRoom:
+                    waiting.add(rid)
+                    held.append(item)
+                    continue
+                except Exception:   # unknown task, bad files: refused with this error by _admit
+                    pass
+            ready.append(item)
+        self._task_held = held
+        return ready
 
     # --- structured output --------------------------------------------------------------------------
     def _hold_for_guides(self, inputs: Sequence[StageInput]) -> list[StageInput]:
@@ -329,6 +370,21 @@ class SliceEngine:
         self.policy.feed(rid, item.num_tokens)
 
     def _admit(self, new: NewRequest) -> None:
+        adapter = self._pinned.pop(new.request_id, None)   # its task, acquired by _hold_for_tasks
+        try:
+            if adapter is None and new.adapter is not None:
+                if not isinstance(new.adapter, str):
+                    raise HelixUserError(f"request {new.request_id!r}: adapter must be a name, "
+                                         f"got {new.adapter!r}")
+                # Unknown, or draining on the first stage: refused here.
+                adapter = self.adapters.acquire(new.adapter, draining_ok=not self.weights.is_first)
+            self._reqs[new.request_id] = self._new_request(new, adapter)
+        except Exception:
+            if adapter is not None:
+                self.adapters.release(adapter.name)
+            raise
+
+    def _new_request(self, new: NewRequest, adapter: SliceAdapter | None) -> _Request:
         w = self.weights
         enter = w.start if new.enter_layer is None else new.enter_layer
         if not w.start <= enter < w.end:
@@ -338,20 +394,9 @@ class SliceEngine:
             raise HelixUserError(f"request {new.request_id!r}: the first stage cannot skip layers")
         if new.sampling.max_tokens is None:   # the coordinator resolves it before dispatch
             raise HelixUserError(f"request {new.request_id!r}: max_tokens is not set")
-        req = _Request(new, enter - w.start)
-        if new.adapter is not None:
-            if not isinstance(new.adapter, str):
-                raise HelixUserError(f"request {new.request_id!r}: adapter must be a name, "
-                                     f"got {new.adapter!r}")
-            # Unknown, or draining on the first stage: refused here.
-            req.adapter = self.adapters.acquire(new.adapter, draining_ok=not w.is_first)
-        try:
-            self._admit_checked(new, req)
-        except Exception:
-            if req.adapter is not None:
-                self.adapters.release(req.adapter.name)
-            raise
-        self._reqs[new.request_id] = req
+        req = _Request(new, enter - w.start, adapter=adapter)
+        self._admit_checked(new, req)
+        return req
 
     def _admit_checked(self, new: NewRequest, req: _Request) -> None:
         w = self.weights

@@ -33,7 +33,8 @@ from helix.errors import HelixUserError
 from helix.plan import COORDINATOR
 from helix.net.control import ControlServer, WORKER_SERVICE, service_handler, start_server
 from helix.net.stats import WorkerStats
-from worker.adapter_files import read_adapter
+from worker.adapter_cache import CacheStats
+from worker.adapter_files import probe_adapter
 from worker.engine import EngineConfig, RequestFailure, SliceEngine
 from helix.net.io_types import StageInput, StageOutput
 from helix.net.data_plane import DataPlane
@@ -55,6 +56,15 @@ def engine_config_from(overrides: dict[str, Any]) -> EngineConfig:
     if "eos_token_ids" in overrides:
         overrides = {**overrides, "eos_token_ids": tuple(overrides["eos_token_ids"])}
     return EngineConfig(**overrides)
+
+
+def _cache_fields(cache: CacheStats | None) -> dict[str, Any]:
+    if cache is None:
+        return {}
+    return {"adapter_cache_hits": cache.hits, "adapter_cache_misses": cache.misses,
+            "adapter_cache_evictions": cache.evictions, "adapter_cache_bytes": cache.bytes_cached,
+            "adapter_cache_budget_bytes": cache.budget_bytes, "adapter_load_s_p50": cache.load_s_p50,
+            "adapter_load_s_p99": cache.load_s_p99}
 
 
 class WorkerServer:
@@ -108,6 +118,7 @@ class WorkerServer:
     def stats(self) -> WorkerStats:
         with self._lock:
             e = self.engine
+            cache = e.adapters.cache_stats() if e else None
             return WorkerStats(
                 node=self.node, configured=e is not None,
                 start=e.weights.start if e else 0, end=e.weights.end if e else 0,
@@ -123,7 +134,8 @@ class WorkerServer:
                 steps_total=self._steps, step_time_s_avg=self._step_avg_s,
                 last_step_unix_s=self._last_ok, last_error=self._last_error,
                 draining=self._draining,
-                num_preemptions_total=e.policy.num_preemptions_total if e else 0)
+                num_preemptions_total=e.policy.num_preemptions_total if e else 0,
+                **_cache_fields(cache))
 
     def drain(self, draining: bool = True) -> None:
         """Stop taking new requests (the coordinator stops routing here); running ones finish.
@@ -131,13 +143,14 @@ class WorkerServer:
         self._draining = draining
 
     def load_adapter(self, name: str, path: str) -> dict:
-        """Read task ``name``'s part for this slice from ``path`` (outside the step lock: steps go on
-        meanwhile) and hold it; its kind and bytes."""
+        """Register task ``name`` from ``path``: its files' headers are checked for this slice
+        (outside the step lock: steps go on meanwhile); its parameters stay on disk until a request
+        needs them (the engine's adapter cache). Its kind and the bytes it holds when ready."""
         engine = self._configured()
-        adapter = read_adapter(name, path, engine.weights, engine.adapters.limits)
+        probe = probe_adapter(name, path, engine.weights, engine.adapters.limits)
         with self._lock:
-            engine.adapters.add(adapter)
-        return {"name": name, "kind": adapter.kind, "nbytes": adapter.nbytes}
+            engine.adapters.add_registered(name, path, probe)
+        return {"name": name, "kind": probe.kind, "nbytes": probe.nbytes}
 
     def unload_adapter(self, name: str) -> dict:
         """Drop task ``name`` (at once, or when its requests still here end); ``unloaded``: gone now."""

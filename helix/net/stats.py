@@ -38,6 +38,19 @@ class WorkerStats:
     """Token budget of one step (the plan's ``serving.chunk_tokens``, or the unchunked budget)."""
     chunked_prefill: bool = True
     """Whether prompts are cut into chunks that fill the step's budget."""
+    adapter_cache_hits: int = 0
+    """Requests whose registered task was ready in the worker's adapter cache (since start)."""
+    adapter_cache_misses: int = 0
+    """Registered tasks read from disk into the cache (since start)."""
+    adapter_cache_evictions: int = 0
+    adapter_cache_bytes: int = 0
+    """Bytes the cache holds now (packed tasks, on the worker's device)."""
+    adapter_cache_budget_bytes: int = 0
+    """The plan's ``serving.adapter_cache_bytes``."""
+    adapter_load_s_p50: float | None = None
+    """Median time to make a task ready (read, check, pack, copy to the device), over the last
+    loads; None: none yet."""
+    adapter_load_s_p99: float | None = None
 
     @property
     def kv_blocks_free(self) -> int:

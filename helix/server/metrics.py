@@ -2,9 +2,9 @@
 
 Every series carries a ``model_name`` label, as vLLM's do. Latency and length histograms, token
 counters and ``request_success_total{finished_reason}`` are fed by the coordinator's observer hooks;
-the request, node and KV gauges and the workers' preemption counts are read from the coordinator when
-``/metrics`` is scraped. Each app has its own registry, so several servers (tests) can live in one
-process.
+the request, node and KV gauges, the workers' preemption counts and their adapter caches' counts
+are read from the coordinator when ``/metrics`` is scraped. Each app has its own registry, so
+several servers (tests) can live in one process.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ class ServingMetrics:
                                 "(ok, suspect, dead, draining, drained), 0 for the others.",
                                 m + ["node", "state"], registry=r)
         self._preemptions_seen: dict[str, int] = {}
+        # Each worker's cache of fine-tuned tasks made ready from disk (worker.adapter_cache).
+        self.adapter_cache = Gauge("helix:adapter_cache", "Per node: the adapter cache's hits, misses "
+                                   "(tasks read from disk) and evictions since the worker started, and "
+                                   "the bytes it holds now.", m + ["node", "value"], registry=r)
+        self.adapter_load = Gauge("helix:adapter_load_seconds", "Per node: time to make a task ready "
+                                  "(read, check, pack, copy to the device) over its last loads.",
+                                  m + ["node", "quantile"], registry=r)
 
     # --- coordinator observer hooks ---------------------------------------------------------------
     def first_token(self, ttft_s: float) -> None:
@@ -96,6 +103,16 @@ class ServingMetrics:
             self.preemptions.inc(now - seen if now >= seen else now)
             self._preemptions_seen[node] = now
 
+    def _adapter_caches(self, stats) -> None:
+        m = self.model_name
+        for node, s in stats.items():
+            for value, v in (("hits", s.adapter_cache_hits), ("misses", s.adapter_cache_misses),
+                             ("evictions", s.adapter_cache_evictions), ("bytes", s.adapter_cache_bytes)):
+                self.adapter_cache.labels(m, node, value).set(v)
+            for q, v in (("0.5", s.adapter_load_s_p50), ("0.99", s.adapter_load_s_p99)):
+                if v is not None:
+                    self.adapter_load.labels(m, node, q).set(v)
+
     def render(self, coordinator) -> bytes:
         """The text exposition, with gauges read from ``coordinator`` now."""
         m = self.model_name
@@ -115,6 +132,7 @@ class ServingMetrics:
         for node, state in states.items():
             for name in _NODE_STATES:
                 self.node_state.labels(m, node, name).set(1.0 if state == name else 0.0)
+        self._adapter_caches(dict(coordinator.stats))
         self.requests_moved.set(coordinator.requests_moved)
         self.moved_prefill_tokens.set(coordinator.moved_prefill_tokens)
         return generate_latest(self.registry)

@@ -90,6 +90,22 @@ def test_tasks_served_equal_merged_references(tiny_model, served):
             "stream": True}) as r:
         chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
     assert chunks and all(c["model"] == "lora" for c in chunks)
+    # Every worker read each task from disk once into its adapter cache (tasks are registered, not
+    # read, by the load), and its later requests hit; /metrics shows it per node.
+    from prometheus_client import parser
+    deadline, n_nodes = time.monotonic() + 10, len(stack.servers)
+    while True:
+        text = client.get("/metrics").text
+        cache = {(s.labels["node"], s.labels["value"]): s.value
+                 for f in parser.text_string_to_metric_families(text) for s in f.samples
+                 if s.name == "helix:adapter_cache"}
+        misses = sum(v for (_, k), v in cache.items() if k == "misses")
+        if misses == len(tasks) * n_nodes or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert misses == len(tasks) * n_nodes, cache
+    assert all(cache[(node, "hits")] > 0 and cache[(node, "bytes")] > 0 for node, _ in cache), cache
+    assert "helix:adapter_load_seconds" in text
 
 
 def test_bad_requests_and_loads(served, tiny_model, tmp_path):
