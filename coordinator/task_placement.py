@@ -129,7 +129,8 @@ class TaskPlacement:
 
     def add_task(self, task: str) -> frozenset[str]:
         """Place a new task on the ``initial_replicas`` least used replicas (by load, then by
-        tasks held per share); the nodes to load it on."""
+        (tasks held + 1) / share, so that without load tasks spread in proportion to the shares
+        and a plan's many small pipelines do not each get one); the nodes to load it on."""
         if task in self._tasks:
             raise ValueError(f"task {task!r} is placed already")
         util = self.utilization()
@@ -138,7 +139,7 @@ class TaskPlacement:
             for r in t.replicas:
                 held[r] += 1
         chosen = sorted(range(len(self.replicas)),
-                        key=lambda r: (util[r], held[r] / self.shares[r], r))
+                        key=lambda r: (util[r], (held[r] + 1) / self.shares[r], r))
         self._tasks[task] = _Task(set(chosen[:self.config.initial_replicas]))
         return self.nodes_of(task)
 

@@ -19,7 +19,7 @@ REPLICAS = [("a0", "a1"), ("b0", "b1")]
 
 def _placement(**config) -> TaskPlacement:
     p = TaskPlacement(REPLICAS, [1.0, 1.0], PlacementConfig(**config))
-    for task in ("hot", "idle", "warm"):   # least used first, ties by tasks held: 0, 1, 0
+    for task in ("hot", "idle", "warm"):   # least used first, then by (tasks + 1) / share: 0, 1, 0
         p.add_task(task)
     return p
 
@@ -88,8 +88,9 @@ def test_scheduler_routes_a_task_only_over_nodes_that_hold_it():
     pipes = enumerate_pipelines(plan)
     assert [p.nodes for p in pipes] == [("cpu-0", "cpu-1"), ("cpu-0", "cpu-2")]
     placement = TaskPlacement([p.nodes for p in pipes], [p.share for p in pipes])
-    placement.add_task("t0")   # the least used replica: the bigger one (cpu-0 -> cpu-1)
-    placement.add_task("t1")   # cpu-0 -> cpu-2
+    # No load yet: tasks go in proportion to the shares (2/3, 1/3), ties to the first replica.
+    assert [placement.add_task(t) for t in ("t0", "t2", "t1")] == [
+        {"cpu-0", "cpu-1"}, {"cpu-0", "cpu-1"}, {"cpu-0", "cpu-2"}]
     assert placement.nodes_of("t1") == {"cpu-0", "cpu-2"}
     kv = KVEstimator({p.node: 10**9 for p in plan.placements}, high_water=0.9)
     sched = make_scheduler("helix", plan, kv)

@@ -60,10 +60,11 @@ def test_tasks_are_placed_routed_and_moved(tiny_model, tmp_path):
         min_interval_s=0.5, max_interval_s=0.5))
     with local_stack(ckpt, config) as stack, Client(stack.grpc.address, timeout_s=60) as client:
         coord = stack.coordinator
-        for name in ("t0", "t1", "t2"):
+        for name in ("t0", "t2", "t1"):
             coord.load_adapter(name, str(folders[name]))
-        # New tasks go to the least used replica, ties by tasks held per share.
-        assert [coord.placement.replicas_of(t) for t in ("t0", "t1", "t2")] == [(0,), (1,), (0,)]
+        # New tasks go to the least used replica, then in proportion to the replicas' shares
+        # (2/3, 1/3): t0 and t2 to the big pipeline, t1 to the small one.
+        assert [coord.placement.replicas_of(t) for t in ("t0", "t2", "t1")] == [(0,), (0,), (1,)]
         assert _holders(stack, "t0") == _holders(stack, "t2") == set(HOT)
         assert _holders(stack, "t1") == set(COLD)
         ids = [list(coord.codec.encode(p)) for p in PROMPTS[:3]]
@@ -134,7 +135,7 @@ def test_a_task_waiting_for_its_pipelines_lets_other_tasks_pass(tiny_model, tmp_
         min_interval_s=1000, max_interval_s=1000))   # no moves here
     with local_stack(ckpt, config) as stack:
         coord = stack.coordinator
-        for seed, name in enumerate(("t0", "t1")):
+        for seed, name in enumerate(("t0", "t2", "t1")):   # t1 on the small pipeline (see above)
             tensors = random_task(model, "lora", ALL, seed + 40)
             coord.load_adapter(name, str(write_task(tmp_path / name, "lora", tensors, scale=0.5)))
             refs[name] = merged_model(model, "lora", tensors, scale=0.5)

@@ -110,10 +110,12 @@ def test_64_tasks_cost_throughput_and_placement_runs_the_same_policy(single24):
     sim, placed = _run(single24, TaskMix(64, "zipf:1.1", replicas=1), routes)
     assert everywhere.decode_throughput_tokens_per_s < 0.9 * base.decode_throughput_tokens_per_s
     assert placed.decode_throughput_tokens_per_s < base.decode_throughput_tokens_per_s
-    # Tasks sit on one of the plan's two pipelines; the hottest one moved to the idle one.
+    # Tasks sit on one of the plan's two pipelines; the first move is one of the hottest tasks
+    # (zipf: the first few), onto the other pipeline.
     placement = sim.placement
     assert len(placement.replicas) == 2 and placement.rounds >= 1
-    assert sim.task_moves and sim.task_moves[0][1] == "task-1"
+    first = sim.task_moves[0]
+    assert first[1] in {f"task-{k}" for k in range(4)} and first[2] != first[3]
     # Every request of a task ran on a pipeline whose every stage held the task.
     assert len(routes) > 50 and all(routes)
     again, placed_again = _run(single24, TaskMix(64, "zipf:1.1", replicas=1))
