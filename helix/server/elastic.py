@@ -17,6 +17,11 @@ it at once (the worker hears a one-line error and exits) and places it in the ba
   other slices drain-first, and switches routing; kept: the node stays registered but idle
   (:attr:`Elastic.joins` says why).
 
+The same trigger re-plans when the workload's mix drifts (:meth:`Elastic.watch`): the requests
+the coordinator completes (:class:`ObservedMix`, its observer) feed the trigger's window, a thread
+asks it every ``poll_s`` whether a re-plan is due (drift beyond its band, enough requests, not too
+soon after the last), and an adopted plan is applied as a join's is.
+
 This module may import the planner: it is the launcher's side (``coordinator/`` may not).
 """
 
@@ -99,6 +104,61 @@ class Elastic:
             self.trigger = ReplanTrigger(spec, coordinator.plan, config or TriggerConfig(),
                                          present=running)
         self._t0 = time.monotonic()
+        self._completed: list[tuple[float, int, int]] = []   # (now, prompt, output) not yet fed
+        self._completed_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.replans: list[dict] = []
+        """Every re-plan the trigger considered here (its summary, ``applied`` and ``error``)."""
+
+    # --- drift -------------------------------------------------------------------------------------
+    def completed(self, prompt_tokens: int, output_tokens: int) -> None:
+        """A request completed (any thread; cheap: the trigger is fed at the next poll)."""
+        with self._completed_lock:
+            self._completed.append((self._now(), prompt_tokens, output_tokens))
+
+    def watch(self, poll_s: float = 30.0) -> None:
+        """Poll the trigger every ``poll_s`` in a thread until :meth:`close` (needs a spec)."""
+        if self.trigger is None or self._watcher is not None:
+            return
+        def run():
+            while not self._stop.wait(poll_s):
+                try:
+                    self.poll()
+                except Exception:   # one failed re-plan must not stop the next
+                    log.exception("re-plan poll failed")
+        self._watcher = threading.Thread(target=run, name="helix-replan", daemon=True)
+        self._watcher.start()
+
+    def poll(self) -> dict | None:
+        """Feed the completed requests to the trigger; re-plan if it is due, applying an adopted
+        plan. The re-plan's summary (None: not due)."""
+        with self._completed_lock:
+            done, self._completed = self._completed, []
+        with self._lock:
+            for now_s, prompt, output in done:
+                self.trigger.observe(now_s, prompt, output)
+            if self.trigger.due(self._now()) is None:
+                return None
+            replan = self.trigger.poll(self._now())
+            summary = {**replan.summary(), "cause": replan.cause, "applied": False, "error": None}
+            self.replans.append(summary)
+            log.warning("re-plan (%s): %s", replan.cause, replan.decision.reason)
+            if replan.adopted:
+                try:
+                    self.coordinator.apply_plan(replan.plan, timeout_s=self.apply_timeout_s)
+                    summary["applied"] = True
+                except Exception as exc:
+                    summary["error"] = str(exc).splitlines()[0] if str(exc) else repr(exc)
+                    log.exception("applying the re-plan failed")
+                finally:
+                    self.trigger.plan = self.coordinator.plan
+            return summary
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5.0)
 
     def join(self, handle: WorkerHandle, request: dict) -> dict:
         """Check a registering worker of a node the plan lacks (``request``: its Register call,
@@ -144,6 +204,29 @@ class Elastic:
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
+
+
+class ObservedMix:
+    """The coordinator's observer: ``inner``'s hooks (the metrics), and every request that
+    completed (stop / length) handed to :meth:`Elastic.completed`."""
+
+    def __init__(self, inner, elastic: Elastic) -> None:
+        self.inner, self.elastic = inner, elastic
+
+    def first_token(self, ttft_s: float) -> None:
+        if self.inner is not None:
+            self.inner.first_token(ttft_s)
+
+    def next_token(self, itl_s: float) -> None:
+        if self.inner is not None:
+            self.inner.next_token(itl_s)
+
+    def finished(self, reason: str, e2e_s: float, queue_s: float, prompt_tokens: int,
+                 completion_tokens: int, started: bool) -> None:
+        if self.inner is not None:
+            self.inner.finished(reason, e2e_s, queue_s, prompt_tokens, completion_tokens, started)
+        if reason in ("stop", "length"):
+            self.elastic.completed(prompt_tokens, completion_tokens)
 
 
 class RayJoins:

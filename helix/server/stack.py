@@ -23,7 +23,7 @@ from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.spec import ClusterSpec
 from helix.server.app import create_app
-from helix.server.elastic import Elastic, RayJoins
+from helix.server.elastic import Elastic, ObservedMix, RayJoins
 from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
 from helix.net.control import ControlServer, start_server
@@ -51,6 +51,9 @@ class ServeOptions:
     cluster: ClusterSpec | None = None
     """The cluster spec (``--cluster``): nodes the plan lacks that register while serving are
     checked against it and placed by a re-plan (:mod:`helix.server.elastic`); None: refused."""
+    replan_poll_s: float | None = 30.0
+    """With ``cluster``: how often the re-plan trigger is asked whether the workload's mix drifted
+    enough to re-plan (``planner.trigger``; None: only joins re-plan)."""
     keys: ClusterKeys | None = None
     """The cluster's keys (``--keys DIR``): CURVE on the data plane, TLS and the cluster token on
     the control plane (worker calls and registration), handed to the Ray workers; None: plain."""
@@ -121,6 +124,9 @@ class ServeStack:
         self.coordinator.attach(handles)
         self.elastic = Elastic(self.coordinator, self.options.cluster)
         self.service.on_join = self.elastic.join
+        if self.options.cluster is not None and self.options.replan_poll_s is not None:
+            self.coordinator.observer = ObservedMix(self.metrics, self.elastic)   # the mix's drift
+            self.elastic.watch(self.options.replan_poll_s)
         if ray_nodes and self.options.cluster is not None:   # Ray nodes that appear later join
             self.ray_joins = RayJoins(self.elastic, self.launcher, self.model_path, self.grpc.address,
                                       self.options.keys)
@@ -135,6 +141,8 @@ class ServeStack:
         if self.ray_joins is not None:
             self.ray_joins.close()
             self.ray_joins = None
+        if self.elastic is not None:
+            self.elastic.close()
         if self.coordinator is not None:
             self.coordinator.close(shutdown_workers=True)
             self.coordinator = None

@@ -143,3 +143,31 @@ def test_a_node_joins_under_load_gets_a_slice_and_traffic_and_nothing_fails(stac
         os.killpg(worker.pid, signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
     assert "registered with" in out, out
+
+
+def test_a_drifted_mix_re_plans_through_the_trigger_and_applies_without_failures(stack, spec, reference):
+    """After the join: requests shorter in output than the spec's mix (48 / 16 tokens) feed the
+    trigger through the coordinator's observer; the next poll re-plans, and serving goes on.
+    (Longer outputs make the running placement infeasible under the new mix, and the trigger's
+    evaluation of it raises PlannerBug: reported, not handled here.)"""
+    from helix.net.sampling import SamplingParams
+    from helix.server.elastic import ObservedMix
+    from planner.trigger import TriggerConfig
+    coord = stack.coordinator
+    elastic = Elastic(coord, spec, TriggerConfig(min_requests=8, window_s=300, drift=0.05,
+                                                 min_interval_s=0, time_limit_s=2))
+    assert elastic.poll() is None                       # nothing observed: nothing due
+    saved, coord.observer = coord.observer, ObservedMix(coord.observer, elastic)
+    try:
+        prompts = list(reference)
+        short = {p: reference[p][:3] for p in prompts}
+        finish(submit_all(coord, prompts, 12, SamplingParams(temperature=0, max_tokens=3)),
+               prompts, short)
+        summary = elastic.poll()
+        assert summary is not None and summary["cause"].startswith("drift"), summary
+        assert summary["mean_output_tokens"] == 3 and summary["error"] is None, summary
+        assert summary["applied"] == summary["adopt"]
+        assert elastic.poll() is None                   # the same mix is the reference now
+        finish(submit_all(coord, prompts, 8), prompts, reference)   # serving after, either way
+    finally:
+        coord.observer = saved
