@@ -11,7 +11,9 @@ How the processes share the 2 cores, and how the simulator is told:
 - each worker is pinned to its own core (``taskset``) with one torch thread
   (``OMP_NUM_THREADS=1``). The profile is taken the same way, on every worker core at once
   (``--profile corun``, the default): two workers stepping side by side share the memory bus and
-  the last-level cache, so a step is slower than on a machine with the other core idle;
+  the last-level cache, so a step is slower than on a machine with the other core idle. The
+  workers serve whole replicas: each step also samples, a cost the profile measures apart (a last
+  stage's fixed step cost) and the simulator charges;
 - the coordinator (``helix serve``: HTTP, tokenizer, scheduler, ZeroMQ, detokenizer) and this
   script (the load generator) are not pinned and take their CPU from the workers' cores. The
   capacity run measures both processes' CPU seconds per generated token (``/proc``); the
@@ -44,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 SPEC = ROOT / "cluster_specs" / "local2.yaml"
 MODEL = "small-llama"
 SECTION = "## Live system vs simulator (scripts/bench_live.py)"
+LOADS_SEEN: list[float] = []
+"""The machine's 1-minute load average as each live run starts (other processes' share)."""
 
 
 def write_checkpoint(path: Path) -> Path:
@@ -236,9 +240,10 @@ def run_loads(url: str, specs: dict, plan, base, capacity_rps: float, loads: lis
         workload = timed_workload(base, len(base), rate, "trace", window_s=duration_s)
         live = []
         for i in range(runs):
+            LOADS_SEEN.append(os.getloadavg()[0])
             live.append(figures(bench(url, workload, duration_s)))
-            print(f"load {load:.2f} run {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in
-                                                               live[-1].items()), flush=True)
+            print(f"load {load:.2f} run {i + 1} (load average {LOADS_SEEN[-1]:.1f}): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in live[-1].items()), flush=True)
         sims = []
         for label, spec in specs.items():
             sims.append(figures(simulate(spec, plan, workload,
@@ -348,10 +353,12 @@ def main() -> None:
                                                  f" --runs {args.runs} --duration {args.duration:g}") \
             + (" --capacity predicted" if args.capacity == "predicted" else "")
         machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {load_at_start:.1f} at "
-                   f"start, {os.getloadavg()[0]:.1f} at the end")
+                   f"start, {min(LOADS_SEEN):.1f}-{max(LOADS_SEEN):.1f} as the live runs started, "
+                   f"{os.getloadavg()[0]:.1f} at the end")
         entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}` on "
                  f"{machine}. {MODEL} on local2 ({placement}), profiled with one thread on "
-                 f"{'each worker core at once' if corun > 1 else 'one pinned core'}; conv "
+                 f"{'each worker core at once' if corun > 1 else 'one pinned core'} (a "
+                 f"last stage's step cost, LM head and sampling, measured apart); conv "
                  f"trace, prompt <= {args.max_prompt}, output <= {args.max_output} (mean "
                  f"{mean_prompt:.0f} / {mean_output:.0f}); {args.duration:g} s windows; measured "
                  f"capacity {measured_rps:.3f} req/s ({args.capacity} capacity is 100 %); plan: "
