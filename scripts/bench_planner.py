@@ -197,6 +197,34 @@ NOTES = [
 
 
 ANALYSIS = """
+Issue 11 (run of 2026-11-25, load average 10.2 at the start: the time-limited phases got a
+fraction of a core). A link-aware valid bound, `crossing` (`planner.search.crossing`): where no
+region's nodes can hold the model, some token changes regions at a layer boundary; if one node
+ran each side of it, every token would cross one link (at most 915 tokens/s on 3cluster24), so
+above the largest link between regions two nodes run some layer side by side. With
+layer-coverage accounting (waste on every layer plus each node's shortfall from its best
+k min(T(k), X) / X equals the nodes' total slack at X, exactly) X is refuted when the least such
+pair costs more than the slack. Closed form, ~1 ms; checked against brute force on tiny
+two-region clusters (never below the optimum, 3-34 % below the fixed point there). 3cluster24:
+2,045.6 -> 1,992.6 (gap 28.2 -> 24.9 %, still NOT the 10 % target): the slack grows ~0.9 layers
+per 20 tokens/s below the fixed point, and one crossing costs 0.3-0.8 layers, so local crossing
+arguments stop near 1,975 even with three-node crossings (computed, not kept); a bound near the
+region chains' 1,595 must see the whole chain. A cover MILP with region flows per layer and a
+sender x receiver pair gadget per boundary (a relaxation, prototyped again) decided no target
+from 2,040 down to 1,650 in 30-40 s, with or without pruning node options by the slack. Mixed
+stages (`planner.search.mixed_stages`, a warm start): stages of any kinds holding the same k
+layers, from a cutting-stock MILP over minimal patterns, bisected on the target: cluster42
+5,813.7 -> 5,905.8 (1.21 x the best published, gap 4.3 %, depth 40 -> 28; the earlier claim that
+5,870 "may be beyond the optimum" is wrong: one-kind stages were the limit), hetero42 70B
+16,239.2 -> 16,754.2 (gap 4.2 -> 0.97 %, in 4 s). hetero42 30B has 10,000+ patterns and is
+skipped (7.3 %); geo24 is multi-region (mixed stages only run per region, inside the regional
+MILP's sub-solves) and keeps 5.1 / 3.2 %. Also fixed: the cover model capped a range starting
+at layer 0 by its coordinator link on every layer, though with partial inference it also takes
+tokens mid-range (a hand case refuted 50 where a placement serves 100); only layer 0 is capped
+now. The latency column moved for every case (reference 2,926 -> 3,660 ms) without any
+placement change: the estimate reads per-layer latencies that concurrent cost-model work in the
+tree changed during this run.
+
 Cost-model clusters re-run on 2026-11-25 (load 2.6) after the layer-time model that charges
 decode attention and GQA's KV re-reads (issue 12 item 6): every T(k) fell 7-44 %, so their max
 flows fell (single24 70B 11,838 -> 9,162; hetero42 20,184 -> 16,239) and their gaps moved:
@@ -215,9 +243,9 @@ method); the class MILP's own status is `milp_status` in the plan. The 10-node 3
 is proved optimal (286.59) in 0.5 s by the cover bound (the reference needed ~3,800 s of Gurobi;
 our class MILP's bound stalled at 338 after 45 s). On 3cluster24 the region chains (crossings
 between regions on several links side by side) serve 1,595.1 tokens/s, 1.32 x the reference ILP,
-where our best before was Petals' 952.1; but no bound we have sees the slow links: the fixed point
-(2,045.6) stays the least. Tried and dropped: the LP relaxations of the class MILP and of a
-node-level layer MILP with per-pair crossing flows both sit at 2,045.6 (the latter's LP takes over
+where our best before was Petals' 952.1; but no bound we had then saw the slow links: the fixed
+point (2,045.6) stayed the least (the crossing bound, 2026-11-25, does: 1,992.6). Tried and
+dropped: the LP relaxations of the class MILP and of a node-level layer MILP with per-pair crossing flows both sit at 2,045.6 (the latter's LP takes over
 60 s), and a cover MILP with boundary cuts (crossings need pairs of nodes) leaves even 2,000
 undecided after 60 s; so the 10 % gap target is not met. (At F > 1,754 every
 A100, L4 and T4 at its largest k with T(k) >= F holds 80 layers in all, exactly the model; but
@@ -226,8 +254,8 @@ coverage), so whether the optimum is below 1,754 is open, not proved.) On cluste
 bound (6,151.8; the cover bound before it: 6,374.9, 6,364.6 on a quieter run) brings the gap to
 5.8 %; the placement (one 40-node chain of stages, 5,813.7) is 1.19 x the best published
 (Swarm's 4,892.2), below the 5,870 target: stages of one
-GPU kind cover at most 74 of the 80 layers at 5,900, so 5,870 may be beyond the optimum (not
-proved). --max-depth 12 costs cluster42 41 % of its flow (3,405.8 = A100 T(7)), for depth 11
+GPU kind cover at most 74 of the 80 layers at 5,900 (mixed-kind stages cover all 80 there:
+5,905.8 on 2026-11-25). --max-depth 12 costs cluster42 41 % of its flow (3,405.8 = A100 T(7)), for depth 11
 instead of 40 and a 2.1 s instead of 2.6 s pass. The cost-model clusters keep 4-28 % gaps: the
 cover bound decides no target there within its steps.
 
@@ -280,7 +308,7 @@ def write_section(rows, args, command: str) -> None:
             "linked like the original."]
     if ref and ref[0][3] is not None:
         r = ref[0]
-        tail = ["", f"Reference case: {r[3]:,.1f} tokens/s = {r[3] / REFERENCE_MAX_FLOW:.2f} x the "
+        tail += ["", f"Reference case: {r[3]:,.1f} tokens/s = {r[3] / REFERENCE_MAX_FLOW:.2f} x the "
                 f"reference planner's {REFERENCE_MAX_FLOW} (target >= 2000 with gap <= 2 % in <= 60 s: "
                 f"{'met' if r[3] >= 2000 and r[5] <= 0.02 and r[8] <= 60 else 'NOT met'})."]
     path = REPO / "BENCHMARKS.md"
