@@ -13,28 +13,52 @@ a pipeline depends on the pipelines (``helix.costmodel``, *Inside a pipeline*). 
 
 Heuristic methods and specs with explicit T(k) tables (reference inputs) solve once, with T(k).
 
+Then, for ``milp`` on cost-model clusters of at most :data:`CANDIDATE_MAX_NODES` nodes, placements
+that trade weight copies for KV are scored by the same prediction, and one replaces the solver's
+when it is predicted to serve :data:`CANDIDATE_MARGIN` more. The max flow rewards every copy of
+the weights and every layer a node can hold, while users are served the requests in flight the
+KV holds divided by the round trip (``helix.costmodel``, *Inside a pipeline*): a node filled with
+layers up to the spec's small KV reserve (``serving.min_kv_requests``, 4 requests) keeps KV for
+a handful of requests on each of them. The candidates are
+
+* the MILP solved again with every node's layer count capped so that it keeps KV room for a full
+  batch (``serving.max_batch_seqs`` requests) on each layer it holds (:func:`reserved_problem`):
+  the Helix artifact's own rule (its per-GPU layer caps, e.g. 4 / 7 / 12 layers of LLaMA-2 70B on
+  T4 / L4 / A100, leave each node room for its 280-480-sequence decode batch); on single24 it
+  serves 394 decode tokens/s in the simulator against 306 for the spec's reserve (300 s runs);
+* the Swarm baseline's placement (``planner.search.baselines.swarm``): equal stages, many
+  parallel nodes per stage, a short round trip (hetero42: 774 against 319-506).
+
+Mixed-kind chains (one long pipeline through several GPU kinds, fewer replicas) were tried as
+candidates too and dropped: the prediction overstates them up to 3x on hetero42 (predicted 1,181
+decode tokens/s, simulated 363), so choosing by it lost throughput.
+
 The plan returned is the one with the highest predicted prompt + decode tokens/s; its max flow,
 bound, gap and status describe the inner problem it was solved on (``extras['capacities']`` says
-which), and ``prediction`` is the outer figure. Each solve gets an equal share of the time limit.
-Deterministic when the solves are (the loop itself has no randomness and a fixed order).
+which; a candidate keeps the solver's bound, valid for every placement, and ``extras['chosen_by']``
+names it), and ``prediction`` is the outer figure. Each solve (the candidate's too) gets an equal
+share of the time limit less :data:`CANDIDATE_SHARE`. Deterministic when the solves are (the loop
+itself has no randomness and a fixed order).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from helix.costmodel import CostModel
+from helix.errors import InfeasibleError
 from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.prediction import PipelineState, predict
 from helix.spec import ClusterSpec
-from helix.plan import COORDINATOR, ArcFlow
+from helix.plan import COORDINATOR, ArcFlow, NodePlacement
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
-from planner.search.baselines import HEURISTICS
-from planner.solve import evaluate as evaluate_placement, solve
+from planner.search.baselines import HEURISTICS, swarm
+from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
 
 log = logging.getLogger("helix.planner")
 
@@ -44,6 +68,14 @@ log = logging.getLogger("helix.planner")
 #: single24 +52 %, geo24 +246 %, where round-1 plans are within 15 %), so they would chase the
 #: model's errors. ``iterations=3`` runs the fixed point.
 ITERATIONS = 1
+
+#: Candidate placements (module docstring) are scored on clusters up to this many nodes: each
+#: costs a MILP solve (a share of the time limit), a max flow and a prediction (~0.1-3 s at 40
+#: nodes); at 1,000 nodes one prediction alone takes seconds and the solve needs all the time.
+CANDIDATE_MAX_NODES = 128
+
+#: Fraction of the time limit kept for scoring candidates (the solves share the rest equally).
+CANDIDATE_SHARE = 0.1
 
 
 def node_stays(states: tuple[PipelineState, ...]) -> tuple[dict[str, float], float]:
@@ -182,7 +214,10 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
     problem = problem or build_problem(spec, model)
     # Explicit T(k) tables (reference inputs) are taken as given: one solve, as before.
     rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, iterations)
-    share = time_limit_s / rounds
+    scored = method == "milp" and not cost.throughput_tables and \
+        len(problem.nodes) <= CANDIDATE_MAX_NODES
+    t0 = time.perf_counter()
+    share = time_limit_s * ((1 - CANDIDATE_SHARE) / (rounds + 1) if scored else 1 / rounds)
     best: Plan | None = None
     seen: set[tuple] = set()
     inner = problem
@@ -206,4 +241,114 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
             break
         inner = nxt
     assert best is not None
-    return dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})
+    best = dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})
+    if scored:
+        min_k = min_layers_for_depth(problem.num_layers, solve_kwargs.get("max_depth"))
+        candidates = [("swarm", swarm(problem))]
+        reserved = reserved_problem(problem, spec, cost, cost.serving.max_batch_seqs)
+        if reserved is not None:
+            # A caller's start placement may not fit the caps, and its progress line shows one solve.
+            kwargs = {k: v for k, v in solve_kwargs.items() if k not in ("start", "progress")}
+            try:
+                solved = solve(reserved, method, time_limit_s=share, **kwargs)
+                candidates.insert(0, (f"milp, KV reserve {cost.serving.max_batch_seqs} requests",
+                                      {p.node: (p.start, p.end) for p in solved.placements}))
+            except InfeasibleError:  # the cluster cannot hold the model with that reserve
+                pass
+        candidates = [(n, p) for n, p in candidates
+                      if p and all(e - s >= min_k for s, e in p.values())]
+        best = best_candidate(spec, problem, cost, best, candidates, gap=solve_kwargs.get("gap", 0.01))
+        best = dataclasses.replace(best, solve_seconds=time.perf_counter() - t0)
+    return best
+
+
+def reserved_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostModel,
+                     requests: float) -> PlacementProblem | None:
+    """``problem`` with every node's layer counts capped so that it keeps KV room for
+    ``requests`` mean-size requests on each layer it holds (``serving.min_kv_requests`` set to
+    ``requests``; T(k) itself does not depend on it); None when that caps nothing."""
+    if requests <= cost.serving.min_kv_requests:
+        return None
+    capped_cost = CostModel(cost.model, cost.dtype_bytes, cost.workload,
+                            cost.serving.model_copy(update={"min_kv_requests": requests}),
+                            cost.profiles, cost.throughput_tables)
+    nodes, changed = [], False
+    for n in problem.nodes:
+        node = spec.node(n.name)
+        caps = {"max_layers": capped_cost.max_layers(node),
+                "max_layers_first": capped_cost.max_layers(node, first=True),
+                "max_layers_last": capped_cost.max_layers(node, last=True),
+                "max_layers_first_last": capped_cost.max_layers(node, first=True, last=True)}
+        caps = {k: min(v, getattr(n, k)) for k, v in caps.items()}
+        kmax = max(caps["max_layers"], caps["max_layers_first"], caps["max_layers_last"])
+        table = n.throughput_tokens_per_s[:kmax]
+        changed |= len(table) < len(n.throughput_tokens_per_s)
+        nodes.append(dataclasses.replace(n, throughput_tokens_per_s=table, **caps,
+                                         layer_latency_s_by_k=n.layer_latency_s_by_k[:kmax]))
+    return dataclasses.replace(problem, nodes=tuple(nodes)) if changed else None
+
+
+#: A candidate replaces the solver's placement only when predicted to serve this much more: the
+#: prediction errs by 10-20 % between placements of different shapes (BENCHMARKS.md, issue 12),
+#: so near-ties stay with the max-flow placement.
+CANDIDATE_MARGIN = 0.05
+
+
+def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, incumbent: Plan,
+                   candidates: list[tuple[str, dict]], gap: float = 0.01) -> Plan:
+    """``incumbent``, or the candidate placement predicted to serve more than
+    ``(1 + CANDIDATE_MARGIN)`` times its prompt + decode tokens/s (the first best, in the given
+    order), with its best routing (:func:`best_routing`); the incumbent's bound (valid for every
+    placement) and solver record stay, the status is recomputed for the candidate's max flow
+    (``gap``: the target), and ``extras['max_flow_placement']`` keeps what was replaced.
+    Candidates are scored with their max flow's own routing (one prediction each; only the
+    winner's routings are all tried), so no time limit applies and the choice is deterministic.
+    ``extras['candidates']``: [name, predicted prompt + decode tokens/s] of each scored one."""
+    partial = incumbent.partial_inference
+    base = incumbent.prediction.prompt_decode_tokens_per_s if incumbent.prediction else 0.0
+    scores: list[list] = []
+    winner: tuple[str, dict] | None = None
+    top = base * (1 + CANDIDATE_MARGIN)
+    for name, placement in candidates:
+        flow = max_flow(problem, placement, partial)
+        if flow.value_tokens_per_s <= 0:
+            continue
+        rough = _with_placement(incumbent, placement, flow)
+        value = predict(spec, rough, cost)[0].prompt_decode_tokens_per_s
+        scores.append([name, round(value, 1)])
+        if value > top:
+            winner, top = (name, placement), value
+    extras = {**incumbent.extras, "candidates": scores}
+    if winner is None:
+        return dataclasses.replace(incumbent, extras=extras)
+    name, placement = winner
+    found, _ = best_routing(spec, problem, evaluate_placement(problem, placement, partial, name),
+                            cost)
+    if found.prediction.prompt_decode_tokens_per_s <= base * (1 + CANDIDATE_MARGIN):
+        return dataclasses.replace(incumbent, extras=extras)
+    bound = incumbent.upper_bound_tokens_per_s
+    mine = {k: found.extras[k] for k in ("found_by", "depth_max", "depth_mean", "latency_mean_s",
+                                         "latency_max_s", "unused_nodes", "routing",
+                                         "routed_tokens_per_s") if k in found.extras}
+    extras.update(mine, chosen_by=f"prediction: {name}",
+                  max_flow_placement={"max_flow_tokens_per_s": incumbent.max_flow_tokens_per_s,
+                                      "predicted_tokens_per_s": round(base, 1),
+                                      "found_by": incumbent.extras.get("found_by"),
+                                      "placement": {p.node: [p.start, p.end]
+                                                    for p in incumbent.placements}})
+    if bound is not None:
+        extras["status"] = exact_status(found.max_flow_tokens_per_s, bound, gap)
+    return dataclasses.replace(
+        incumbent, placements=found.placements, arc_flows=found.arc_flows,
+        max_flow_tokens_per_s=found.max_flow_tokens_per_s,
+        upper_bound_tokens_per_s=None if bound is None else max(bound, found.max_flow_tokens_per_s),
+        prediction=found.prediction, extras=extras)
+
+
+def _with_placement(plan: Plan, placement: dict, flow) -> Plan:
+    """``plan`` with another placement and its max flow (no verification: for scoring only)."""
+    nodes = tuple(NodePlacement(n, s, e) for n, (s, e) in
+                  sorted(placement.items(), key=lambda t: (t[1], t[0])))
+    arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(flow.arc_flows.items()) if f > 1e-9)
+    return dataclasses.replace(plan, placements=nodes, arc_flows=arcs, prediction=None,
+                               max_flow_tokens_per_s=flow.value_tokens_per_s)

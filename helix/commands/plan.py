@@ -290,8 +290,18 @@ def _summary(plan) -> str:
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
              f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
-             *_prediction_lines(plan)]
+             *_prediction_lines(plan), *_chosen_line(e)]
     return "\n".join(lines)
+
+
+def _chosen_line(extras) -> list[str]:
+    """When a candidate placement replaced the max-flow one (planner.predicted.best_candidate)."""
+    other = extras.get("max_flow_placement")
+    if not extras.get("chosen_by") or not other:
+        return []
+    return [f"chosen     by the prediction ({extras['chosen_by'].removeprefix('prediction: ')}) "
+            f"over the max-flow placement ({other['max_flow_tokens_per_s']:,.1f} tokens/s max "
+            f"flow, {other['predicted_tokens_per_s']:,.1f} predicted)"]
 
 
 def _compare_table(problem, methods, plans):
