@@ -27,6 +27,7 @@ The figures are written by :func:`helix.profiles.write_profile` in the format
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import time
 from collections.abc import Callable
@@ -365,7 +366,10 @@ def measure(spec: ModelSpec, grid: ProfileGrid, device: str, dtype: str,
             decode_fixed.append(ProfileRow(seqs, context, fixed_s))
             advance(f"decode {seqs} seqs at context {context}")
         timer.release_all()
-    del timer
+    del timer   # its engine (weights, KV pool) goes before the next one is built
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     last_prompt, last_decode = measure_last_stage(spec, grid, dev, dtype, advance)
     return ProfileResult(tuple(prompt), tuple(decode), tuple(prompt_fixed), tuple(decode_fixed),
                          last_prompt, last_decode)
