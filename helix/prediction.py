@@ -18,16 +18,18 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
    proportion to its share of requests times its stay (the scheduler sends it that share of the
    arrivals), until a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines
    through that node stop growing, the others go on. Then the paths over the placement's other
-   usable hops (:func:`helix.pipelines.fallback_pipelines`, share 0) grow alike into what is
+   usable hops (share 0) grow into what is
    left: the coordinator's scheduler falls back to them when the flow paths' nodes are full, and
-   the baselines' schedulers use every usable hop;
+   the baselines' schedulers use every usable hop (:func:`scheduler_fallback` plays its rule in
+   bulk to find them and how many requests each takes);
 4. per node the decode batch = decode tokens/s through it / steps per s (each pipeline's decodes
    travel in :data:`DECODE_WAVES` waves, or fewer when it holds fewer requests, one step per wave
    per round trip, but never more steps than back to back); back to 2 until the batches settle
    (damped; at most :data:`MAX_ITERATIONS`).
 
 Offline: saturation (the KV fills). Online: requests at ``load`` x the predicted request rate,
-Poisson; each pipeline gets that fraction of its saturated rate; TTFT and time per output token
+Poisson; the max-flow pipelines take theirs first, the fallback paths the rest
+(:func:`online_rates`); TTFT and time per output token
 p50 are the medians over requests of F (its prompt part scaled by the request's prompt length,
 :data:`PROMPT_CV`) and of R.
 
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helix.costmodel import CostModel
-from helix.pipelines import PlanPipeline, enumerate_pipelines, fallback_pipelines
+from helix.pipelines import PlanPipeline, PlanStage, enumerate_pipelines, hop_usable
 from helix.plan import COORDINATOR, Plan, Prediction
 from helix.spec import ClusterSpec
 
@@ -127,10 +129,15 @@ class _Model:
         w = cost.workload
         self.p, self.o = w.mean_prompt_tokens, w.mean_output_tokens
         flow_paths = enumerate_pipelines(plan)
+        placed = {q.node: q for q in plan.placements if q.num_layers > 0}
+        L = plan.num_layers
+        kv = {n: cost.resident_requests(spec.node(n), q.num_layers, q.start == 0, q.end == L)
+              for n, q in placed.items()}
         # Where the scheduler goes when the flow paths' nodes are full (share 0): it falls back
         # to any usable hop, so these fill what the flow paths leave.
-        self.paths = flow_paths + (fallback_pipelines(plan, flow_paths) if flow_paths else ())
-        placed = {q.node: q for q in plan.placements if q.num_layers > 0}
+        fallback = scheduler_fallback(plan, flow_paths, kv) if flow_paths else ()
+        self.paths = flow_paths + tuple(q for q, _ in fallback)
+        self.fallback_weight = np.array([0.0] * len(flow_paths) + [n for _, n in fallback])
         used = sorted({s.node for q in self.paths for s in q.stages})
         self.nodes = used
         self.spec_nodes = [spec.node(n) for n in used]
@@ -253,7 +260,8 @@ class _Model:
     def fill(self, stay: np.ndarray) -> np.ndarray:
         """Requests in flight per pipeline at saturation (progressive filling, see the module):
         the max-flow paths first, in proportion to their shares; then, where their nodes are
-        full, the fallback paths (share 0), each at an equal request rate."""
+        full, the fallback paths (share 0), in proportion to the requests the scheduler's rule
+        sends each (:func:`scheduler_fallback`)."""
         A, n = self.incidence, len(self.paths)
         caps = [(A.T, self.kv_requests)]
         tokens = A.T.scale_columns((self.p + self.o) / stay)   # tokens/s per node per request
@@ -262,7 +270,7 @@ class _Model:
         primary = self.share > 0
         N = self._grow(N, np.where(primary, self.share * stay, 0.0), caps)
         if (~primary).any():
-            N = self._grow(N, np.where(primary, 0.0, 1.0), caps)
+            N = self._grow(N, np.where(primary, 0.0, self.fallback_weight), caps)
         return N
 
     def _grow(self, N: np.ndarray, grow: np.ndarray, caps) -> np.ndarray:
@@ -289,6 +297,75 @@ class _Model:
                 if full.any():
                     live &= ~coef.columns_in(full)
         return N
+
+
+#: Rounds of :func:`scheduler_fallback` (each routes a bulk of requests along one path).
+FALLBACK_ROUNDS = 400
+
+
+def scheduler_fallback(plan: Plan, flow_paths: tuple[PlanPipeline, ...],
+                       kv_requests: dict[str, float], rounds: int = FALLBACK_ROUNDS
+                       ) -> tuple[tuple[PlanPipeline, float], ...]:
+    """The paths the coordinator's scheduler falls back to once the flow paths' nodes are full,
+    each with the requests it takes, most first (those in ``flow_paths`` left out).
+
+    The rule played in bulk (:class:`coordinator.schedulers.HelixScheduler`): the flow paths
+    fill first, in proportion to their shares, until a node's KV (``kv_requests``, requests of
+    the node's whole slice) is full; then each request walks from the coordinator over the usable
+    hops whose node has room and reaches the sink through nodes with room, taking a max-flow arc
+    where one is open and otherwise the node least used (its KV's used fraction). Each round
+    sends a fifth of what the path it finds can still take (at least one request) along it,
+    until no path has room. Enumerating every usable path instead (thousands on hetero42) in a
+    fixed order missed the one the scheduler actually fills (658 of 867 requests in flight)."""
+    ranges = {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
+    L, partial = plan.num_layers, plan.partial_inference
+    names = sorted(ranges)
+    succ = {v: [w for w in names if hop_usable(ranges, L, partial, v, w)]
+            for v in (COORDINATOR, *names)}
+    ends = {v: hop_usable(ranges, L, partial, v, COORDINATOR) for v in names}
+    flow = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows if a.flow_tokens_per_s > 0}
+    cap = {n: kv_requests.get(n, 0.0) for n in names}
+    used = dict.fromkeys(names, 0.0)
+    # The flow paths, by share, until their nodes fill (progressive filling).
+    live = [q for q in flow_paths if all(cap[n] > 0 for n in q.nodes)]
+    while live:
+        load: dict[str, float] = {}
+        for q in live:
+            for n in q.nodes:
+                load[n] = load.get(n, 0.0) + q.share
+        step = min((cap[n] - used[n]) / x for n, x in load.items())
+        for n, x in load.items():
+            used[n] += step * x
+        full = {n for n in load if used[n] >= cap[n] * (1 - 1e-9)}
+        live = [q for q in live if not full.intersection(q.nodes)]
+    known = {q.nodes for q in flow_paths}
+    taken: dict[tuple[str, ...], list] = {}
+    by_end = sorted(names, key=lambda n: -ranges[n][1])
+    for _ in range(rounds):
+        room = {n: cap[n] - used[n] for n in names}
+        finish: dict[str, bool] = {}
+        for n in by_end:   # successors first: every usable hop moves to a higher layer end
+            finish[n] = room[n] >= 1.0 and (ends[n] or any(finish[w] for w in succ[n]))
+        v, at, stages = COORDINATOR, 0, []
+        while v == COORDINATOR or not ends[v]:
+            cands = [w for w in succ[v] if finish[w]]
+            if not cands:
+                break
+            open_flow = [w for w in cands if (v, w) in flow]
+            pool = open_flow or cands
+            w = min(pool, key=lambda n: used[n] / cap[n])
+            stages.append(PlanStage(w, at, ranges[w][1]))
+            v, at = w, ranges[w][1]
+        if not stages or not ends[v]:
+            break
+        nodes = tuple(st.node for st in stages)
+        amount = max(1.0, 0.2 * min(room[n] for n in nodes))
+        for n in nodes:
+            used[n] += amount
+        if nodes not in known:
+            entry = taken.setdefault(nodes, [PlanPipeline(tuple(stages), 0.0), 0.0])
+            entry[1] += amount
+    return tuple(sorted(((q, n) for q, n in taken.values()), key=lambda e: (-e[1], e[0].nodes)))
 
 
 def convoy_delay_s(excess_s: np.ndarray, prompts_per_s: np.ndarray) -> np.ndarray:
@@ -336,6 +413,19 @@ def _median(values: np.ndarray, weights: np.ndarray) -> float | None:
     return float(values[order][np.searchsorted(cum, 0.5)])
 
 
+def online_rates(saturated: np.ndarray, primary: np.ndarray, load: float) -> np.ndarray:
+    """Requests/s per pipeline when ``load`` x the saturated total arrives: the max-flow paths
+    take theirs first (up to their saturated rates, in proportion), the fallback paths the rest
+    in proportion to theirs: the scheduler goes there only when the flow paths' nodes are full."""
+    want = load * float(saturated.sum())
+    on_primary = float(saturated[primary].sum())
+    out = np.where(primary, saturated * min(1.0, want / on_primary) if on_primary > 0 else 0.0, 0.0)
+    rest, on_fallback = max(0.0, want - float(out.sum())), float(saturated[~primary].sum())
+    if on_fallback > 0:
+        out = out + np.where(primary, 0.0, saturated * rest / on_fallback)
+    return out
+
+
 def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
             load: float = ONLINE_LOAD) -> tuple[Prediction, tuple[PipelineState, ...]]:
     """The plan's predicted offline throughput and online latencies at ``load``, and the state of
@@ -347,7 +437,7 @@ def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
     N, rate, R, F, _, batch, _ = m.solve(m.fill)
     states = tuple(PipelineState(q, float(n), float(r), float(rt), float(f))
                    for q, n, r, rt, f in zip(m.paths, N, rate, R, F))
-    target = load * rate
+    target = online_rates(rate, m.share > 0, load)
     n_on, rate_on, R_on, F_on, F0_on, _, _ = m.solve(lambda stay: target * stay)
     total = float(rate.sum())
     return Prediction(

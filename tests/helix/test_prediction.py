@@ -12,7 +12,8 @@ from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
 from helix.plan import ArcFlow, NodePlacement, Plan
-from helix.prediction import DECODE_WAVES, convoy_delay_s, predict
+from helix.prediction import (DECODE_WAVES, convoy_delay_s, online_rates, predict,
+                               scheduler_fallback)
 from helix.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,3 +224,33 @@ def test_sparse_incidence_matches_dense_numpy():
         mask = rng.random(shape[1]) < 0.5
         assert np.array_equal(m.T.columns_in(mask), dense.T[mask].sum(axis=0) > 0)
         assert np.allclose(m.row_max(x), np.max(dense * x, axis=1))
+
+
+def test_scheduler_fallback_plays_the_rule_in_bulk():
+    """Flow path a -> b fills until b's KV is full (10 requests); then the scheduler's fallback
+    sends requests over a's other usable hops, each to the least used (by fraction) of c and d
+    (both [16, 32)), until a is full: a's 60 left split so that c and d are equally used,
+    x / 50 = (60 - x) / 20, x = 42.9 (to within a request: the rule moves a bulk at a time)."""
+    plan = Plan(model="llama-2-7b", num_layers=32,
+                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32),
+                            NodePlacement("c", 16, 32), NodePlacement("d", 16, 32)),
+                arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 1.0),
+                           ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
+    flow_paths = enumerate_pipelines(plan)
+    assert [q.nodes for q in flow_paths] == [("a", "b")]
+    found = scheduler_fallback(plan, flow_paths, {"a": 70.0, "b": 10.0, "c": 50.0, "d": 20.0})
+    taken = {q.nodes: n for q, n in found}
+    assert set(taken) == {("a", "c"), ("a", "d")}
+    assert taken[("a", "c")] == pytest.approx(60 * 50 / 70, abs=1.0)
+    assert taken[("a", "d")] == pytest.approx(60 * 20 / 70, abs=1.0)
+    assert 59.0 <= sum(taken.values()) <= 60.0 + 1e-9
+    assert found == scheduler_fallback(plan, flow_paths, {"a": 70.0, "b": 10.0, "c": 50.0, "d": 20.0})
+
+
+def test_online_load_goes_to_the_flow_paths_first():
+    """Online the scheduler takes the max-flow paths while they have room: at 75 % of a total of
+    6 requests/s the flow paths (3 of it at saturation) run full and the fallback path takes the
+    other 1.5; at 25 % the flow paths take it all, each in proportion to its saturated rate."""
+    saturated, primary = np.array([2.0, 1.0, 3.0]), np.array([True, True, False])
+    assert online_rates(saturated, primary, 0.75).tolist() == pytest.approx([2.0, 1.0, 1.5])
+    assert online_rates(saturated, primary, 0.25).tolist() == pytest.approx([1.0, 0.5, 0.0])
