@@ -118,7 +118,7 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
     announce = {**server.addresses, **({"gpu": gpu} if gpu else {}), **({"region": region} if region else {})}
     while True:
         try:
-            client.call("Register", announce, timeout_s=5.0)
+            reply = client.call("Register", announce, timeout_s=5.0)
             break
         except ControlError as exc:
             # Refused for what it says (a bad join) or who it is: retrying cannot help.
@@ -128,7 +128,9 @@ def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOS
                 raise HelixUserError(f"cannot register with the coordinator at {coordinator}: {exc.details}")
             time.sleep(1.0)
     typer.echo(f"helix worker {node}: registered with {coordinator} (control {server.control.address}, "
-               f"data {server.data.address})")
+               f"data {server.data.address})" + ("; joining: the server re-plans with this node and "
+                                                 "loads its slice (helix nodes shows it once it serves)"
+                                                 if reply.get("joining") else ""))
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
     try:
         while not server.wait_stopped(1.0):
