@@ -33,9 +33,6 @@ from collections import Counter
 from planner.problem import COORDINATOR, NodeCapacity, PlacementProblem
 from planner.search.bounds import layer_counts
 
-Options = tuple[tuple[int, float], ...]   # (k, cap tokens/s before the cap at X) per option
-
-
 def crossing_bound(problem: PlacementProblem, upper: float, min_layers: int = 1) -> float | None:
     """The least target <= ``upper`` found refuted (scanned down in 0.25 % steps, then bisected
     to 1e-4), or None when the argument does not apply (a region can hold the model, or no
@@ -47,8 +44,7 @@ def crossing_bound(problem: PlacementProblem, upper: float, min_layers: int = 1)
     if not region_layers or max(region_layers.values()) >= L:
         return None
     c_max = _cross_link_max(problem)
-    kinds = Counter(_options(problem, n, min_layers) for n in problem.nodes)
-    kinds.pop((), None)   # nodes that can carry nothing add nothing to u* nor to a pair
+    kinds = _kinds(problem, min_layers)
 
     def refuted(X: float) -> bool:
         return X > c_max and _refutes(kinds, L, X)
@@ -76,8 +72,34 @@ def _cross_link_max(problem: PlacementProblem) -> float:
                 if a in region and b in region and region[a] != region[b]), default=0.0)
 
 
-def _options(problem: PlacementProblem, node: NodeCapacity, min_layers: int) -> Options:
-    """(k, cap) for every layer count and position (middle / first / last) the node allows."""
+def _kinds(problem: PlacementProblem, min_layers: int) -> Counter:
+    """Nodes with one table and memory limits, as ((k, least cap, largest cap), ...) -> count,
+    one entry per layer count and kind of position.
+
+    Members differ only in their links, so in the caps. A kind's u* is its members' largest and
+    a member's point is (least cap, u* - k * largest cap / X): the slack only grows and every
+    member's real (cap, shortfall) is dominated, so the test stays a relaxation, and a
+    1,000-node cluster has a few dozen kinds, not a thousand."""
+    caps: dict[tuple, dict[tuple[int, str], list[float]]] = {}
+    counts: Counter = Counter()
+    for n in problem.nodes:
+        key = (n.throughput_tokens_per_s, n.max_layers, n.max_layers_first, n.max_layers_last,
+               n.max_layers_first_last)
+        counts[key] += 1
+        per_k = caps.setdefault(key, {})
+        for k, where, cap in _options(problem, n, min_layers):
+            per_k.setdefault((k, where), []).append(cap)
+    kinds: Counter = Counter()
+    for key, per_k in caps.items():
+        opts = tuple(sorted((k, min(cs), max(cs)) for (k, _), cs in per_k.items()))
+        if opts:   # nodes that can carry nothing add nothing to u* nor to a pair
+            kinds[opts] += counts[key]
+    return kinds
+
+
+def _options(problem: PlacementProblem, node: NodeCapacity, min_layers: int):
+    """(k, "end" | "other", cap) for every layer count the node allows, with its range ending at
+    the last layer (every token it runs leaves for the coordinator) or not."""
     L = problem.num_layers
     into, out = problem.link_totals()
     base = min(into.get(node.name, 0.0), out.get(node.name, 0.0))
@@ -88,13 +110,13 @@ def _options(problem: PlacementProblem, node: NodeCapacity, min_layers: int) -> 
         if k < min_layers:
             continue
         if k >= L:   # the whole model: first and last at once
-            opts.add((k, min(node.throughput(k), base, to_coord)))
+            opts.add((k, "end", min(node.throughput(k), base, to_coord)))
             continue
         if k <= node.max_layers or k <= node.max_layers_first:
-            opts.add((k, min(node.throughput(k), base)))
+            opts.add((k, "other", min(node.throughput(k), base)))
         if k <= node.max_layers_last:
-            opts.add((k, min(node.throughput(k), base, to_coord)))
-    return tuple(sorted(o for o in opts if o[1] > 0))
+            opts.add((k, "end", min(node.throughput(k), base, to_coord)))
+    return sorted(o for o in opts if o[2] > 0)
 
 
 def _refutes(kinds: Counter, L: int, X: float) -> bool:
@@ -102,10 +124,10 @@ def _refutes(kinds: Counter, L: int, X: float) -> bool:
     fronts = []   # per kind: [(cap / X, loss u* - u)], Pareto-minimal in both, and its count
     slack = -float(L)
     for opts, count in kinds.items():
-        pts = [(min(cap, X) / X, k * min(cap, X) / X) for k, cap in opts]
-        best = max(u for _, u in pts)
+        best = max(k * min(hi, X) / X for k, _, hi in opts)
         slack += count * best
-        fronts.append((_pareto([(c, best - u) for c, u in pts]), count))
+        fronts.append((_pareto([(min(lo, X) / X, best - k * min(hi, X) / X)
+                                for k, lo, hi in opts]), count))
     if slack < 0:
         return True
     least = float("inf")
