@@ -11,7 +11,7 @@ batches, carried from the cluster spec through ``plan.yaml`` to every consumer.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from helix.errors import SpecError
 from helix.models import DTYPE_BYTES
@@ -46,9 +46,23 @@ class ServingSpec(_Frozen):
     :data:`UNCHUNKED_STEP_TOKENS` tokens and a longer prompt runs alone. In deep pipelines a long
     prompt step holds up every decode wave behind it at every stage it crosses (a convoy), so a
     smaller budget serves more: 512 gave 16-45 % more decode tokens/s than 2048 in the simulator
-    on single24, geo24 and hetero42, but the prediction does not model that yet (its errors grow
-    to -17..+18 % on decode and +30..+55 % on TTFT at 512; BENCHMARKS.md), so 2048, where it
-    holds, stays the default until it does."""
+    on single24, geo24 and hetero42. The prediction models the convoy and chunked prefill, but
+    not yet well enough on every example cluster (hetero42, BENCHMARKS.md) for the planner to
+    choose the budget by default: ``chunk_tokens: auto`` asks it to (:attr:`choose_chunk_tokens`)."""
+    choose_chunk_tokens: bool | None = None
+    """True when the spec says ``chunk_tokens: auto``: ``helix plan`` predicts its placement at
+    each budget of :data:`planner.budget.CANDIDATES` and writes the one with the most decode
+    tokens/s into the plan's serving section, which the simulator and ``helix serve`` then run
+    with (``chunk_tokens`` is then only the budget the placement is searched with). None: the
+    spec's budget is kept."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_budget(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("chunk_tokens") == "auto":
+            data = {**data, "chunk_tokens": cls.model_fields["chunk_tokens"].default,
+                    "choose_chunk_tokens": True}
+        return data
     adapter_cache_bytes: int = Field(2**30, ge=1)
     """Bytes each worker may hold of registered fine-tuned tasks made ready from disk (an LRU
     cache of packed adapters, on the worker's device: :mod:`worker.adapter_cache`), beside its

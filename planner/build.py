@@ -102,12 +102,16 @@ def build_problem(spec: ClusterSpec, model: ModelSpec | None = None) -> Placemen
 def serving_limits(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None) -> ServingLimits:
     """What ``plan``'s workers run with: ``spec``'s serving settings and dtype, and each placed
     node's KV pool as ``cost`` (default: the spec's cost model) sizes it for the node's slice. The
-    simulator sizes its workers with this very function, so live and simulated pools agree."""
+    simulator sizes its workers with this very function, so live and simulated pools agree. With
+    ``chunk_tokens: auto`` the step budget is the one the plan chose (:mod:`planner.budget`)."""
     cost = cost or CostModel.for_cluster(spec)
     pools = {p.node: cost.kv_capacity_tokens(spec.node(p.node), p.num_layers, first=p.start == 0,
                                              last=p.end == plan.num_layers)
              for p in plan.placements if p.num_layers > 0}
-    return ServingLimits.of(spec.serving, spec.dtype, pools)
+    limits = ServingLimits.of(spec.serving, spec.dtype, pools)
+    if spec.serving.choose_chunk_tokens and plan.serving is not None:   # chunk_tokens: auto
+        limits = limits.model_copy(update={"chunk_tokens": plan.serving.chunk_tokens})
+    return limits
 
 
 def with_serving(plan: Plan, spec: ClusterSpec, model: ModelSpec | None = None) -> Plan:

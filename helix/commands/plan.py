@@ -60,6 +60,7 @@ def plan_command(
     from helix.spec import load_cluster
     from planner import METHODS
     from planner import predicted
+    from planner import budget
     from planner.build import build_problem, with_serving
     from planner.flowgraph import with_flow_capacities
     from planner.solve import check_options
@@ -94,6 +95,7 @@ def plan_command(
             Console(width=max(console.width, 110)).print(_compare_table(problem, METHODS, plans))
         return
     plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
+    plan = budget.apply(spec, plan, chosen)   # serving.chunk_tokens: auto
     plan = with_flow_capacities(plan, problem)   # helix serve re-solves the flow when nodes die
     decision = None
     if start_from is not None and start_from.suffix.lower() != ".ini":
@@ -290,18 +292,17 @@ def _summary(plan) -> str:
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
              f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
-             *_prediction_lines(plan), *_chosen_line(e)]
+             *_prediction_lines(plan), *_budget_line(e)]
     return "\n".join(lines)
 
 
-def _chosen_line(extras) -> list[str]:
-    """When a candidate placement replaced the max-flow one (planner.predicted.best_candidate)."""
-    other = extras.get("max_flow_placement")
-    if not extras.get("chosen_by") or not other:
+def _budget_line(extras) -> list[str]:
+    """When the planner chose the step budget (serving.chunk_tokens: auto, planner.budget)."""
+    if "chunk_tokens_chosen" not in extras:
         return []
-    return [f"chosen     by the prediction ({extras['chosen_by'].removeprefix('prediction: ')}) "
-            f"over the max-flow placement ({other['max_flow_tokens_per_s']:,.1f} tokens/s max "
-            f"flow, {other['predicted_tokens_per_s']:,.1f} predicted)"]
+    each = ", ".join(f"{c}: {v:,.1f}" for c, v in extras["chunk_tokens_predicted"].items())
+    return [f"step budget {extras['chunk_tokens_chosen']} tokens (chunk_tokens: auto), the most "
+            f"predicted decode tokens/s of {each}"]
 
 
 def _compare_table(problem, methods, plans):

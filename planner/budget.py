@@ -1,0 +1,62 @@
+"""The step token budget (``serving.chunk_tokens``) chosen by the prediction (``chunk_tokens: auto``).
+
+A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behind a long prompt
+step at every stage they cross (the convoy of :mod:`helix.prediction`), but a prompt takes more
+steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
+chose (routing and all) at each budget of :data:`CANDIDATES` and keeps the one with the most decode
+tokens/s (ties: the larger budget). Deterministic; the placement itself is not searched again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from helix.costmodel import CostModel
+from helix.models import ModelSpec
+from helix.plan import Plan, Prediction
+from helix.prediction import predict
+from helix.spec import ClusterSpec
+
+#: Budgets the planner predicts (tokens per step): vLLM's chunked-prefill defaults lie among them.
+CANDIDATES = (256, 512, 1024, 2048)
+
+
+def at_budget(spec: ClusterSpec, chunk_tokens: int) -> ClusterSpec:
+    """``spec`` with the step budget ``chunk_tokens`` (set, not chosen)."""
+    serving = spec.serving.model_copy(update={"chunk_tokens": chunk_tokens,
+                                              "choose_chunk_tokens": None})
+    return spec.model_copy(update={"serving": serving})
+
+
+def predictions(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
+                candidates: tuple[int, ...] = CANDIDATES) -> dict[int, Prediction]:
+    """The plan's prediction at each budget of ``candidates``."""
+    out = {}
+    for chunk in candidates:
+        at = at_budget(spec, chunk)
+        out[chunk] = predict(at, plan, CostModel.for_cluster(at, model))[0]
+    return out
+
+
+def choose(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
+           candidates: tuple[int, ...] = CANDIDATES) -> tuple[int, dict[int, Prediction]]:
+    """(the budget with the most predicted decode tokens/s, ties to the larger one; every
+    budget's prediction)."""
+    by_budget = predictions(spec, plan, model, candidates)
+    best = max(candidates, key=lambda c: (round(by_budget[c].decode_tokens_per_s, 6), c))
+    return best, by_budget
+
+
+def apply(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None) -> Plan:
+    """``plan`` with the chosen budget in its serving section and its prediction at that budget,
+    the predicted decode tokens/s of every budget in ``extras['chunk_tokens_predicted']``; the
+    plan as it is when the spec sets its budget."""
+    if not spec.serving.choose_chunk_tokens:
+        return plan
+    best, by_budget = choose(spec, plan, model)
+    serving = None if plan.serving is None else \
+        plan.serving.model_copy(update={"chunk_tokens": best})
+    return dataclasses.replace(plan, serving=serving, prediction=by_budget[best], extras={
+        **plan.extras, "chunk_tokens_chosen": best,
+        "chunk_tokens_predicted": {str(c): round(p.decode_tokens_per_s, 1)
+                                   for c, p in by_budget.items()}})
