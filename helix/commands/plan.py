@@ -292,7 +292,7 @@ def _summary(plan) -> str:
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
              f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
-             *_prediction_lines(plan), *_budget_line(e)]
+             *_prediction_lines(plan), *_chosen_line(e), *_budget_line(e)]
     return "\n".join(lines)
 
 
@@ -303,6 +303,16 @@ def _budget_line(extras) -> list[str]:
     each = ", ".join(f"{c}: {v:,.1f}" for c, v in extras["chunk_tokens_predicted"].items())
     return [f"step budget {extras['chunk_tokens_chosen']} tokens (chunk_tokens: auto), the most "
             f"predicted decode tokens/s of {each}"]
+
+
+def _chosen_line(extras) -> list[str]:
+    """When a candidate placement replaced the max-flow one (planner.predicted.best_candidate)."""
+    other = extras.get("max_flow_placement")
+    if not extras.get("chosen_by") or not other:
+        return []
+    return [f"chosen     by the prediction ({extras['chosen_by'].removeprefix('prediction: ')}) "
+            f"over the max-flow placement ({other['max_flow_tokens_per_s']:,.1f} tokens/s max "
+            f"flow, {other['predicted_tokens_per_s']:,.1f} predicted)"]
 
 
 def _compare_table(problem, methods, plans):
