@@ -109,17 +109,23 @@ def _chain(problem, groups, links, order, F) -> Placement:
 
 
 def _crossing_stage(region_groups, left, F, carried_per_receiver, L):
-    """The fewest nodes of one group that can take F over ``carried_per_receiver`` each."""
+    """The first stage of a region: nodes of one group that take F over ``carried_per_receiver``
+    each, chosen for the most layers the whole region then covers (this stage plus the stages
+    of the nodes left, ``class_stage_dp``): the nodes it takes would hold layers there too (on
+    3cluster24 three T4 x 4 layers beat three L4 x 6: the L4s hold 3 layers each at F alone)."""
     if carried_per_receiver <= 0:
         return None
     need = -int(-F // carried_per_receiver)
-    best = None
+    best, best_cover = None, -1
     for g in region_groups:
         for m in range(max(1, need), left[g[1]] + 1):
             k = _largest_k(g[0], m, F, L)
             if k > 0:
-                if best is None or (k / m) > (best[1] / best[2]):
-                    best = (g, k, m)
+                rest = {**left, g[1]: left[g[1]] - m}
+                cover = k + sum(kk for h in region_groups
+                                for kk, _ in class_stage_dp(h[0], rest[h[1]], F, L))
+                if cover > best_cover:
+                    best, best_cover = (g, k, m), cover
                 break
     if best is not None:
         left[best[0][1]] -= best[2]

@@ -39,3 +39,16 @@ def test_solve_keeps_the_region_chain_and_single_region_clusters_get_none():
     assert plan.max_flow_tokens_per_s >= 130.0 * (1 - 1e-9)
     single = make_problem([make_node(f"n{i}", (100, 50)) for i in range(3)], 4)
     assert region_chain(single) == {}
+
+
+def test_3cluster24_crossing_stage_counts_what_its_nodes_would_hold_elsewhere(shared_data):
+    """The crossing stage into a region is chosen for the layers the whole region then covers:
+    three T4 x 4 layers into region 2 (the L4s keep 3 layers each) instead of three L4 x 6, so
+    the A100s' T(9) = 1,754.4 binds (was 1,595.1 with the L4s at T(7) x 3)."""
+    from helix.helix_ini import convert_ini, load_throughput_tables
+    from planner.build import build_problem
+    cases = shared_data / "reference_cases"
+    tables = load_throughput_tables(cases / "throughput_tables.yaml", "3cluster24")
+    p = build_problem(convert_ini(cases / "3cluster24.ini", cases / "machine_profiles_3cluster24.ini",
+                                  "llama-2-70b", throughput_tables=tables).spec)
+    assert max_flow(p, region_chain(p)).value_tokens_per_s >= 1754.0
