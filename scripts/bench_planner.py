@@ -206,12 +206,16 @@ layer-coverage accounting (waste on every layer plus each node's shortfall from 
 k min(T(k), X) / X equals the nodes' total slack at X, exactly) X is refuted when the least such
 pair costs more than the slack. Closed form, ~1 ms; checked against brute force on tiny
 two-region clusters (never below the optimum, 3-34 % below the fixed point there). 3cluster24:
-2,045.6 -> 1,992.6 (gap 28.2 -> 24.9 %, still NOT the 10 % target): the slack grows ~0.9 layers
-per 20 tokens/s below the fixed point, and one crossing costs 0.3-0.8 layers, so local crossing
-arguments stop near 1,975 even with three-node crossings (computed, not kept); a bound near the
-region chains' 1,595 must see the whole chain. A cover MILP with region flows per layer and a
-sender x receiver pair gadget per boundary (a relaxation, prototyped again) decided no target
-from 2,040 down to 1,650 in 30-40 s, with or without pruning node options by the slack. Mixed
+2,045.6 -> 1,992.6. Its placement rose too: the region chain now picks the stage that receives a
+crossing for the layers its whole region then covers (three T4 x 4 layers, not three L4 x 6: the
+L4s hold 3 layers each on their own), 1,595.1 -> 1,754.4 tokens/s (1.45 x the reference ILP;
+re-run alone at load 14.7), the A100s' T(9) binding. Gap 28.2 -> 13.6 %: still NOT the 10 %
+target. The slack grows ~0.9 layers per 20 tokens/s below the fixed point while one crossing
+costs 0.3-0.8 layers, so local crossing arguments stop near 1,975 even with three-node
+crossings (computed, not kept); a bound near 1,754 must see the whole chain. A cover MILP with
+region flows per layer and a sender x receiver pair gadget per boundary (a relaxation,
+prototyped again) decided no target from 2,040 down to 1,650 in 30-40 s, with or without
+pruning node options by the slack. Mixed
 stages (`planner.search.mixed_stages`, a warm start): stages of any kinds holding the same k
 layers, from a cutting-stock MILP over minimal patterns, bisected on the target: cluster42
 5,813.7 -> 5,905.8 (1.21 x the best published, gap 4.3 %, depth 40 -> 28; the earlier claim that
