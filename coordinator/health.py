@@ -109,6 +109,11 @@ class NodeHealth:
         self._failed[node] = False
         self._refusals[node] = 0
 
+    def remove(self, node: str) -> None:
+        """A node that left the plan (issue 16): no longer tracked."""
+        for book in (self._state, self._answered_s, self._failed, self._refusals):
+            book.pop(node, None)
+
     def state(self, node: str) -> NodeState:
         return self._state[node]
 

@@ -91,6 +91,8 @@ class Membership:
         now = time.monotonic()
         with self._lock:
             for node, reply in zip(nodes, replies):
+                if node not in self.clients:   # it left the plan while polled (coordinator.reshape)
+                    continue
                 if isinstance(reply, WorkerStats):
                     reply = self._fresh(reply, polled_s)
                     self.health.answered(node, now)
@@ -107,6 +109,8 @@ class Membership:
                 self._reflow()
             draining = self.draining_nodes()
             for node in nodes:
+                if node not in self.clients:
+                    continue
                 s = self.stats[node]
                 usable = self.health.state(node) is NodeState.OK and node not in draining and s.configured
                 self.scheduler.kv.observe(node, s.kv_used_token_layers if usable

@@ -18,7 +18,8 @@ Order: the next node to move is one whose drain leaves a pipeline of the nodes s
 requests (so every layer stays served). When none can (the only holder of layer 0 grows, say), the
 first one moves anyway: new requests wait in the queue (not failed: the no-route grace is
 suspended while a plan is applied) until it is back. Joined nodes count from step 1 on, which is
-what usually frees the order. Nodes the new plan drops are refused for now (drain them instead).
+what usually frees the order. Nodes the new plan drops leave routing at the switch; once no
+request crosses them they are forgotten (their workers stay up, idle, and may join again).
 
 Routing between the switches: a mixed placement has no flow solution of its own; its arcs take the
 old plan's flows between nodes that did not move and the new plan's where a moved node is an end,
@@ -62,7 +63,8 @@ class Step:
     node: str
     old: Range | None
     """Its layers before (None: it joined)."""
-    new: Range
+    new: Range | None
+    """Its layers after (None: the new plan drops it; it is retired once empty)."""
     forced: bool
     """Its drain left no pipeline (new requests waited until it was back)."""
     drain_s: float
@@ -130,8 +132,8 @@ class Reshaping:
     def apply_plan(self, plan: Plan, joining: Sequence[WorkerHandle] = (), timeout_s: float = 600.0,
                    progress: Callable[[str], None] | None = None) -> ApplyReport:
         """Switch to ``plan``; ``joining``: the workers of its nodes that do not serve yet. Raises
-        :class:`HelixUserError` for a plan that does not fit (other model, a dropped node, no
-        serving section, a node without a worker) and :class:`ApplyBusy` while another applies;
+        :class:`HelixUserError` for a plan that does not fit (other model, no serving section, a
+        node without a worker) and :class:`ApplyBusy` while another applies;
         a node whose requests do not finish within ``timeout_s`` stops the change there (it is put
         back into routing with its old slice)."""
         if not self._apply_lock.acquire(blocking=False):
@@ -159,10 +161,6 @@ class Reshaping:
                                  f"has {self.plan.num_layers}")
         check_serving(plan)
         new, joins = _ranges(plan), {w.node for w in joining}
-        dropped = sorted(set(_ranges(self.plan)) - set(new))
-        if dropped:
-            raise HelixUserError(f"the new plan gives node(s) {dropped} no layers: drain them instead "
-                                 f"(helix drain); a plan that drops running nodes is not applied")
         again = sorted(joins & set(self.workers))
         if again:
             raise HelixUserError(f"node(s) {again} already serve: they cannot join")
@@ -183,7 +181,7 @@ class Reshaping:
             say(f"node {w.node} joined with layers {target[w.node]}")
         if joining:
             self._install(mixed_plan(old, plan, ranges, moved))
-        changing = [n for n in ranges if n not in moved and ranges[n] != target[n]]
+        changing = [n for n in ranges if n in target and n not in moved and ranges[n] != target[n]]
         while changing:
             taking = set(self._usable()) | moved
             node, forced = next_move(plan.num_layers, ranges, changing, taking, plan.partial_inference)
@@ -191,7 +189,24 @@ class Reshaping:
             steps.append(self._move_node(node, ranges, target[node], old, plan, moved, forced,
                                          deadline, say))
         self._install(plan)
+        for node in sorted(set(ranges) - set(target)):   # routed to no more: retire once empty
+            t0 = time.monotonic()
+            self._tell_worker(self.clients[node], node, True)
+            self._wait_empty(node, deadline, retiring=True)
+            self._retire(node)
+            steps.append(Step(node, ranges[node], None, False, time.monotonic() - t0, 0.0))
+            say(f"node {node} left the plan (its worker is idle and may be stopped)")
         return steps
+
+    def _retire(self, node: str) -> None:
+        """Forget ``node`` (the plan no longer has it, and no request crosses it): no more polls,
+        no status; its worker stays up, idle, and may register again to join."""
+        with self._lock:
+            client = self.clients.pop(node)
+            for book in (self.workers, self.stats, self._stepped_s, self._orphans, self.drains.since_s):
+                book.pop(node, None)
+            self.health.remove(node)
+        client.close()
 
     def _move_node(self, node: str, ranges: dict[str, Range], new: Range, old: Plan, plan: Plan,
                    moved: set[str], forced: bool, deadline: float, say) -> Step:
@@ -217,7 +232,7 @@ class Reshaping:
         self.undrain(node)
         return Step(node, was, new, forced, t1 - t0, time.monotonic() - t1)
 
-    def _wait_empty(self, node: str, deadline: float) -> None:
+    def _wait_empty(self, node: str, deadline: float, retiring: bool = False) -> None:
         """Until no request crosses ``node`` and its worker, polled after that, holds none."""
         clear_s = None
         while True:
@@ -233,6 +248,9 @@ class Reshaping:
                 except ControlError as exc:
                     log.warning("coordinator: stats of %s failed while it drained: %s", node, exc)
             if time.monotonic() > deadline:
+                if retiring:
+                    raise HelixUserError(f"node {node} still holds {max(ours, theirs)} request(s) at "
+                                         f"the apply timeout; the new plan serves, without it")
                 raise HelixUserError(f"node {node} still holds {max(ours, theirs)} request(s) at the "
                                      f"apply timeout; it keeps its old slice and takes requests again "
                                      f"(the nodes moved before it keep their new slices)")
@@ -253,6 +271,7 @@ class Reshaping:
         scheduler does not know it until the next install), tell every worker where it is."""
         client = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
         try:
+            self._tell_worker(client, w.node, False)   # one that left a plan earlier said draining
             reply = self._load_slice(w.node, rng, plan, client)
             self._load_adapters_on(w.node, client)
         except BaseException:

@@ -57,7 +57,8 @@ def replan(plan: Path = typer.Argument(..., help="the new plan.yaml (e.g. from `
                                          "wait for one node's requests to finish")) -> None:
     """Compare PLAN with the server's running plan, and with --apply switch the server to it
     without dropping requests. Nodes PLAN places must all be serving (a new node joins with
-    `helix worker --gpu` instead); a node PLAN drops is refused (drain it)."""
+    `helix worker --gpu` instead); a node PLAN drops leaves routing at the switch and is let go
+    once its requests are done (its worker stays up, idle)."""
     from helix.plan import Plan
     if not plan.is_file():
         raise HelixUserError(f"no such plan file {str(plan)!r}")

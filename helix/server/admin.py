@@ -10,8 +10,7 @@
 - ``GET /admin/plan``: the running plan (what ``helix plan NEW --from`` takes as the running one);
 - ``POST /admin/plan`` ``{"plan": {...}, "timeout_s": 600}``: apply a new plan live, drain-first
   per node (:mod:`coordinator.reshape`); answers when it is done, with each node's change. A plan
-  that does not fit (other model, a dropped node, a node without a worker) is 400, one being
-  applied already 409.
+  that does not fit (other model, a node without a worker) is 400, one being applied already 409.
 
 ``--api-key`` guards them as it guards ``/v1`` (:mod:`helix.server.guard`). An unknown node is 404,
 a drain that would leave some layer unserved 409 (``force`` drains anyway), a bad body 400. The

@@ -97,7 +97,7 @@ def test_a_forced_replan_moves_every_slice_under_load_and_outputs_stay_greedy(st
     stack.wait_kv_free()
 
 
-def test_helix_replan_applies_over_http_and_refuses_plans_that_do_not_fit(stack, reference, tmp_path,
+def test_helix_replan_applies_over_http_and_refuses_a_plan_that_does_not_fit(stack, reference, tmp_path,
                                                                         capsys):
     from helix.cli import main
     coord = stack.coordinator
@@ -118,17 +118,42 @@ def test_helix_replan_applies_over_http_and_refuses_plans_that_do_not_fit(stack,
     finish(pending, prompts, reference)
     assert {p.node: (p.start, p.end) for p in coord.plan.placements} == \
         {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}
-    # Plans that do not fit: 400, one line, nothing changed.
+    # A plan that does not fit: 400, one line, nothing changed.
     plan = branching_plan()
-    dropped = dataclasses.replace(plan, placements=plan.placements[:2],
-                                  arc_flows=tuple(a for a in plan.arc_flows if "cpu-2" not in (a.src, a.dst)))
     stranger = dataclasses.replace(plan, placements=(*plan.placements, NodePlacement("gpu-7", 4, 8)))
-    for bad, words in ((dropped, "gives node(s) ['cpu-2'] no layers"),
-                       (stranger, "no worker for the new plan's node(s) ['gpu-7']")):
+    for bad, words in ((stranger, "no worker for the new plan's node(s) ['gpu-7']"),):
         r = httpx.post(stack.url + "/admin/plan", json={"plan": with_kv(bad, 8192).to_dict()}, timeout=30)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         assert "\n" not in r.json()["error"]["message"]
     r = httpx.post(stack.url + "/admin/plan", json={"plan": {"schema_version": 99}}, timeout=30)
     assert r.status_code == 400 and "schema_version" in r.json()["error"]["message"]
     assert {p.node: (p.start, p.end) for p in coord.plan.placements}["cpu-2"] == (4, 8)
+    stack.wait_kv_free()
+
+
+def test_a_plan_that_drops_a_node_retires_it_once_empty_and_it_can_join_again(stack, reference):
+    from coordinator.runtime import WorkerHandle
+    coord = stack.coordinator
+    prompts = list(reference)
+    plan = branching_plan()
+    without = with_kv(dataclasses.replace(
+        plan, placements=plan.placements[:2],
+        arc_flows=tuple(a for a in plan.arc_flows if "cpu-2" not in (a.src, a.dst))), 8192)
+    pending = submit_all(coord, prompts, 16)
+    until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
+    report = coord.apply_plan(without, timeout_s=120)
+    finish(pending, prompts, reference)                      # cpu-2's requests finished there
+    assert [(s.node, s.new) for s in report.steps] == [("cpu-2", None)]
+    assert "cpu-2" not in coord.workers and coord.requests_moved == 0
+    listed = [n["node"] for n in httpx.get(stack.url + "/admin/nodes", timeout=30).json()["nodes"]]
+    assert listed == ["cpu-0", "cpu-1"]
+    routed = dict(coord.pipeline_counts)
+    finish(submit_all(coord, prompts, 8), prompts, reference)
+    assert dict(coord.pipeline_counts).get(("cpu-0", "cpu-2"), 0) == routed.get(("cpu-0", "cpu-2"), 0)
+    # Its worker stayed up: it joins again with the branching plan.
+    server = next(s for s in stack.servers if s.node == "cpu-2")
+    coord.apply_plan(branching_plan(), joining=[WorkerHandle("cpu-2", server.control.address,
+                                                             server.data.address)])
+    finish(submit_all(coord, prompts, 16), prompts, reference)
+    assert coord.pipeline_counts[("cpu-0", "cpu-2")] > routed.get(("cpu-0", "cpu-2"), 0)
     stack.wait_kv_free()
