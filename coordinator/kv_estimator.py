@@ -131,6 +131,17 @@ class KVEstimator:
     def num_reserved(self) -> int:
         return len(self._by_request)
 
+    def resize(self, capacity_token_layers: Mapping[str, float]) -> None:
+        """New capacities for the nodes named (a re-planned node's new slice; a node that joins
+        starts empty); reservations in flight stay as they are, other nodes keep theirs."""
+        for node, cap in capacity_token_layers.items():
+            self._capacity[node] = float(cap)
+            self._limit[node] = self.high_water * float(cap)
+            self._reserved.setdefault(node, 0.0)
+            self._observed.setdefault(node, 0.0)
+            self._grown.append(node)    # either way: a FitMask re-tests it
+            self._shrunk.append(node)
+
 
 class FitMask:
     """The nodes where a request of ``tokens`` fits, as a bitmask (bit ``i``: ``nodes[i]``).

@@ -4,14 +4,16 @@ re-plan trigger fires.
 Two parts, kept apart:
 
 - **simulated** (this file's first part; ``planner.trigger`` + ``helix simulate --replan``):
-  1. geo24 (LLaMA-2 70B, the planner's placement without one node), online: the node joins, the
-     trigger re-plans, the moved nodes drain and load their new layers over their links (reduced
-     service), then the new plan serves; then a node is drained for good and the trigger re-plans
-     without it. Decode tokens/s before / during / after each event, and per re-plan its moves,
-     switch time (slowest load), predicted gain and cost, and the seconds of reduced service.
-  2. the Azure conversation trace's hour replayed through the trigger's windows on geo24 (each
-     request counted as completed at its arrival time; polls every minute): how many re-plans are
-     considered and adopted with the default band and margin (hysteresis) and without either.
+  1. geo24 (LLaMA-2 70B, the planner's placement without one node), offline: the node joins, the
+     trigger re-plans (adopted: the moved nodes drain or load beside, over their links, then the
+     new plan serves); then a node is drained for good and the trigger re-plans without it; with
+     the default 5 % margin and with none. Decode tokens/s before / during / after each event, and
+     per re-plan its verdict, moves, predicted and simulated switch time (slowest load), node-
+     seconds stopped (reduced service), predicted gain and cost.
+  2. the Azure conversation trace's hour replayed through the trigger's windows on geo24 and
+     single24 (each request counted as completed at its arrival time; polls every minute): how
+     many re-plans are considered and adopted with the default band and margin (hysteresis) and
+     without either.
 - **live** (``--live``, :func:`live_run`): a join and a drain on a real stack (in-process workers,
   ZeroMQ, gRPC, HTTP; the tiny model on local3 planned without cpu-2): cpu-2's worker joins under a
   steady greedy load (re-plan + drain-first apply, :mod:`helix.server.elastic`), then is drained;
@@ -34,15 +36,24 @@ sys.path.insert(0, str(ROOT))
 
 SECTION = "## Elastic clusters: joins, drains, re-plans (`scripts/bench_elastic.py`)"
 POLL_S = 60.0
+JOINS = "east-a100-3"
+"""The node that joins geo24 (10 Gb/s from the coordinator: its 70B layers load in ~30 s; a
+remote node's take ~20 min over 100 Mb/s, more than a re-plan's 10-minute horizon)."""
 
 
 # --- simulated part -------------------------------------------------------------------------------
-def geo24_plan(time_limit_s: float):
-    """geo24 and the planner's placement for it (``time_limit_s`` of MILP)."""
+def geo24_plan(time_limit_s: float, without: str | None = None, cluster: str = "geo24"):
+    """geo24 (or ``cluster``) and the planner's placement for it (``time_limit_s`` of MILP), or for
+    it without the node ``without`` (the plan runs on the whole cluster; the node may join)."""
     from helix.sim import run as simrun
     from helix.spec import load_cluster
-    spec = load_cluster(ROOT / "cluster_specs" / "geo24.yaml")
-    return spec, simrun.make_plan(spec, "milp", time_limit_s=time_limit_s)
+    from planner.build import with_serving
+    from planner.trigger import respec
+    spec = load_cluster(ROOT / "cluster_specs" / f"{cluster}.yaml")
+    if without is None:
+        return spec, simrun.make_plan(spec, "milp", time_limit_s=time_limit_s)
+    smaller = respec(spec, [n for n in spec.nodes if n.name != without], spec.workload)
+    return spec, with_serving(simrun.make_plan(smaller, "milp", time_limit_s=time_limit_s), smaller)
 
 
 def trace_replans(spec, plan, configs: dict, trace: str = "conv") -> list[dict]:
@@ -77,19 +88,75 @@ def trace_replans(spec, plan, configs: dict, trace: str = "conv") -> list[dict]:
 
 
 def trace_table(rows: list[dict], trace: str) -> str:
-    head = (f"| Azure {trace} trace, 1 h, polled every {POLL_S:.0f} s | re-plans considered | "
+    head = (f"| Azure {trace} trace, 1 h, polled every {POLL_S:.0f} s | cluster | re-plans considered | "
             f"adopted (at s) | layer moves | load s (sum) | predicted cost (tokens) | largest drift "
             f"| wall s |")
-    body = [f"| {r['label']} | {r['considered']} | {r['adopted']} ({', '.join(map(str, r['adopted_at'])) or '-'}) "
+    body = [f"| {r['label']} | {r['cluster']} | {r['considered']} | {r['adopted']} ({', '.join(map(str, r['adopted_at'])) or '-'}) "
             f"| {r['moves']} | {r['load_s']:.0f} | {r['cost_tokens']:,.0f} | {r['max_drift']:.0%} | "
             f"{r['wall_s']:.0f} |" for r in rows]
-    return "\n".join([head, "|" + "---|" * 8, *body])
+    return "\n".join([head, "|" + "---|" * 9, *body])
 
 
-def events_view(spec, plan) -> str | None:
-    """The simulated join and drain with re-plans (module docstring, part 1); None until the
-    simulator re-plans (``helix simulate --replan``)."""
-    return None
+def events_view(spec, plan, time_limit_s: float, duration_s: float = 2400.0,
+                join: str = JOINS, join_s: float = 300.0, drain_s: float = 1500.0) -> str:
+    """The simulated join and drain with re-plans (module docstring, part 1): ``plan`` is made
+    without ``join``; offline (saturated, the conversation trace in order) for ``duration_s``:
+    without events, then with the join at ``join_s`` and a drain at ``drain_s`` of the busiest
+    node that is not on every pipeline, re-planning (``--replan``) with the default 5 % margin
+    and with none."""
+    from coordinator.pipeline import Topology
+    from helix.sim import run as simrun
+    from helix.sim.elastic import NodeDrain, NodeJoin
+    from helix.sim.engine import SimConfig
+    from helix.sim.replan import ReplanConfig
+    from planner.trigger import TriggerConfig
+    workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plan, 0, duration_s)
+    topo = Topology.from_plan(plan)
+    busiest = sorted(topo.nodes, key=lambda n: -sum(a.flow_tokens_per_s for a in plan.arc_flows
+                                                       if a.src == n))
+    drained = next(n for n in busiest if topo.has_path(topo.mask_of(m for m in topo.nodes if m != n)))
+    events = dict(mode="offline", duration_s=duration_s, joins=(NodeJoin(join, join_s),),
+                  drains=(NodeDrain(drained, drain_s),))
+    runs = {"no event, no re-plan": SimConfig(mode="offline", duration_s=duration_s)}
+    for flags, hysteresis in (("", 0.05), (" --hysteresis 0", 0.0)):
+        runs[f"{join} joins at {join_s:.0f} s, {drained} drained at {drain_s:.0f} s, --replan"
+             f"{flags}"] = SimConfig(**events, replan=ReplanConfig(TriggerConfig(
+                 time_limit_s=time_limit_s, hysteresis=hysteresis)))
+    lines = []
+    for label, config in runs.items():
+        wall0 = time.perf_counter()
+        r = simrun.build_simulator(spec, plan, workload, config).run()
+        tl, b = r.throughput_timeline_tokens_per_s, r.bucket_s
+        lines.append(f"**{label}** ({time.perf_counter() - wall0:.0f} s wall): decode "
+                     f"{r.decode_throughput_tokens_per_s:.0f} tok/s over {duration_s:.0f} s, "
+                     f"{r.requests_completed} completed, {r.requests_rejected} rejected; by minute: "
+                     + " ".join(f"{sum(tl[int(a / b):int((a + 60) / b)]) * b / 60:.0f}"
+                                for a in range(0, int(duration_s), 60)))
+        if r.phases:
+            lines.append("")
+            lines.append("| phase | from s | to s | decode tok/s |")
+            lines.append("|---|---|---|---|")
+            for p in r.phases:
+                rate = p["decode_tokens_per_s"]
+                lines.append(f"| {p['label']} | {p['start_s']:.0f} | {p['end_s']:.0f} | "
+                             f"{'-' if rate is None else f'{rate:.0f}'} |")
+        if r.replans:
+            lines.append("")
+            lines.append("| re-plan | at s | cause | verdict (proposal) | moves | predicted switch s | "
+                         "switched after s | node-s stopped | predicted tok/s now -> new | "
+                         "gain / cost (tokens) |")
+            lines.append("|" + "---|" * 10)
+            for x in r.replans:
+                after = "-" if x["switched_s"] is None else f"{x['switched_s'] - x['at_s']:.1f}"
+                lines.append(
+                    f"| {x['number']} | {x['at_s']:.0f} | {x['cause']} | "
+                    f"{'ADOPT' if x['adopt'] else 'KEEP'} ({x['proposal']}) | {x['moves']} | "
+                    f"{x['switch_s']:.1f} | "
+                    f"{after} | {x['stopped_node_s']:.0f} | {x['current_tokens_per_s']:.0f} -> "
+                    f"{x['proposed_tokens_per_s']:.0f} | {x['gain_tokens']:,.0f} / "
+                    f"{x['cost_tokens']:,.0f} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def default_configs(time_limit_s: float) -> dict:
@@ -193,6 +260,8 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=5.0,
                     help="planner seconds per re-plan (and 4x that for the first plan)")
     ap.add_argument("--skip-trace", action="store_true", help="skip the trace-hour count")
+    ap.add_argument("--clusters", nargs="+", default=["geo24", "single24"],
+                    help="cluster_specs/ names for the trace-hour count")
     ap.add_argument("--skip-events", action="store_true", help="skip the simulated join / drain")
     ap.add_argument("--live", action="store_true", help="also run the live part")
     ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
@@ -203,18 +272,23 @@ def main() -> None:
                     help="--live: seconds after the join serves, and after the drain")
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
-    spec, plan = geo24_plan(4 * args.time_limit)
     parts = []
     if not args.skip_events:
-        table = events_view(spec, plan)
+        spec, plan = geo24_plan(4 * args.time_limit, without=JOINS)
+        table = events_view(spec, plan, args.time_limit, join=JOINS)
         if table:
             print(table)
             parts.append("Simulated join and drain with re-plans (geo24, `helix simulate "
                          "--replan`):\n\n" + table)
     if not args.skip_trace:
-        table = trace_table(trace_replans(spec, plan, default_configs(args.time_limit)), "conv")
+        rows = []
+        for cluster in args.clusters:
+            spec, plan = geo24_plan(4 * args.time_limit, cluster=cluster)
+            rows += [{**r, "cluster": cluster}
+                     for r in trace_replans(spec, plan, default_configs(args.time_limit))]
+        table = trace_table(rows, "conv")
         print(table)
-        parts.append("The trigger on the trace's hour (geo24, `planner.trigger`):\n\n" + table)
+        parts.append("The trigger on the trace's hour (`planner.trigger`):\n\n" + table)
     if args.live:
         parts.append(live_view(args))
     if not args.no_write and parts:

@@ -70,6 +70,25 @@ def simulate(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
     event_log: Optional[Path] = typer.Option(None, "--event-log", help="Write every processed "
                                              "event (time, type, subject) to this CSV (single run)."),
+    replan: bool = typer.Option(False, "--replan", help="Re-plan during the run as helix serve's "
+                                "trigger would (planner.trigger): at once when a node joins "
+                                "(--join: it may hold no layers in the plan) or is drained for good "
+                                "(--drain), and when the completed requests' mix moves the running "
+                                "placement's max flow by more than --replan-drift (polled every "
+                                "minute). A "
+                                "re-plan is adopted only when its gain over --horizon pays for its "
+                                "moves; moved nodes that cannot hold both slices drain, then load "
+                                "their layers over their link; the new plan serves once all have. "
+                                "Needs --scheduler helix. Off: the plan stays."),
+    replan_drift: float = typer.Option(0.15, "--replan-drift", help="With --replan: the change "
+                                       "(fraction) of the running placement's max flow under the "
+                                       "observed mix that makes the mix's drift a re-plan."),
+    horizon: float = typer.Option(600.0, "--horizon", help="With --replan: seconds over which a "
+                                  "new plan must pay for its moves."),
+    hysteresis: float = typer.Option(0.05, "--hysteresis", help="With --replan: a new plan must "
+                                     "beat the running one by this fraction after its moves' cost."),
+    replan_time_limit: float = typer.Option(5.0, "--replan-time-limit", help="With --replan: "
+                                            "planner seconds (wall) per re-plan."),
     fail: list[str] = typer.Option([], "--fail", help="NODE@T or NODE@T+DOWN: the node dies T "
                                    "simulated seconds in (and comes back empty DOWN s later); its "
                                    "requests move to other pipelines as in helix serve. Repeatable."),
@@ -122,6 +141,8 @@ def simulate(
     config = SimConfig(mode=mode, duration_s=duration or None, chunk_tokens=chunk_tokens,
                        kv_high_water=high_water, seed=seed, link_sharing=link_sharing,
                        record_events=event_log is not None,
+                       replan=_replan_config(replan, replan_drift, horizon, hysteresis,
+                                             replan_time_limit, scheduler),
                        failures=tuple(_failure(f, detect, spec) for f in fail),
                        drains=tuple(_elastic(d, "--drain", spec, drain_move) for d in drain),
                        joins=tuple(_elastic(j, "--join", spec) for j in join),
@@ -132,8 +153,9 @@ def simulate(
     # Missing or unreadable data is a one-line error before any planning starts, not after it.
     from helix.sim.workload import load_azure_trace, resolve_trace
     load_azure_trace(resolve_trace(trace), max_prompt, max_output)
-    if compare_all and (drain or join):
-        raise HelixUserError("--drain and --join run with one plan, not with --compare")
+    if compare_all and (drain or join or replan):
+        raise HelixUserError("--drain and --join run with one plan, not with --compare (so does "
+                             "--replan)")
     if compare_all:
         _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out)
     else:
@@ -210,7 +232,8 @@ def _check_node(spec, node: str, what: str) -> None:
 def _check_events_in_plan(config, plan) -> None:
     """Failures, drains and joins name nodes that hold layers in ``plan`` (one line otherwise)."""
     placed = {p.node for p in plan.placements if p.num_layers > 0}
-    for flag, events in (("--fail", config.failures), ("--drain", config.drains), ("--join", config.joins)):
+    joins = () if config.replan is not None else config.joins   # re-planning gives a joiner layers
+    for flag, events in (("--fail", config.failures), ("--drain", config.drains), ("--join", joins)):
         for e in events:
             if e.node not in placed:
                 raise HelixUserError(f"{flag}: node {e.node!r} holds no layers in plan "
@@ -279,6 +302,14 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
         rate = phase["decode_tokens_per_s"]
         console.print(f"  {phase['label']} ({phase['start_s']:.0f}-{phase['end_s']:.0f} s): "
                       f"{'-' if rate is None else f'{rate:.1f}'} decode tok/s")
+    for x in result.replans:
+        switched = "" if x["switched_s"] is None else \
+            f", switched {x['switched_s'] - x['at_s']:.1f} s later, {x['stopped_node_s']:.0f} node-s stopped"
+        console.print(f"  re-plan {x['number']} at {x['at_s']:.0f} s ({x['cause']}): "
+                      f"{'ADOPT' if x['adopt'] else 'KEEP'} {x['proposal']} proposal, {x['moves']} "
+                      f"moves, predicted {x['current_tokens_per_s']:.0f} -> "
+                      f"{x['proposed_tokens_per_s']:.0f} tok/s, gain {x['gain_tokens']:,.0f} vs cost "
+                      f"{x['cost_tokens']:,.0f} tokens{switched}", highlight=False)
     if plot is not None:
         from helix.sim.plots import plot_results
         paths = plot_results([result], plot, {n.name: n.label for n in spec.nodes})

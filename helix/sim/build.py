@@ -130,7 +130,11 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
                               connected=lambda a, b: spec.link(a, b) is not None)
     sched = remake(plan, kv)
     flow_plan = None
-    if scheduler == "helix" and (config.drains or config.joins):   # re-solved as nodes come and go
+    if config.replan is not None and scheduler != "helix":
+        raise SpecError(f"re-planning needs the helix scheduler (its flows follow the plan), not "
+                        f"{scheduler!r}")
+    if scheduler == "helix" and (config.drains or config.joins or config.replan):
+        # re-solved as nodes come and go
         flow_plan = plan if plan.extras.get("flow_capacities") else \
             with_flow_capacities(plan, build_problem(spec))
     model = spec.model
@@ -139,4 +143,9 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
                      flow_plan=flow_plan, remake=remake if flow_plan is not None else None,
                      placement=placement)
     made.hop = CoordinatorHop.of(spec.coordinator)   # measured, or None: free (helix.sim.hop)
+    if config.replan is not None:   # the live re-plan policy on the simulated clock
+        from planner.trigger import ReplanTrigger
+        joining = {j.node for j in config.joins}
+        made.enable_replan(ReplanTrigger(spec, flow_plan, config.replan.trigger,
+                                         present={n.name for n in spec.nodes} - joining))
     return made

@@ -26,6 +26,7 @@ from coordinator.kv_estimator import KVEstimator
 from helix.plan import COORDINATOR, Plan
 from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.sim.elastic import ElasticHandlers, NodeDrain, NodeJoin
+from helix.sim.replan import ReplanConfig
 from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event, LinkWake, NodeDetected,
                               NodeDown, NodeJoins, NodeUp, RequestArrival, RequestFinish, StepFinish,
                               StepStart, TransferFinish)
@@ -80,6 +81,9 @@ class SimConfig:
     """Workers drained during the run (``helix simulate --drain NODE@T``)."""
     joins: tuple[NodeJoin, ...] = ()
     """Workers absent until they join during the run (``helix simulate --join NODE@T``)."""
+    replan: ReplanConfig | None = None
+    """Re-plan as nodes join and leave and the mix drifts (``helix simulate --replan``,
+    :mod:`helix.sim.replan`); None: the plan stays."""
     tasks: TaskMix | None = None
     """Requests of many fine-tuned tasks (``helix simulate --tasks N``): steps pay their adapter
     terms, tasks are placed across pipelines (:mod:`helix.sim.tasks`); None: the base model only."""
@@ -300,6 +304,7 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                 out.append(StepStart(now_s, w))
         self.scheduler.release(req.request_id)
         self.metrics.on_finish(req.output_tokens, req.received, req.first_token_s, req.last_token_s)
+        self.replan_observe(now_s, req)   # the mix the re-plan trigger watches
         req.workers = ()
         if self.draining:
             self.note_drained(now_s)
@@ -448,5 +453,6 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             link_utilization=links, throughput_timeline_tokens_per_s=timeline, bucket_s=m.bucket_s,
             wall_s=wall_s, events=self.events, requests_moved=self.requests_moved,
             moved_prefill_tokens=self.moved_prefill_tokens, phases=self.phases(end_s),
+            replans=tuple(self.replans),
             node_requests={n: w.routed for n, w in self.workers.items()},
             samples={"ttft_s": m.ttft_s, "itl_s": m.itl_s, "request_decode_s": m.request_decode_s})

@@ -181,3 +181,46 @@ class RequestFinish(Event):
     def __init__(self, time_s: float, request: "SimRequest") -> None:
         super().__init__(time_s)
         self.request = request
+
+
+class ReplanPoll(Event):
+    """The re-plan trigger looks at what it was told (joins, leaves, the completed requests' mix)
+    and re-plans when due (:mod:`helix.sim.replan`); a ``recurring`` poll sets the next one
+    ``poll_s`` later, one after a join or leave does not."""
+
+    __slots__ = ("recurring",)
+
+    def __init__(self, time_s: float, recurring: bool = True) -> None:
+        super().__init__(time_s)
+        self.recurring = recurring
+
+    def subject(self) -> str:
+        return "coordinator"
+
+
+class NodeAppears(Event):
+    """A node of the spec that holds no layers joins the cluster: the trigger re-plans with it."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, time_s: float, node: str) -> None:
+        super().__init__(time_s)
+        self.node = node
+
+    def subject(self) -> str:
+        return self.node
+
+
+class LayersLoaded(Event):
+    """A node that re-plan ``number`` moved has loaded its new layers (it may serve them at the
+    switch, once every moved node has)."""
+
+    __slots__ = ("node", "number")
+
+    def __init__(self, time_s: float, node: str, number: int) -> None:
+        super().__init__(time_s)
+        self.node = node
+        self.number = number
+
+    def subject(self) -> str:
+        return self.node

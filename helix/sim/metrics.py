@@ -116,6 +116,10 @@ class SimResult:
     "decode_tokens_per_s"}``; empty otherwise."""
     node_requests: dict[str, int] = field(default_factory=dict)
     """Requests given a pipeline through each node (a moved request counts again)."""
+    replans: tuple[dict, ...] = ()
+    """With ``SimConfig.replan``: every re-plan the trigger considered
+    (:meth:`planner.trigger.Replan.summary`, its number, the nodes moved, when the switch happened
+    and the node-seconds stopped, :mod:`helix.sim.replan`)."""
     samples: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """Raw latency samples for plots (not written to JSON)."""
 
@@ -129,5 +133,6 @@ class SimResult:
             d[key] = dataclasses.asdict(d[key])
         d["throughput_timeline_tokens_per_s"] = list(self.throughput_timeline_tokens_per_s)
         d["phases"] = list(self.phases)
+        d["replans"] = list(self.replans)
         d["sim_s_per_wall_s"] = self.sim_s_per_wall_s
         return d

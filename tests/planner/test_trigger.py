@@ -129,3 +129,35 @@ def test_bad_config_is_refused():
         TriggerConfig(drift=-0.1)
     with pytest.raises(ValueError, match="spec lacks"):
         ReplanTrigger(_spec(), predicted.plan(_spec(), "separate"), present={"x"})
+
+
+def test_extend_gives_only_the_idle_node_layers():
+    from planner import max_flow
+    from planner.build import build_problem
+    from planner.trigger import extend
+    t = _trigger()
+    problem = build_problem(_spec())
+    running = _layers(t.plan)
+    out = extend(problem, running)
+    assert {n: r for n, r in out.items() if n != "l4-3"} == running and "l4-3" in out
+    start, end = out["l4-3"]
+    node = problem.node("l4-3")
+    assert end - start == node.max_layers_for(start == 0, end == problem.num_layers)
+    assert max_flow(problem, out).value_tokens_per_s > 1.2 * max_flow(problem, running).value_tokens_per_s
+
+
+def test_a_join_takes_the_extension_when_the_full_replan_moves_everyone_for_less():
+    """The planner's proposal (here: a 4-node chain in reverse order, every node moves) is weighed
+    against the running placement with only the joined node given layers; the one with more net
+    gain over the horizon is adopted."""
+    spec = _spec()
+    names = ["l4-3", "l4-2", "l4-1", "l4-0"]
+    chain = {n: (8 * i, 8 * (i + 1)) for i, n in enumerate(names)}
+    t = _trigger()
+    t._propose = lambda s, problem, running: predicted.evaluate(s, chain, problem=problem)
+    t.node_joined(5.0, "l4-3")
+    r = t.poll(5.0)
+    assert r.adopted and r.proposal == "extend"
+    assert [m.node for m in r.decision.moves] == ["l4-3"]
+    full = predicted.evaluate(r.spec, chain).prediction.prompt_decode_tokens_per_s
+    assert r.decision.proposed_tokens_per_s > full
