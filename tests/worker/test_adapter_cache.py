@@ -88,14 +88,6 @@ def _batch(prompts, tasks, tag):
             for i, t in enumerate(tasks)]
 
 
-def _run_checked(pipe: LocalPipeline, reqs, budget: int) -> None:
-    for r in reqs:
-        pipe.submit(r)
-    while pipe.busy():
-        pipe.step()
-        assert pipe.engines[0].adapters.cache.bytes_cached <= budget
-
-
 def test_cached_tasks_equal_tasks_held_in_memory(tiny_ckpt, prompts, lora_tasks):
     ckpt, _ = tiny_ckpt
     held = _engine(ckpt)
