@@ -109,16 +109,25 @@ def mixed_plan(old: Plan, new: Plan, ranges: dict[str, Range], moved: set[str]) 
 
 
 def next_move(num_layers: int, ranges: dict[str, Range], changing: Sequence[str],
-              taking: set[str], partial_inference: bool = True) -> tuple[str, bool]:
-    """The node of ``changing`` to move next and whether that is forced: the first whose drain
-    leaves a pipeline of the nodes in ``taking`` (those taking requests), else the first one."""
-    every = [COORDINATOR, *ranges]
-    topology = Topology(num_layers, ranges, {u: [w for w in every if w != u] for u in every},
-                        partial_inference=partial_inference)
-    for node in changing:
-        if topology.has_path(topology.mask_of(taking - {node})):
-            return node, False
-    return changing[0], True
+              taking: set[str], partial_inference: bool = True,
+              target: dict[str, Range] | None = None) -> tuple[str, bool]:
+    """The node of ``changing`` to move next and whether that is forced (its drain leaves no
+    pipeline of the nodes in ``taking``, those taking requests). Preferred: a node whose drain
+    leaves a pipeline, then (given the ``target`` ranges) one after whose move the placement has
+    a pipeline of all its nodes (so routing can take it back at once); ties in ``changing``'s order."""
+    def runs(rs: dict[str, Range], nodes: set[str]) -> bool:
+        every = [COORDINATOR, *rs]
+        t = Topology(num_layers, rs, {u: [w for w in every if w != u] for u in every},
+                     partial_inference=partial_inference)
+        return t.has_path(t.mask_of(nodes))
+    best = None
+    for k, node in enumerate(changing):
+        keeps = runs(ranges, taking - {node})
+        after = {**ranges, node: target[node]} if target is not None else ranges
+        key = (not keeps, not runs(after, set(after)), k)
+        if best is None or key < best[0]:
+            best = (key, node)
+    return best[1], best[0][0]
 
 
 class Reshaping:
@@ -182,13 +191,16 @@ class Reshaping:
         if joining:
             self._install(mixed_plan(old, plan, ranges, moved))
         changing = [n for n in ranges if n in target and n not in moved and ranges[n] != target[n]]
+        waiting: list[str] = []   # moved, drained until a placement with a pipeline can route them
         while changing:
-            taking = set(self._usable()) | moved
-            node, forced = next_move(plan.num_layers, ranges, changing, taking, plan.partial_inference)
+            node, forced = next_move(plan.num_layers, ranges, changing, set(self._usable()),
+                                     plan.partial_inference, target)
             changing.remove(node)
             steps.append(self._move_node(node, ranges, target[node], old, plan, moved, forced,
-                                         deadline, say))
+                                         deadline, say, waiting))
         self._install(plan)
+        for node in waiting:
+            self.undrain(node)
         for node in sorted(set(ranges) - set(target)):   # routed to no more: retire once empty
             t0 = time.monotonic()
             self._tell_worker(self.clients[node], node, True)
@@ -209,8 +221,10 @@ class Reshaping:
         client.close()
 
     def _move_node(self, node: str, ranges: dict[str, Range], new: Range, old: Plan, plan: Plan,
-                   moved: set[str], forced: bool, deadline: float, say) -> Step:
-        """Drain ``node``, wait until it is empty, load ``new``, route on the placement now, undrain."""
+                   moved: set[str], forced: bool, deadline: float, say, waiting: list[str]) -> Step:
+        """Drain ``node``, wait until it is empty, load ``new``, route on the placement now, undrain
+        (with the nodes in ``waiting``). A placement now with no pipeline of all its nodes cannot
+        be routed on: the node then joins ``waiting``, drained, until a later one can."""
         was = ranges[node]
         say(f"moving node {node} [{was[0]}, {was[1]}) -> [{new[0]}, {new[1]})" +
             (" (its drain leaves no pipeline: new requests wait until it is back)" if forced else ""))
@@ -228,8 +242,15 @@ class Reshaping:
             self.stats[node] = WorkerStats.from_dict(reply)
         ranges[node] = new
         moved.add(node)
-        self._install(mixed_plan(old, plan, ranges, moved))
-        self.undrain(node)
+        try:
+            self._install(mixed_plan(old, plan, ranges, moved))
+        except HelixUserError as exc:   # the moved ranges form no pipeline yet: route as before
+            waiting.append(node)
+            say(f"node {node} waits drained with its new slice ({exc})")
+            return Step(node, was, new, forced, t1 - t0, time.monotonic() - t1)
+        for n in (*waiting, node):
+            self.undrain(n)
+        waiting.clear()
         return Step(node, was, new, forced, t1 - t0, time.monotonic() - t1)
 
     def _wait_empty(self, node: str, deadline: float, retiring: bool = False) -> None:

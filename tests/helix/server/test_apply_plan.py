@@ -58,6 +58,17 @@ def test_next_move_keeps_a_pipeline_and_forces_only_the_last_holder():
     assert next_move(8, ranges, ["cpu-0"], every) == ("cpu-0", True)
 
 
+def test_next_move_prefers_a_move_after_which_the_placement_still_has_a_pipeline():
+    """Seen live: cpu-9 joined [4, 8) beside cpu-1 [0, 1) -> cpu-0 [1, 8); the new plan wants
+    cpu-0 [0, 4) and cpu-1 [4, 8). Both drains are forced; moving cpu-1 first leaves no node with
+    layer 0 (nothing to route on), moving cpu-0 first leaves cpu-0 -> cpu-9."""
+    ranges = {"cpu-1": (0, 1), "cpu-0": (1, 8), "cpu-9": (4, 8)}
+    target = {"cpu-0": (0, 4), "cpu-1": (4, 8), "cpu-9": (4, 8)}
+    every = set(ranges)
+    assert next_move(8, ranges, ["cpu-1", "cpu-0"], every) == ("cpu-1", True)
+    assert next_move(8, ranges, ["cpu-1", "cpu-0"], every, target=target) == ("cpu-0", True)
+
+
 def test_mixed_plan_routes_moved_nodes_on_the_new_flows():
     old, new = branching_plan(), moved_plan()
     ranges = {"cpu-0": (0, 4), "cpu-1": (5, 8), "cpu-2": (4, 8)}
