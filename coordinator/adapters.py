@@ -69,6 +69,30 @@ class Adapters:
             self.placement = TaskPlacement([p.nodes for p in pipes], [p.share for p in pipes],
                                            self.config.task_placement)
         self._placement_thread: threading.Thread | None = None
+        self._placement_todo: list[tuple[Move, TaskPlacement]] = []   # moves a plan change needs
+        self._placement_stale = False   # tasks left without a route while a plan was applied
+
+    def _placement_follow(self, plan) -> None:
+        """The coordinator routes on ``plan`` from now on (under the lock; a plan applied live):
+        tasks go on its pipelines that hold them whole (:meth:`TaskPlacement.follow`); a task no
+        new pipeline holds is loaded on one by the placement thread once the whole plan is in
+        (not for the mixed plans on the way: ``reshaping``), and routes once it is."""
+        if self.placement is None:
+            return
+        pipes = enumerate_pipelines(plan)
+        if not pipes:
+            return
+        held = {name: frozenset(nodes) for name, nodes in self._node_bytes.items()}
+        self.placement, moves = TaskPlacement.follow(self.placement, [p.nodes for p in pipes],
+                                                     [p.share for p in pipes], held)
+        if getattr(self, "reshaping", False):
+            for m in moves:
+                self.placement.abort(m)   # decided again when the plan is in
+            self._placement_stale = bool(moves)
+        else:
+            self._placement_todo.extend((m, self.placement) for m in moves)
+        if moves:
+            self._start_placement()
 
     def task_nodes(self, name: str | None) -> frozenset[str] | None:
         """The nodes a request of task ``name`` may be routed over (None: any)."""
@@ -148,15 +172,19 @@ class Adapters:
             return info
 
     def _load_adapters_on(self, node: str, client) -> None:
-        """A worker that (re)joins gets the loaded tasks it holds before it takes requests."""
+        """A worker that (re)joins, or loads a new slice, gets the loaded tasks before it takes
+        requests: all of them, or with tasks placed those its node held (for its new layers)."""
         with self._adapter_lock:
             for task in self.adapters():
-                held = self.task_nodes(task.name)
-                if held is not None and node not in held:
+                with self._lock:
+                    held = self._node_bytes.get(task.name, {})
+                if self.placement is not None and node not in held:
                     continue
                 try:
-                    client.call("LoadAdapter", {"name": task.name, "path": task.path},
-                                timeout_s=self.config.configure_timeout_s)
+                    reply = client.call("LoadAdapter", {"name": task.name, "path": task.path},
+                                        timeout_s=self.config.configure_timeout_s)
+                    with self._lock:
+                        held[node] = int(reply["nbytes"])
                 except ControlError as exc:
                     raise HelixUserError(f"node {node!r} could not load adapter {task.name!r} from "
                                          f"{task.path}: {exc.details.strip().splitlines()[-1]}") from None
@@ -210,24 +238,33 @@ class Adapters:
         while not self._stop.wait(tick_s):
             try:
                 with self._lock:
-                    now = time.monotonic()
-                    moves = self.placement.rebalance(now) if self.placement.due(now) else []
-                for m in moves:
-                    self.apply_move(m)
+                    if self._placement_stale and not getattr(self, "reshaping", False):
+                        self._placement_stale = False
+                        self._placement_follow(self.plan)
+                    now, placement = time.monotonic(), self.placement
+                    moves, self._placement_todo = self._placement_todo, []
+                    if placement.due(now):
+                        moves += [(m, placement) for m in placement.rebalance(now)]
+                for m, made_by in moves:
+                    self.apply_move(m, made_by)
             except Exception:   # the thread must outlive one bad round
                 log.exception("coordinator: task placement round failed")
 
-    def apply_move(self, move: Move, drain_timeout_s: float = 60.0) -> bool:
-        """Make ``move`` (:meth:`TaskPlacement.rebalance`'s): load the task on ``move.load``, route
-        on the new replicas, then unload it from ``move.unload`` once no request of it crosses
-        them. False (and the task stays where it was) when a worker could not load it."""
+    def apply_move(self, move: Move, made_by: TaskPlacement | None = None,
+                   drain_timeout_s: float = 60.0) -> bool:
+        """Make ``move`` (:meth:`TaskPlacement.rebalance`'s, of ``made_by``: by default the current
+        placement): load the task on ``move.load``, route on the new replicas, then unload it from
+        ``move.unload`` once no request of it crosses them. False (and the task stays where it was)
+        when a worker could not load it, or a new plan replaced the placement meanwhile."""
         name = move.task
+        placement = made_by or self.placement
         with self._adapter_lock:
             with self._lock:
                 task = self._tasks.get(name)
-            if task is None or task.draining:
+                stale = placement is not self.placement
+            if task is None or task.draining or stale:
                 with self._lock:
-                    self.placement.abort(move)
+                    placement.abort(move)
                 return False
             with self._lock:   # what holds it now (a move made by hand may overlap another)
                 need = [n for n in move.load if n not in self._node_bytes[name]]
@@ -236,12 +273,15 @@ class Adapters:
             if errors:
                 self._each_worker("UnloadAdapter", {"name": name}, nodes=list(replies))
                 with self._lock:
-                    self.placement.abort(move)
+                    placement.abort(move)
                 log.warning("coordinator: moving task %s to %s failed: %s", name, move.load, errors[0])
                 return False
             with self._lock:
-                self.placement.commit(move)   # routes over the new replicas from now on
                 self._node_bytes[name].update({n: int(r["nbytes"]) for n, r in replies.items()})
+                if placement is not self.placement:   # a plan change came in while it loaded
+                    placement.abort(move)   # (the nodes hold it: the next plan change counts them)
+                    return False
+                placement.commit(move)   # routes over the new replicas from now on
                 self._tasks[name] = TaskInfo(**{**vars(task), "nbytes": sum(self._node_bytes[name].values())})
             log.info("coordinator: task %s moved to replica %d (loaded on %s)", name, move.to,
                      ", ".join(move.load) or "nothing new")

@@ -334,5 +334,6 @@ class Reshaping:
             self.plan, self.serving, self._flows = plan, plan.serving, plan.arc_flows
             self._kv_tokens.clear()
             self._reflow()
+            self._placement_follow(plan)   # tasks on the new pipelines (coordinator.adapters)
             self.limits = dataclasses.replace(self.limits, max_kv_tokens=self._max_kv_tokens())
             self._admit_waiting()

@@ -143,6 +143,30 @@ class TaskPlacement:
         self._tasks[task] = _Task(set(chosen[:self.config.initial_replicas]))
         return self.nodes_of(task)
 
+    @classmethod
+    def follow(cls, old: "TaskPlacement", replicas: Sequence[Sequence[str]], shares: Sequence[float],
+               held: dict[str, frozenset[str]]) -> tuple["TaskPlacement", list[Move]]:
+        """``old``'s tasks on the pipelines of a new plan (applied live), ``held`` naming the nodes
+        that hold each task: a task goes on every new replica whose nodes all hold it. A task none
+        of them holds whole gets the replica with the fewest nodes lacking it (the biggest share
+        first) as a pending move (no route until the driver commits it). Rates, interval and
+        counters carry over."""
+        new = cls(replicas, shares, old.config)
+        new._base.rate, new._last_s, new.interval_s = old._base.rate, old._last_s, old.interval_s
+        new.rounds, new.moves = old.rounds, old.moves
+        moves = []
+        for name, t in old._tasks.items():
+            nodes = held.get(name, old.nodes_of(name))
+            reps = {r for r, rep in enumerate(new.replicas) if set(rep) <= nodes}
+            new._tasks[name] = _Task(reps, rate=t.rate)
+            if not reps:
+                r = min(range(len(new.replicas)), key=lambda r: (
+                    sum(n not in nodes for n in new.replicas[r]), -new.shares[r], r))
+                move = Move(name, r, None, tuple(n for n in new.replicas[r] if n not in nodes), ())
+                new._pending[name] = [move]
+                moves.append(move)
+        return new, moves
+
     def remove_task(self, task: str) -> frozenset[str]:
         """Forget ``task``; the nodes that held it."""
         nodes = self.nodes_of(task)
@@ -168,6 +192,8 @@ class TaskPlacement:
         for name, t in self._tasks.items():
             reps = t.replicas if placed is None else placed[name]
             held = sum(self.shares[r] for r in reps)
+            if not held:
+                continue   # no route yet (a move pending after a plan change)
             for r in reps:
                 load[r] += t.rate * self.shares[r] / held
         return [x / s for x, s in zip(load, self.shares)]

@@ -105,3 +105,23 @@ def test_scheduler_routes_a_task_only_over_nodes_that_hold_it():
     kv.observe("cpu-2", 2 * 10**9)
     assert sched.schedule(RequestInfo(99, 10, 10), placement.nodes_of("t1")) is None
     assert sched.schedule(RequestInfo(100, 10, 10), placement.nodes_of("t0")).nodes == ("cpu-0", "cpu-1")
+
+
+def test_tasks_follow_a_new_plan():
+    p = _placement()
+    p.due(0.0)
+    (move,) = _load(p, 10.0, hot=1000, idle=10)    # "hot" replicated on both
+    p.commit(move)
+    # The new plan: a0 joins b's pipeline, a1 leaves; a new small pipeline of c0 alone.
+    held = {"hot": frozenset({"a0", "a1", "b0", "b1"}), "idle": frozenset({"b0", "b1"}),
+            "warm": frozenset({"a0", "a1"})}
+    new, moves = TaskPlacement.follow(p, [("a0", "b1"), ("b0", "b1"), ("c0",)], [2, 1, 1], held)
+    assert new.replicas_of("hot") == (0, 1) and new.replicas_of("idle") == (1,)
+    # "warm" is held whole by no new pipeline: no route until it is loaded where fewest nodes lack
+    # it (a0 -> b1: one node; the others lack two and one, the bigger share first).
+    assert new.replicas_of("warm") == () and new.nodes_of("warm") == frozenset()
+    assert moves == [Move("warm", 0, None, ("b1",), ())]
+    assert new.rate("hot") == p.rate("hot") and new.interval_s == p.interval_s
+    assert all(m.task != "warm" for m in new.rebalance(30.0))   # pending: not moved again
+    new.commit(moves[0])
+    assert new.nodes_of("warm") == {"a0", "b1"}

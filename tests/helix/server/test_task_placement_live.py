@@ -151,3 +151,30 @@ def test_a_task_waiting_for_its_pipelines_lets_other_tasks_pass(tiny_model, tmp_
         assert coord.num_waiting == 1   # t1's request still waits for its pipeline
         coord.undrain("cpu-2")
         assert _tokens(blocked) == _reference(refs["t1"], ids)
+
+
+def test_tasks_follow_a_plan_applied_live(tiny_model, tmp_path):
+    """Every slice moves (helix replan --apply's path, coordinator.reshape): the nodes holding a task
+    load its parameters for their new layers, the placement follows the new plan's pipelines, and
+    the task's tokens still equal the merged reference, routed only over its nodes."""
+    from helix.client import Client
+    from tests.helix.server.test_apply_plan import moved_plan
+    ckpt, model = tiny_model
+    config = RuntimeConfig(stats_interval_s=0.1, task_placement=PlacementConfig(
+        min_interval_s=1000, max_interval_s=1000))
+    tensors = random_task(model, "lora", ALL, 50)
+    ref = merged_model(model, "lora", tensors, scale=0.5)
+    with local_stack(ckpt, config) as stack, Client(stack.grpc.address, timeout_s=60) as client:
+        coord = stack.coordinator
+        coord.load_adapter("t0", str(write_task(tmp_path / "t0", "lora", tensors, scale=0.5)))
+        ids = list(coord.codec.encode(PROMPTS[2]))
+        expected = _reference(ref, ids)
+        assert _holders(stack, "t0") == set(HOT)
+        old = coord.placement
+        coord.apply_plan(moved_plan(), timeout_s=60)
+        assert coord.placement is not old and coord.placement.nodes_of("t0") == set(HOT)
+        assert {s.node: (s.engine.weights.start, s.engine.weights.end) for s in stack.servers} == \
+            {"cpu-0": (0, 5), "cpu-1": (5, 8), "cpu-2": (3, 8)}
+        assert _holders(stack, "t0") == set(HOT)
+        assert _routes(stack, lambda: [_generate(client, ids, "t0") == expected or
+                                       pytest.fail("t0's tokens changed") for _ in range(3)]) == {HOT}
