@@ -182,6 +182,10 @@ class CoordinatorSpec(_Frozen):
     the caller): the simulator passes every token through a FIFO server with this service time
     before its caller sees it (:mod:`helix.sim.hop`). None: free, as for a coordinator with
     cores of its own (GPU clusters). Measured by ``scripts/bench_live.py``'s calibration."""
+    request_cpu_s: Duration | None = Field(None, alias="request_cpu")
+    """CPU time the coordinator spends per request apart from its tokens (HTTP, checks, the
+    reply's stream): the request waits for it in the same FIFO before it is scheduled. None:
+    free. Measured by ``scripts/bench_live.py``'s calibration."""
     shared_cpu_s: Duration | None = Field(None, alias="shared_cpu")
     """CPU time per streamed token that processes other than the workers (the coordinator, a
     load generator on the same machine) spend on the workers' cores: the simulator takes it from

@@ -16,10 +16,11 @@ How the processes share the 2 cores, and how the simulator is told:
   stage's fixed step cost) and the simulator charges;
 - the coordinator (``helix serve``: HTTP, tokenizer, scheduler, ZeroMQ, detokenizer) and this
   script (the load generator) are not pinned and take their CPU from the workers' cores. The
-  capacity run measures both processes' CPU seconds per generated token (``/proc``); the
-  simulator gets them as the spec's ``coordinator: {token_cpu, shared_cpu}`` (the coordinator's
-  FIFO service time per token, and the CPU per token taken from the workers busy at that moment:
-  :mod:`helix.sim.hop`). The table shows the simulation with those figures and without them.
+  capacity run, and one more with its prompts and one output token each, measure both
+  processes' CPU seconds (``/proc``); the simulator gets them as the spec's ``coordinator:
+  {request_cpu, token_cpu, shared_cpu}`` (the coordinator's FIFO service time per request and per
+  token, and the CPU per token taken from the workers busy at that moment: :mod:`helix.sim.hop`).
+  The table shows the simulation with those figures and without them.
 
     python scripts/bench_live.py [--quick] [--no-write] [--runs 3] [--duration 60] [--loads 0.5,0.9]
                                  [--profile corun|alone] [--keep DIR]
@@ -46,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 SPEC = ROOT / "cluster_specs" / "local2.yaml"
 MODEL = "small-llama"
 SECTION = "## Live system vs simulator (scripts/bench_live.py)"
+IDLE_PROBE_S = 3.0
+"""Seconds the idle coordinator's CPU is measured for (stats polls), subtracted from the runs'."""
 LOADS_SEEN: list[float] = []
 """The machine's 1-minute load average as each live run starts (other processes' share)."""
 
@@ -177,53 +180,97 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass(frozen=True)
 class HostCosts:
-    """What a streamed token costs outside the workers, from one closed-loop run's CPU times."""
+    """What a request and a streamed token cost outside the workers, from the CPU times of two
+    closed-loop runs: the trace slice, and its prompts with one output token each."""
 
     tokens: int
+    requests: int
     coordinator_cpu_s: float
-    """``helix serve``'s CPU over the run (HTTP, tokenizer, scheduler, ZeroMQ, detokenizer)."""
+    """``helix serve``'s CPU over the trace run (HTTP, tokenizer, scheduler, ZeroMQ, detokenizer)."""
     loadgen_cpu_s: float
-    """This process's CPU over the run (the load generator: HTTP client, stream parsing)."""
+    """This process's CPU over the trace run (the load generator: HTTP client, stream parsing)."""
+    short_requests: int = 0
+    """Requests of the one-token run (0: not run; then a request costs nothing apart)."""
+    short_coordinator_cpu_s: float = 0.0
+    idle_cpu: float = 0.0
+    """The idle coordinator's CPU seconds per second (its stats polls), already taken out of
+    both runs' coordinator CPU; the load it puts on the workers' cores stays in ``shared_cpu_s``
+    (amortized over the trace run's tokens)."""
+    trace_s: float = 0.0
+    """How long the trace run took."""
 
     @property
     def token_cpu_s(self) -> float:
-        """The coordinator's CPU per token: the service time of its FIFO (helix.sim.hop)."""
-        return self.coordinator_cpu_s / self.tokens
+        """The coordinator's CPU per token, apart from its requests': the service time of its
+        FIFO (helix.sim.hop). Two runs, C = token_cpu x tokens + request_cpu x requests each."""
+        if not self.short_requests:
+            return self.coordinator_cpu_s / self.tokens
+        per_short = self.short_coordinator_cpu_s / self.short_requests   # one token each
+        return max(0.0, (self.coordinator_cpu_s - per_short * self.requests)
+                   / (self.tokens - self.requests))
+
+    @property
+    def request_cpu_s(self) -> float:
+        """The coordinator's CPU per request apart from its tokens."""
+        if not self.short_requests:
+            return 0.0
+        return max(0.0, self.short_coordinator_cpu_s / self.short_requests - self.token_cpu_s)
 
     @property
     def shared_cpu_s(self) -> float:
-        """CPU per token that the coordinator and the load generator take from the workers' cores."""
-        return (self.coordinator_cpu_s + self.loadgen_cpu_s) / self.tokens
+        """CPU per token that the coordinator (its requests' and its polls' included) and the load
+        generator take from the workers' cores over the trace run."""
+        return (self.coordinator_cpu_s + self.idle_cpu * self.trace_s + self.loadgen_cpu_s) \
+            / self.tokens
 
     def describe(self) -> str:
-        return (f"coordinator {self.token_cpu_s * 1e3:.3f} ms CPU per token, load generator "
-                f"{(self.shared_cpu_s - self.token_cpu_s) * 1e3:.3f} ms ({self.tokens} tokens)")
+        return (f"coordinator {self.request_cpu_s * 1e3:.2f} ms CPU per request and "
+                f"{self.token_cpu_s * 1e3:.3f} ms per token ({self.idle_cpu * 1e3:.1f} ms/s when "
+                f"idle), coordinator and load generator {self.shared_cpu_s * 1e3:.3f} ms per token "
+                f"in all ({self.tokens} tokens, {self.requests} + {self.short_requests} requests)")
 
 
 def with_host_costs(spec_path: Path, costs: HostCosts, out: Path) -> Path:
     """``spec_path`` with the measured figures in its ``coordinator`` section (``token_cpu``,
-    ``shared_cpu``: :class:`helix.spec.CoordinatorSpec`), written to ``out``."""
+    ``request_cpu``, ``shared_cpu``: :class:`helix.spec.CoordinatorSpec`), written to ``out``."""
     import yaml
     data = yaml.safe_load(spec_path.read_text())
     data["coordinator"] = {**(data.get("coordinator") or {}),
                            "token_cpu": f"{costs.token_cpu_s * 1e6:.1f}us",
+                           "request_cpu": f"{costs.request_cpu_s * 1e6:.1f}us",
                            "shared_cpu": f"{costs.shared_cpu_s * 1e6:.1f}us"}
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 
 
+def _cpu_of_run(url: str, workload, concurrency: int, coordinator_pid: int, idle_cpu: float):
+    """A closed-loop run, and the CPU seconds the coordinator (less what it spends idle, at
+    ``idle_cpu`` seconds per second: stats polls) and this process spent in it."""
+    serve0, me0, t0 = cpu_seconds(coordinator_pid), os.times(), time.monotonic()
+    r = bench(url, workload, None, max_concurrency=concurrency)
+    serve1, me1 = cpu_seconds(coordinator_pid), os.times()
+    serve_s = max(0.0, serve1 - serve0 - idle_cpu * (time.monotonic() - t0))
+    return r, serve_s, (me1.user + me1.system) - (me0.user + me0.system)
+
+
 def measure_capacity(url: str, base, concurrency: int, num_requests: int,
                      coordinator_pid: int) -> tuple[float, object, HostCosts]:
     """Requests/s of a closed loop (``concurrency`` in flight) over ``num_requests`` trace requests,
-    run to completion: the live system's capacity on this slice of the trace; and the CPU the
-    coordinator (process ``coordinator_pid``) and this load generator spent per token meanwhile."""
-    from helix.sim.workload import timed_workload
+    run to completion: the live system's capacity on this slice of the trace; and what a request
+    and a token cost the coordinator (process ``coordinator_pid``) and this load generator: CPU
+    seconds over that run and over one with the same prompts and one output token each."""
+    from helix.sim.workload import TraceRequest, timed_workload
+    idle0 = cpu_seconds(coordinator_pid)
+    time.sleep(IDLE_PROBE_S)
+    idle_cpu = (cpu_seconds(coordinator_pid) - idle0) / IDLE_PROBE_S
     workload = timed_workload(base, num_requests, float("inf"), "trace")
-    serve0, me0 = cpu_seconds(coordinator_pid), os.times()
-    r = bench(url, workload, None, max_concurrency=concurrency)
-    serve1, me1 = cpu_seconds(coordinator_pid), os.times()
-    costs = HostCosts(r.tokens_generated, serve1 - serve0,
-                      (me1.user + me1.system) - (me0.user + me0.system))
+    r, serve_s, me_s = _cpu_of_run(url, workload, concurrency, coordinator_pid, idle_cpu)
+    # A few at a time: many whole prompts at once make steps of seconds on a loaded machine,
+    # and a worker answers the coordinator's stats polls only between steps.
+    short = tuple(TraceRequest(0.0, q.prompt_tokens, 1) for q in workload)
+    r1, short_serve_s, _ = _cpu_of_run(url, short, min(concurrency, 4), coordinator_pid, idle_cpu)
+    costs = HostCosts(r.tokens_generated, r.requests_completed, serve_s, me_s,
+                      r1.requests_completed, short_serve_s, idle_cpu, r.duration_s)
     return r.requests_completed / r.duration_s, r, costs
 
 
@@ -364,8 +411,10 @@ def main() -> None:
                  f"capacity {measured_rps:.3f} req/s ({args.capacity} capacity is 100 %); plan: "
                  f"{predicted}; measured in the capacity run: {costs.describe()}; live: median "
                  f"(min-max) of {args.runs} runs; sim: the same workload with the coordinator hop "
-                 f"(helix.sim.hop: each token served {costs.token_cpu_s * 1e3:.3f} ms in a FIFO, "
-                 f"{costs.shared_cpu_s * 1e3:.3f} ms CPU per token taken from the busy workers); "
+                 f"(helix.sim.hop: a FIFO serves each request {costs.request_cpu_s * 1e3:.2f} ms "
+                 f"before it is scheduled and each token {costs.token_cpu_s * 1e3:.3f} ms before "
+                 f"its caller sees it; {costs.shared_cpu_s * 1e3:.3f} ms CPU per token is taken "
+                 f"from the busy workers); "
                  f"sim, no hop: without it; ratios to the live median.\n\n{text}\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 

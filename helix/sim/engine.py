@@ -192,6 +192,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         r = self.workload[index]
         self.queue.append(SimRequest(index, now_s, r.prompt_tokens, r.output_tokens, r.task))
         self.arrived += 1
+        if self.hop is not None:   # the coordinator handles it first (helix.sim.hop)
+            self.hop.arrive(index, now_s)
         out = list(self._kick_coordinator(now_s))
         if index + 1 < len(self.workload):
             out.append(RequestArrival(self.workload[index + 1].arrival_s, index + 1))
@@ -202,6 +204,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             r = self.workload[self._next_index]
             self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens,
                                          r.task))
+            if self.hop is not None:
+                self.hop.arrive(self._next_index, now_s)
             self._next_index += 1
             self.arrived += 1
         return self.queue[0] if self.queue else None
@@ -214,6 +218,10 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         self._schedule_pending = False
         out: list[Event] = []
         while (req := self._next_waiting(now_s)) is not None:
+            if self.hop is not None and (ready_s := self.hop.ready_s(req.request_id, now_s)):
+                self._schedule_pending = True   # the coordinator is still handling it
+                out.append(CoordinatorSchedule(ready_s))
+                break
             info = RequestInfo(req.request_id, req.prompt_tokens, self.expected_output_tokens)
             pipeline = self.scheduler.schedule(info)
             if pipeline is None:

@@ -28,13 +28,27 @@ def test_cpu_seconds_counts_this_process_work():
 
 
 def test_measured_costs_reach_the_simulator_through_the_spec(tmp_path):
-    costs = HostCosts(tokens=4_000, coordinator_cpu_s=1.0, loadgen_cpu_s=0.6)
-    assert (costs.token_cpu_s, costs.shared_cpu_s) == (pytest.approx(250e-6), pytest.approx(400e-6))
+    # Trace run: 100 requests, 4,000 tokens, the coordinator 1.0 s, the load generator 0.6 s; the
+    # same prompts with one token each: 0.3 s, 3 ms a request. Per token apart from requests:
+    # (1.0 - 100 x 3 ms) / (4,000 - 100) = 179.5 us; per request 3 ms less one token's.
+    costs = HostCosts(tokens=4_000, requests=100, coordinator_cpu_s=1.0, loadgen_cpu_s=0.6,
+                      short_requests=100, short_coordinator_cpu_s=0.3)
+    token = 0.7 / 3_900
+    assert costs.token_cpu_s == pytest.approx(token)
+    assert costs.request_cpu_s == pytest.approx(3e-3 - token)
+    assert costs.shared_cpu_s == pytest.approx(1.6 / 4_000)
+    assert HostCosts(4_000, 100, 1.0, 0.6).token_cpu_s == pytest.approx(250e-6)   # one run only
+    # The idle coordinator's polls (10 ms/s over the 10 s trace run) load the workers' cores too.
+    polled = HostCosts(4_000, 100, 1.0, 0.6, 100, 0.3, idle_cpu=0.01, trace_s=10.0)
+    assert polled.shared_cpu_s == pytest.approx(1.7 / 4_000)
+    assert polled.token_cpu_s == pytest.approx(token)
     path = with_host_costs(SPEC, costs, tmp_path / "local2-host.yaml")
     spec = load_cluster(path)
-    assert spec.coordinator.token_cpu_s == pytest.approx(250e-6)
-    assert spec.coordinator.shared_cpu_s == pytest.approx(400e-6)
+    c = spec.coordinator
+    assert (c.token_cpu_s, c.request_cpu_s, c.shared_cpu_s) == (
+        pytest.approx(token, abs=1e-7), pytest.approx(3e-3 - token, abs=1e-7), pytest.approx(4e-4))
     assert spec.nodes == load_cluster(SPEC).nodes   # the rest of the spec unchanged
     plan = pipelines_plan(spec, [(["cpu-0"], [8]), (["cpu-1"], [8])])
     hop = build_simulator(spec, plan, (TraceRequest(0.0, 16, 2),), SimConfig(duration_s=None)).hop
-    assert (hop.token_s, hop.shared_s) == (pytest.approx(250e-6), pytest.approx(400e-6))
+    assert (hop.token_s, hop.request_s, hop.shared_s) == (c.token_cpu_s, c.request_cpu_s,
+                                                          c.shared_cpu_s)

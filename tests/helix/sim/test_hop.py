@@ -57,6 +57,16 @@ def test_the_caller_sees_tokens_after_the_coordinators_fifo():
     assert list(r.samples["ttft_s"]) == pytest.approx([first + 0.030, first + 0.060])
 
 
+def test_a_request_is_scheduled_once_the_coordinator_handled_it():
+    # Two one-token requests at 0 and a 30 ms request service: request 1 is dispatched at 30 ms,
+    # request 2 behind it at 60 ms (A is idle again by then: request 1 left it at 60.04 ms), so
+    # each first token comes test_engine's TTFT after its dispatch.
+    first = (40 / 1e6 + 0.01) + 0.020 + (1000 / 1e6 + 0.01) + 0.020 + (4 / 1e6 + 0.01)
+    _, r = _run(burst(2, 10, 1), CoordinatorHop(request_s=0.030))
+    assert list(r.samples["ttft_s"]) == pytest.approx([0.030 + first, 0.060 + first])
+    assert r.requests_completed == 2
+
+
 def test_cpu_taken_while_a_worker_steps_lengthens_its_next_step():
     # Request 1 (prompt 10, 2 tokens) at 0, request 2 (prompt 10, 1 token) at 55 ms. Request 1's
     # first token reaches the coordinator at 71.044 ms (test_engine's TTFT), while A prefills
@@ -84,9 +94,11 @@ def test_the_spec_gives_the_figures_and_none_leaves_the_simulator_free():
     config, workload = SimConfig(duration_s=None), (TraceRequest(0.0, 100, 3),)
     assert build_simulator(spec, single24_plan(spec), workload, config).hop is None
     measured = parse_cluster({**data, "coordinator": {**data.get("coordinator", {}),
-                                                      "token_cpu": "250us", "shared_cpu": "0.4ms"}})
+                                                      "token_cpu": "250us", "shared_cpu": "0.4ms",
+                                                      "request_cpu": "3ms"}})
     hop = build_simulator(measured, single24_plan(measured), workload, config).hop
-    assert (hop.token_s, hop.shared_s) == (pytest.approx(250e-6), pytest.approx(4e-4))
+    assert (hop.token_s, hop.shared_s, hop.request_s) == \
+        (pytest.approx(250e-6), pytest.approx(4e-4), pytest.approx(3e-3))
     # Written back with units, read back the same (what bench_live's calibration writes).
     again = parse_cluster(yaml.safe_load(measured.to_yaml()))
     assert again.coordinator == measured.coordinator
