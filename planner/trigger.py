@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
 from helix.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from planner.build import build_problem, with_serving
@@ -127,7 +128,6 @@ def milp_proposal(config: TriggerConfig) -> Propose:
     """The default proposal: ``helix plan``'s (highest predicted throughput), ``milp`` warm-started
     from the running placement."""
     def propose(spec: ClusterSpec, problem: PlacementProblem, running: Placement) -> Plan:
-        from helix.errors import HelixUserError
         from planner import predicted
         kw = dict(problem=problem, time_limit_s=config.time_limit_s, threads=config.threads, seed=0)
         try:
@@ -229,8 +229,20 @@ class ReplanTrigger:
         dropped = tuple(sorted(p.node for p in self.plan.placements
                                if p.end > p.start and p.node not in self.present))
         from planner import predicted
+        from planner.search.baselines import fits
+        unfit = sorted(n for n, (s, e) in running.items()
+                       if not fits(problem.node(n), s, e, problem.num_layers))
+        if unfit:
+            # Under this mix the cost model leaves these nodes too little KV room for the layers
+            # they hold (the planner refuses such a placement): the running placement is judged
+            # without them, and a proposal that gives them layers counts them as loading anew.
+            running = {n: r for n, r in running.items() if n not in unfit}
+            cause += f" ({', '.join(unfit)}: too little KV room for their layers under this mix)"
         current = predicted.evaluate(spec, running, problem=problem, source="running")
-        proposals = [self._propose(spec, problem, running)]
+        try:
+            proposals = [self._propose(spec, problem, running)]
+        except HelixUserError:   # e.g. under this mix no placement fits: keep what runs
+            proposals = [current]
         extended = extend(problem, running)
         if extended != running:   # the cheap alternative: only the idle nodes get layers
             proposals.append(predicted.evaluate(spec, extended, problem=problem, source="extend"))
@@ -243,8 +255,8 @@ class ReplanTrigger:
             return (d.adopt, d.gain_tokens - d.cost_tokens if d.adopt else 0.0, -i)
         best = max(range(len(proposals)), key=net)
         decision, chosen = decisions[best], proposals[best]
-        plan = with_flow_capacities(with_serving(chosen if decision.adopt else current, spec),
-                                    problem)
+        plan = with_flow_capacities(with_serving(chosen, spec), problem) if decision.adopt else \
+            self.plan if unfit else with_flow_capacities(with_serving(current, spec), problem)
         self.plan = plan
         self.mix, self._last_s, self._pending = mix, now_s, []
         self._reference = self._capacity(mix)

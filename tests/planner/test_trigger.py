@@ -161,3 +161,25 @@ def test_a_join_takes_the_extension_when_the_full_replan_moves_everyone_for_less
     assert [m.node for m in r.decision.moves] == ["l4-3"]
     full = predicted.evaluate(r.spec, chain).prediction.prompt_decode_tokens_per_s
     assert r.decision.proposed_tokens_per_s > full
+
+
+def test_a_mix_the_running_placement_cannot_hold_is_judged_not_raised():
+    """local3 (tiny model, KB-sized CPU nodes): under longer outputs a node keeps too little KV
+    room for the layers it holds, so the planner refuses the running placement as it is (the
+    trigger raised PlannerBug); it is judged without that node, and where no placement fits at all
+    the running one is kept."""
+    from helix.spec import load_cluster
+    from tests.conftest import REPO_ROOT
+    spec = load_cluster(REPO_ROOT / "cluster_specs" / "local3.yaml")
+    running = predicted.plan(spec, "milp", time_limit_s=2, threads=1)
+    config = TriggerConfig(time_limit_s=2, window_s=60, min_requests=5, min_interval_s=0)
+    results = {}
+    for output in (64, 1024):
+        t = ReplanTrigger(spec, running, config)
+        for i in range(10):
+            t.observe(float(i), 20, output)
+        results[output] = t, t.poll(10.0)
+    t, r = results[64]
+    assert "too little KV room" in r.cause and r.drift > 0.15
+    t, r = results[1024]
+    assert not r.adopted and r.decision.current_tokens_per_s == 0 and t.plan is running
