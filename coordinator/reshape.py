@@ -236,7 +236,11 @@ class Reshaping:
             self.undrain(node)
             raise
         t1 = time.monotonic()
-        reply = self._load_slice(node, new, plan, self.clients[node])
+        try:
+            reply = self._load_slice(node, new, plan, self.clients[node])
+        except HelixUserError:   # the worker kept its old slice (it swaps only a loaded one)
+            self.undrain(node)
+            raise
         self._load_adapters_on(node, self.clients[node])
         with self._lock:
             self.stats[node] = WorkerStats.from_dict(reply)

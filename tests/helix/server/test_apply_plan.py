@@ -168,3 +168,20 @@ def test_a_plan_that_drops_a_node_retires_it_once_empty_and_it_can_join_again(st
     finish(submit_all(coord, prompts, 16), prompts, reference)
     assert coord.pipeline_counts[("cpu-0", "cpu-2")] > routed.get(("cpu-0", "cpu-2"), 0)
     stack.wait_kv_free()
+
+
+def test_a_slice_that_fails_to_load_stops_the_change_and_the_node_serves_on(stack, reference):
+    import coordinator.reshape as reshape
+    from helix.errors import HelixUserError
+    coord = stack.coordinator
+    prompts = list(reference)
+    before = {p.node: (p.start, p.end) for p in coord.plan.placements}
+    # cpu-1's new slice asks for a KV pool no machine has: its worker refuses the Configure.
+    huge = with_kv(moved_plan(), {"cpu-0": 8192, "cpu-1": 10 ** 13, "cpu-2": 8192})
+    with pytest.raises(HelixUserError, match="cpu-1.*failed to load its new slice"):
+        coord.apply_plan(huge, timeout_s=60)
+    assert not coord.reshaping and not reshape.Reshaping._apply_lock.locked()
+    assert coord.node_status("cpu-1").state == "ok"            # back in routing, old slice
+    assert {p.node: (p.start, p.end) for p in coord.plan.placements}["cpu-1"] == before["cpu-1"]
+    finish(submit_all(coord, prompts, 8), prompts, reference)
+    stack.wait_kv_free()
