@@ -24,10 +24,11 @@ a handful of requests on each of them. The candidates are
 * the MILP solved again with every node's layer count capped so that it keeps KV room for a full
   batch (``serving.max_batch_seqs`` requests) on each layer it holds (:func:`reserved_problem`):
   the Helix artifact's own rule (its per-GPU layer caps, e.g. 4 / 7 / 12 layers of LLaMA-2 70B on
-  T4 / L4 / A100, leave each node room for its 280-480-sequence decode batch); on single24 it
-  serves 394 decode tokens/s in the simulator against 306 for the spec's reserve (300 s runs);
+  T4 / L4 / A100, leave each node room for its 280-480-sequence decode batch); chosen on single24
+  (377 decode tokens/s in a 600 s simulation against 297) and hetero42 (875 against Swarm's 794
+  and the max-flow plan's 506), not on geo24 (predicted and simulated worse there);
 * the Swarm baseline's placement (``planner.search.baselines.swarm``): equal stages, many
-  parallel nodes per stage, a short round trip (hetero42: 774 against 319-506).
+  parallel nodes per stage, a short round trip.
 
 Mixed-kind chains (one long pipeline through several GPU kinds, fewer replicas) were tried as
 candidates too and dropped: the prediction overstates them up to 3x on hetero42 (predicted 1,181

@@ -52,7 +52,8 @@ def plan_command(
         0.05, "--hysteresis", help="With --from: a new placement must beat the running one by this "
         "fraction after paying for its moves (0.05 = 5 %), so near-equal plans never alternate."),
 ) -> None:
-    """Place the model's layers on the cluster by max flow (MILP with a proven bound)."""
+    """Place the model's layers on the cluster by max flow (MILP with a proven bound), keeping the
+    placement predicted to serve users the most (a capped-KV re-solve and Swarm's are candidates)."""
     from rich.console import Console
 
     from helix.errors import HelixUserError
