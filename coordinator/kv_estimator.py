@@ -57,18 +57,6 @@ class KVEstimator:
     def capacity(self, node: str) -> float:
         return self._capacity[node]
 
-    def set_capacity(self, node: str, capacity_token_layers: float) -> None:
-        """``node``'s pool now (a node that joined, or whose slice changed: issue 16); its
-        reservations and last observation stay."""
-        self._capacity[node] = float(capacity_token_layers)
-        self._limit[node] = self.high_water * float(capacity_token_layers)
-        self._reserved.setdefault(node, 0.0)
-        self._observed.setdefault(node, 0.0)
-        if len(self._grown) > _LOG_LIMIT or len(self._shrunk) > _LOG_LIMIT:
-            self._trim_logs()
-        self._grown.append(node)
-        self._shrunk.append(node)
-
     def used(self, node: str) -> float:
         """Estimated token-layers in use: the larger of the reservations and the last observation."""
         return max(self._reserved[node], self._observed[node])

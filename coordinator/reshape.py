@@ -328,8 +328,8 @@ class Reshaping:
         max flow (dead and draining nodes) follow."""
         with self._lock:
             kv = self.scheduler.kv
+            kv.resize({p.node: self.stats[p.node].kv_capacity_token_layers for p in plan.placements})
             for p in plan.placements:
-                kv.set_capacity(p.node, self.stats[p.node].kv_capacity_token_layers)
                 s = self.stats[p.node]
                 usable = self.health.state(p.node) is NodeState.OK and p.node not in \
                     self.draining_nodes() and s.configured
