@@ -48,6 +48,10 @@ _TOMBSTONES = 4096
 _IDLE_POLL_S = 0.005
 _MAX_MESSAGES_PER_STEP = 1024
 
+#: How long a stats call waits for a running step before it answers the last step's figures.
+STATS_WAIT_S = 0.2
+
+
 def engine_config_from(overrides: dict[str, Any]) -> EngineConfig:
     known = {f.name for f in fields(EngineConfig)}
     bad = sorted(set(overrides) - known)
@@ -89,6 +93,7 @@ class WorkerServer:
         self._last_ok: float | None = None
         self._last_error: str | None = None
         self._draining = False
+        self._last_stats: WorkerStats | None = None
         self.control: ControlServer = start_server([self._handler()], host, control_port, keys=keys)
 
     # --- control ----------------------------------------------------------------------------------
@@ -115,27 +120,44 @@ class WorkerServer:
     def set_peers(self, peers: dict[str, str]) -> None:
         self.data.set_peers(peers)
 
-    def stats(self) -> WorkerStats:
-        with self._lock:
-            e = self.engine
-            cache = e.adapters.cache_stats() if e else None
-            return WorkerStats(
-                node=self.node, configured=e is not None,
-                start=e.weights.start if e else 0, end=e.weights.end if e else 0,
-                kv_blocks_total=e.blocks.num_blocks if e else 0,
-                kv_blocks_used=e.blocks.num_used_blocks if e else 0,
-                block_size_tokens=e.blocks.block_size_tokens if e else 0,
-                dtype=e.config.dtype if e else "", max_batch_seqs=e.config.max_num_seqs if e else 0,
-                step_tokens=e.config.max_num_batched_tokens if e else 0,
-                chunked_prefill=e.config.chunked_prefill if e else True,
-                num_waiting=len(e.policy.waiting_ids) if e else 0,
-                num_running=len(e.policy.running_ids) if e else 0,
-                num_requests=len(self._routes),
-                steps_total=self._steps, step_time_s_avg=self._step_avg_s,
-                last_step_unix_s=self._last_ok, last_error=self._last_error,
-                draining=self._draining,
-                num_preemptions_total=e.policy.num_preemptions_total if e else 0,
-                **_cache_fields(cache))
+    def stats(self, wait_s: float = STATS_WAIT_S) -> WorkerStats:
+        """The worker's figures. A step holds the engine's lock; when it is still running after
+        ``wait_s`` (a long prompt step on a loaded machine) the figures of the last poll that got the
+        lock are answered, with this moment's step counters, so a busy worker is never mistaken for a frozen one
+        (a frozen process answers nothing, and the coordinator's health checks see that)."""
+        if not self._lock.acquire(timeout=wait_s):
+            last = self._last_stats
+            if last is not None:
+                return replace(last, steps_total=self._steps, draining=self._draining,
+                               step_time_s_avg=self._step_avg_s, last_step_unix_s=self._last_ok,
+                               last_error=self._last_error)
+            self._lock.acquire()
+        try:
+            self._last_stats = stats = self._stats_locked()
+            return stats
+        finally:
+            self._lock.release()
+
+    def _stats_locked(self) -> WorkerStats:
+        e = self.engine
+        cache = e.adapters.cache_stats() if e else None
+        return WorkerStats(
+            node=self.node, configured=e is not None,
+            start=e.weights.start if e else 0, end=e.weights.end if e else 0,
+            kv_blocks_total=e.blocks.num_blocks if e else 0,
+            kv_blocks_used=e.blocks.num_used_blocks if e else 0,
+            block_size_tokens=e.blocks.block_size_tokens if e else 0,
+            dtype=e.config.dtype if e else "", max_batch_seqs=e.config.max_num_seqs if e else 0,
+            step_tokens=e.config.max_num_batched_tokens if e else 0,
+            chunked_prefill=e.config.chunked_prefill if e else True,
+            num_waiting=len(e.policy.waiting_ids) if e else 0,
+            num_running=len(e.policy.running_ids) if e else 0,
+            num_requests=len(self._routes),
+            steps_total=self._steps, step_time_s_avg=self._step_avg_s,
+            last_step_unix_s=self._last_ok, last_error=self._last_error,
+            draining=self._draining,
+            num_preemptions_total=e.policy.num_preemptions_total if e else 0,
+            **_cache_fields(cache))
 
     def drain(self, draining: bool = True) -> None:
         """Stop taking new requests (the coordinator stops routing here); running ones finish.

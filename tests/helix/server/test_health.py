@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from coordinator.health import HealthConfig, NodeState
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
 from helix.net.sampling import SamplingParams
 from worker.server import WorkerServer
@@ -101,6 +102,32 @@ def test_health_endpoint_reports_503(tiny_model, plan3, path):
         for s in servers:
             s.shutdown()
         _until(lambda: http.get(path).status_code == 503, 10)
+    finally:
+        coord.close()
+        for s in servers:
+            s.shutdown()
+
+
+def test_a_long_step_is_busy_not_dead(tiny_model, plan3):
+    """A step that runs for seconds (a long prompt on a loaded machine) holds the worker's engine
+    lock; its stats polls still answer (the last figures, this moment's counters), so the node
+    stays ok and no request is moved. Before, the polls waited for the step: suspect after 1 s,
+    dead after 2, and its requests moved elsewhere (or failed with every worker 'dead')."""
+    coord, servers = _start(tiny_model, plan3,
+                            health=HealthConfig(suspect_after_s=1.0, dead_after_s=2.0))
+    try:
+        assert _generate(coord).error is None
+        busy = servers[0]
+        steps = busy.stats().steps_total
+        with busy._lock:   # the step in progress, as the step loop holds it
+            t0 = time.monotonic()
+            states = []
+            while time.monotonic() - t0 < 3.5:
+                states.append(coord.health.state(busy.node))
+                time.sleep(0.1)
+        assert set(states) == {NodeState.OK}, states
+        assert busy.stats().steps_total == steps   # answered from the snapshot meanwhile
+        assert _generate(coord).error is None
     finally:
         coord.close()
         for s in servers:
