@@ -16,11 +16,19 @@ def nodes(server: str = typer.Option("http://127.0.0.1:8000", "--server", help=_
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HELIX_API_KEY",
                                                 help=_KEY_HELP)) -> None:
     """Every node of the running plan: its layers, state (ok / suspect / dead / draining / drained)
-    and the requests on it. A node that joined shows once its slice is loaded."""
+    and the requests on it; then nodes that registered to join and are not serving yet (planning,
+    applying, idle when the re-plan kept the running placement, failed), with why."""
     client = AdminClient(server, api_key)
     try:
         for status in client.call("GET", "/admin/nodes")["nodes"]:
             typer.echo(_line(status))
+        try:
+            joins = client.call("GET", "/admin/joins")["joins"]
+        except HelixUserError:   # a server without joins (not helix serve)
+            joins = []
+        for j in joins:
+            if j["state"] != "serving":
+                typer.echo(f"{j['node']}: joining, {j['state']}" + (f": {j['detail']}" if j["detail"] else ""))
     finally:
         client.close()
 

@@ -7,6 +7,7 @@
 - ``POST /admin/drain`` ``{"node", "force": false, "move": false}``: out of routing now; its
   requests finish where they are (``move``: start again elsewhere); the node's status after it;
 - ``POST /admin/undrain`` ``{"node"}``: back into routing;
+- ``GET /admin/joins`` (``helix serve`` only): nodes that registered to join and their state;
 - ``GET /admin/plan``: the running plan (what ``helix plan NEW --from`` takes as the running one);
 - ``POST /admin/plan`` ``{"plan": {...}, "timeout_s": 600}``: apply a new plan live, drain-first
   per node (:mod:`coordinator.reshape`); answers when it is done, with each node's change. A plan
@@ -60,6 +61,16 @@ def _call(action):
         raise HTTPException(409, str(exc)) from None
     except HelixUserError as exc:
         raise HTTPException(400, str(exc)) from None
+
+
+def add_join_routes(app: FastAPI, elastic) -> None:
+    """``GET /admin/joins``: every node that registered to join while serving and where it stands
+    (``planning`` / ``applying`` / ``serving`` / ``idle`` (the re-plan kept the running placement)
+    / ``failed``, with why), from ``elastic`` (:class:`helix.server.elastic.Elastic`)."""
+    @app.get("/admin/joins")
+    def joins():
+        return {"joins": [{"node": j.node, "state": j.state, "detail": j.detail}
+                          for j in list(elastic.joins.values())]}
 
 
 def add_admin_routes(app: FastAPI, coordinator, admin_open: bool = True) -> None:

@@ -22,6 +22,7 @@ from helix.errors import HelixUserError
 from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.spec import ClusterSpec
+from helix.server.admin import add_join_routes
 from helix.server.app import create_app
 from helix.server.elastic import Elastic, ObservedMix, RayJoins
 from helix.server.guard import HttpOptions
@@ -132,6 +133,7 @@ class ServeStack:
                                       self.options.keys)
         self.service.coordinator = self.coordinator
         self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
+        add_join_routes(self.app, self.elastic)
 
     @property
     def grpc_address(self) -> str:

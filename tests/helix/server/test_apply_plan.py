@@ -126,6 +126,10 @@ def test_helix_replan_applies_over_http_and_refuses_a_plan_that_does_not_fit(sta
     assert main(["replan", str(back), "--server", stack.url, "--apply"]) in (0, None)
     out = capsys.readouterr().out
     assert "applied in" in out and "cpu-0: [0, 5) -> [0, 4)" in out
+    assert main(["nodes", "--server", stack.url]) in (0, None)   # a stack without /admin/joins
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(", ", 1)[0] for line in listed] == [
+        "cpu-0 [0, 4): ok", "cpu-1 [2, 8): ok", "cpu-2 [4, 8): ok"], listed
     finish(pending, prompts, reference)
     assert {p.node: (p.start, p.end) for p in coord.plan.placements} == \
         {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}

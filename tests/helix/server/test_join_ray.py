@@ -81,5 +81,8 @@ def test_a_ray_node_offering_a_spec_node_joins_and_serves(cluster, tiny_model):
         finish(submit_all(coord, ids, 16, SamplingParams(temperature=0, max_tokens=MAX_TOKENS)),
                ids, reference)
         assert any("cpu-2" in nodes for nodes in coord.pipeline_counts)
+        from starlette.testclient import TestClient
+        joins = TestClient(stack.app).get("/admin/joins").json()["joins"]
+        assert [(j["node"], j["state"]) for j in joins] == [("cpu-2", "serving")]
     finally:
         stack.close()
