@@ -334,6 +334,9 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         whose dispatch raised, is ended with an error rather than left blocking everyone behind it."""
         while self._waiting:
             req = self._waiting[0]
+            # No pipeline of the nodes taking requests holds it now (some drain): the client may
+            # retry (503 with Retry-After), as when no pipeline is left; a bug is a 500.
+            retry_after_s: int | None = self.config.retry_after_s
             try:
                 if self._try_dispatch(req):
                     self._waiting.popleft()
@@ -342,11 +345,12 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
             except Exception as exc:   # a bug: the request fails, the queue moves on
                 log.exception("coordinator: dispatching request %d failed", req.request_id)
                 error = f"internal error while dispatching the request: {type(exc).__name__}: {exc}"
+                retry_after_s = None
             if error is None:   # masked for now: it waits (FIFO) until a request ends or usage drops
                 self._admit_other_tasks()   # (with tasks placed, other tasks' requests may pass)
                 return
             self._waiting.popleft()
-            self._finish(req, "error", release_stages=False, error=error)
+            self._finish(req, "error", release_stages=False, error=error, retry_after_s=retry_after_s)
 
     def _never_fits(self, req: LiveRequest) -> str | None:
         """Why no pipeline of nodes that still take requests can ever hold ``req``, or None (always

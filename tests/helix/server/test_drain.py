@@ -121,6 +121,12 @@ def test_refusals_and_unknown_nodes(stack):
     # --force drains even the only first stage; undrain puts it back and it serves again.
     r = _admin(stack, "POST", "/admin/drain", {"node": "cpu-0", "force": True})
     assert r.status_code == 200 and r.json()["state"] == "drained"
+    # Meanwhile no pipeline takes requests: a request gets a one-line 503 with Retry-After, a
+    # state to retry from, not a server error (it was a 500).
+    r = httpx.post(stack.url + "/v1/completions", timeout=60,
+                   json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 503 and "Retry-After" in r.headers, (r.status_code, r.text)
+    assert "draining" in r.json()["error"]["message"]
     assert _admin(stack, "POST", "/admin/undrain", {"node": "cpu-0"}).json()["state"] == "ok"
     r = httpx.post(stack.url + "/v1/completions", timeout=60,
                    json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
