@@ -134,13 +134,14 @@ waves a convoy catches leave it together); mixed A100/L4 pipelines move in 3-5, 
 effect since their steps barely grow with the batch.
 
 Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md), at step
-budgets 2048 and 512. Per pipeline (single24, 600 s offline, requests admitted after 200 s): round
-trips A100 / L4 / T4 chains 0.169 / 1.015 / 1.284 s predicted vs 0.157 / 1.006 / 1.220 simulated
-at 512, 0.186 / 1.224 / 1.696 vs 0.175 / 1.243 / 1.202 at 2048 (the T4 chain's convoy is
-overstated there: 16 requests measured). What limits it: W is one constant (waves merge behind
-a convoy: fewer, bigger), and the fallback paths are enumerated in a fixed order up to a limit
-(on hetero42 the simulator's scheduler holds 658 of its 867 requests on a 20-stage path the
-enumeration never reaches, so the prediction there is short of requests in flight).
+budgets 2048 and 512: at 512 single24, geo24 and 30B hold within 9 % (throughput) and 8 %
+(TTFT, TPOT p50); at 2048 geo24 and 30B hold, single24's prompt + decode is +24 %. Per pipeline
+(single24, 600 s offline, requests admitted after 200 s): round trips A100 / L4 / T4 chains
+0.169 / 1.015 / 1.284 s predicted vs 0.157 / 1.006 / 1.220 simulated at 512, 0.186 / 1.224 /
+1.696 vs 0.175 / 1.243 / 1.202 at 2048 (the T4 chain's convoy is overstated there: 16 requests
+measured). What limits it: W is one constant, while waves merge behind a convoy into fewer,
+bigger ones; on hetero42, where the scheduler's fallback holds ~600 requests on one 20-stage
+path, that path's round trip comes out short (1.36 s vs 1.66 s) and throughput +23..+39 %.
 
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
