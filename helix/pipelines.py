@@ -95,28 +95,3 @@ def enumerate_pipelines(plan: Plan, min_share: float = MIN_SHARE,
     found = found[:max_paths]
     total = sum(p.share for p in found)
     return tuple(PlanPipeline(p.stages, p.share / total) for p in found) if total > 0 else ()
-
-
-def fallback_pipelines(plan: Plan, known: tuple[PlanPipeline, ...],
-                       max_paths: int = MAX_PATHS) -> tuple[PlanPipeline, ...]:
-    """Paths over every usable hop of the placement that are not in ``known`` (share 0), at most
-    ``max_paths``, in a fixed order: where the coordinator's scheduler goes when every hop of the
-    max-flow paths at a vertex is masked (its KV full), as the baselines' schedulers do always."""
-    ranges = {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
-    names = sorted(ranges)
-    seen = {p.nodes for p in known}
-    found: list[PlanPipeline] = []
-    stack: list[tuple[str, int, tuple[PlanStage, ...]]] = [(COORDINATOR, 0, ())]
-    while stack and len(found) < max_paths:
-        vertex, at, stages = stack.pop()
-        if hop_usable(ranges, plan.num_layers, plan.partial_inference, vertex, COORDINATOR) \
-                and stages:
-            nodes = tuple(st.node for st in stages)
-            if nodes not in seen:
-                seen.add(nodes)
-                found.append(PlanPipeline(stages, 0.0))
-            continue
-        for nxt in reversed(names):
-            if hop_usable(ranges, plan.num_layers, plan.partial_inference, vertex, nxt):
-                stack.append((nxt, ranges[nxt][1], stages + (PlanStage(nxt, at, ranges[nxt][1]),)))
-    return tuple(found)
