@@ -265,6 +265,11 @@ class ClusterSpec(_Frozen):
     def _expand_counts(cls, value: Any) -> Any:
         return expand_node_groups(value)[0]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _step_budget_for_the_workload(cls, data: Any) -> Any:
+        return _default_step_budget(data)
+
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> "ClusterSpec":
         _check_cluster(self)
@@ -368,15 +373,50 @@ class ClusterSpec(_Frozen):
 
 # --- validation helpers ---------------------------------------------------------------------------
 
+def step_budget_floor(mean_prompt: float, mean_output: float) -> int:
+    """The smallest chunked step budget that holds one decode with its share of prompt tokens
+    (the cost model's saturated step holds decodes : prompts as output : prompt)."""
+    need = max(1, math.ceil((mean_prompt + mean_output) / mean_output))
+    while need * mean_output // (mean_prompt + mean_output) < 1:   # the cost model's test, exactly
+        need += 1
+    return need
+
+
+def _default_step_budget(data: Any) -> Any:
+    """A spec that leaves ``serving.chunk_tokens`` unset (or ``auto``) gets the default budget, or,
+    for a workload whose prompts are too long for it to hold one decode with its share of prompt
+    tokens (mean prompt / mean output above ~511), the smallest power of two that does: a default
+    the user never chose must not make their spec an error."""
+    if not isinstance(data, dict):
+        return data
+    serving = data.get("serving")
+    if serving is not None and not (isinstance(serving, dict)
+                                    and serving.get("chunk_tokens", "auto") == "auto"):
+        return data
+    workload = data.get("workload") or {}
+    fields = WorkloadSpec.model_fields
+    try:
+        need = step_budget_floor(
+            float(workload.get("mean_prompt_tokens", fields["mean_prompt_tokens"].default)),
+            float(workload.get("mean_output_tokens", fields["mean_output_tokens"].default)))
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return data   # the workload's own validation says what is wrong with it
+    if need <= ServingSpec.model_fields["chunk_tokens"].default:
+        return data
+    serving = dict(serving or {})
+    if serving.pop("chunk_tokens", None) == "auto":
+        serving["choose_chunk_tokens"] = True
+    serving["chunk_tokens"] = 1 << (need - 1).bit_length()
+    return {**data, "serving": serving}
+
+
 def _check_step_budget(spec: ClusterSpec) -> None:
     """A chunked step budget must hold one decode with its share of prompt tokens (the cost
     model's saturated step holds decodes : prompts as o : p): smaller, every node's T(k) is 0 and
     the planner could only say the nodes hold no layers."""
     chunk, w = spec.serving.chunk_tokens, spec.workload
     p, o = w.mean_prompt_tokens, w.mean_output_tokens
-    need = max(1, math.ceil((p + o) / o))
-    while need * o // (p + o) < 1:   # the cost model's test, exactly (floats)
-        need += 1
+    need = step_budget_floor(p, o)
     if 0 < chunk < need:
         raise ValueError(f"serving.chunk_tokens: {chunk} cannot hold a step's decode with its share "
                          f"of prompt tokens ((mean prompt + output) / output = {(p + o) / o:.2f} "

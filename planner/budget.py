@@ -3,7 +3,8 @@
 A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behind a long prompt
 step at every stage they cross (the convoy of :mod:`helix.prediction`), but a prompt takes more
 steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
-chose (routing and all) at each budget of :data:`CANDIDATES` and keeps the one with the most decode
+chose (routing and all) at each budget of :data:`CANDIDATES` that holds a decode with its share
+of prompt tokens (:func:`helix.spec.step_budget_floor`) and keeps the one with the most decode
 tokens/s (ties: the larger budget). Deterministic; the placement itself is not searched again.
 """
 
@@ -15,7 +16,7 @@ from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
 from helix.prediction import predict
-from helix.spec import ClusterSpec
+from helix.spec import ClusterSpec, step_budget_floor
 
 #: Budgets the planner predicts (tokens per step): vLLM's chunked-prefill defaults lie among them.
 CANDIDATES = (256, 512, 1024, 2048)
@@ -53,7 +54,9 @@ def apply(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None) -> Plan
     plan as it is when the spec sets its budget."""
     if not spec.serving.choose_chunk_tokens:
         return plan
-    best, by_budget = choose(spec, plan, model)
+    floor = step_budget_floor(spec.workload.mean_prompt_tokens, spec.workload.mean_output_tokens)
+    best, by_budget = choose(spec, plan, model, tuple(c for c in CANDIDATES if c >= floor)
+                             or (spec.serving.chunk_tokens,))
     serving = None if plan.serving is None else \
         plan.serving.model_copy(update={"chunk_tokens": best})
     return dataclasses.replace(plan, serving=serving, prediction=by_budget[best], extras={

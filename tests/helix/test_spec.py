@@ -6,6 +6,7 @@ import yaml
 from helix.errors import SpecError
 from helix.plan import COORDINATOR
 from helix.spec import load_cluster, parse_cluster
+from tests.conftest import CLUSTER_SPECS
 
 from tests.builders.specs import tiny_spec
 
@@ -178,3 +179,22 @@ def test_step_budget_too_small_for_one_decode_is_named():
         parse_cluster(spec)
     for ok in (0, 5, 2048):
         assert parse_cluster({**spec, "serving": {"chunk_tokens": ok}}).serving.chunk_tokens == ok
+
+
+def test_the_default_step_budget_follows_a_prompt_heavy_workload():
+    """The default budget (512) cannot hold a decode with its share of prompt tokens when prompts
+    are ~1,000x the outputs: a spec that never set chunk_tokens gets the smallest power of two that
+    does (and 'auto' the same floor); a budget the user set is still checked (one-line error)."""
+    from helix.spec import step_budget_floor
+    base = yaml.safe_load((CLUSTER_SPECS / "single24.yaml").read_text())
+    base["workload"] = {"mean_prompt_tokens": 4000, "mean_output_tokens": 4}
+    assert step_budget_floor(4000, 4) == 1001
+    spec = parse_cluster(base)
+    assert spec.serving.chunk_tokens == 1024 and not spec.serving.choose_chunk_tokens
+    assert parse_cluster(spec.to_dict()) == spec
+    auto = parse_cluster({**base, "serving": {"chunk_tokens": "auto"}})
+    assert auto.serving.chunk_tokens == 1024 and auto.serving.choose_chunk_tokens
+    with pytest.raises(SpecError, match=r"chunk_tokens: 512 cannot hold .* >= 1001"):
+        parse_cluster({**base, "serving": {"chunk_tokens": 512}})
+    default = parse_cluster(yaml.safe_load((CLUSTER_SPECS / "single24.yaml").read_text()))
+    assert default.serving.chunk_tokens == 512

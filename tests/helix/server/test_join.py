@@ -153,8 +153,8 @@ def test_a_node_joins_under_load_gets_a_slice_and_traffic_and_nothing_fails(stac
 def test_a_drifted_mix_re_plans_through_the_trigger_and_applies_without_failures(stack, spec, reference):
     """After the join: requests shorter in output than the spec's mix (48 / 16 tokens) feed the
     trigger through the coordinator's observer; the next poll re-plans, and serving goes on.
-    (Longer outputs make the running placement infeasible under the new mix, and the trigger's
-    evaluation of it raises PlannerBug: reported, not handled here.)"""
+    (A mix under which the running placement no longer fits is the trigger's own test:
+    tests/planner/test_trigger.py.)"""
     from helix.net.sampling import SamplingParams
     from helix.server.elastic import ObservedMix
     from planner.trigger import TriggerConfig
