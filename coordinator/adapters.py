@@ -85,7 +85,7 @@ class Adapters:
         held = {name: frozenset(nodes) for name, nodes in self._node_bytes.items()}
         self.placement, moves = TaskPlacement.follow(self.placement, [p.nodes for p in pipes],
                                                      [p.share for p in pipes], held)
-        if getattr(self, "reshaping", False):
+        if self.reshaping:
             for m in moves:
                 self.placement.abort(m)   # decided again when the plan is in
             self._placement_stale = bool(moves)
@@ -101,11 +101,12 @@ class Adapters:
         with self._lock:
             return self.placement.nodes_of(name) if name in self.placement.tasks else None
 
-    def note_task_request(self, name: str | None, tokens: int) -> None:
-        """A request of ``name`` (None: the base model) arrived, bringing ``tokens`` (its load)."""
+    def note_task_request(self, name: str | None, prompt_tokens: int, max_tokens: int) -> None:
+        """A request of ``name`` (None: the base model) arrived, bringing its prompt and its KV
+        reservation for output as its load (nothing to do unless tasks are placed)."""
         if self.placement is not None:
             with self._lock:
-                self.placement.record(name, tokens)
+                self.placement.record(name, prompt_tokens + self.output_length.reservation(max_tokens))
 
     def adapters(self) -> list[TaskInfo]:
         with self._lock:
@@ -238,7 +239,7 @@ class Adapters:
         while not self._stop.wait(tick_s):
             try:
                 with self._lock:
-                    if self._placement_stale and not getattr(self, "reshaping", False):
+                    if self._placement_stale and not self.reshaping:
                         self._placement_stale = False
                         self._placement_follow(self.plan)
                     now, placement = time.monotonic(), self.placement

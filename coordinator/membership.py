@@ -107,14 +107,7 @@ class Membership:
                 self._on_transition(t)
             if any(NodeState.DEAD in (t.old, t.new) for t in changes):
                 self._reflow()
-            draining = self.draining_nodes()
-            for node in nodes:
-                if node not in self.clients:
-                    continue
-                s = self.stats[node]
-                usable = self.health.state(node) is NodeState.OK and node not in draining and s.configured
-                self.scheduler.kv.observe(node, s.kv_used_token_layers if usable
-                                          else 2 * s.kv_capacity_token_layers)
+            self._observe_kv([n for n in nodes if n in self.clients], self.scheduler.kv)
             self._update_route(now)
             self._admit_waiting()   # usage may have dropped with no request ending
 
@@ -188,6 +181,15 @@ class Membership:
         self.moved_prefill_tokens += len(req.dispatch_token_ids())
         # It was admitted before: it goes ahead of requests that never started.
         self._waiting.appendleft(req)
+
+    def _observe_kv(self, nodes, kv) -> None:
+        """Feed ``kv`` each node's KV use from its last stats (under the lock); a node that is not
+        ok, drains or has no slice counts as full twice over, so nothing is routed to it."""
+        draining = self.draining_nodes()
+        for node in nodes:
+            s = self.stats[node]
+            usable = self.health.state(node) is NodeState.OK and node not in draining and s.configured
+            kv.observe(node, s.kv_used_token_layers if usable else 2 * s.kv_capacity_token_layers)
 
     def _update_route(self, now: float) -> None:
         """Track since when no pipeline of usable nodes exists; past the grace, fail what waits

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from coordinator.health import NodeState
 from coordinator.pipeline import Topology
 from coordinator.reflow import rebuilt
 from helix.errors import HelixUserError
@@ -329,11 +328,7 @@ class Reshaping:
         with self._lock:
             kv = self.scheduler.kv
             kv.resize({p.node: self.stats[p.node].kv_capacity_token_layers for p in plan.placements})
-            for p in plan.placements:
-                s = self.stats[p.node]
-                usable = self.health.state(p.node) is NodeState.OK and p.node not in \
-                    self.draining_nodes() and s.configured
-                kv.observe(p.node, s.kv_used_token_layers if usable else 2 * s.kv_capacity_token_layers)
+            self._observe_kv([p.node for p in plan.placements], kv)
             self.scheduler = rebuilt(self.scheduler, plan, plan.arc_flows, kv, self._make_scheduler)
             self.plan, self.serving, self._flows = plan, plan.serving, plan.arc_flows
             self._kv_tokens.clear()

@@ -278,7 +278,7 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         with self._lock:
             self._check_route()
             self.check_adapter(adapter)
-            self.note_task_request(adapter, len(prompt) + self.output_length.reservation(params.max_tokens))
+            self.note_task_request(adapter, len(prompt), params.max_tokens)
             rid = self._next_id
             self._next_id += 1
             handle = RequestHandle(rid, self.cancel, loop)

@@ -283,11 +283,12 @@ def adapter_layer_time_s(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_by
     flops_rate = n * gpu.fp16_flops * gpu.compute_efficiency
     bytes_rate = n * gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency
     launches = ADAPTER_KERNELS_PER_TARGET * ADAPTER_KERNEL_LAUNCH_S
+    projections = shape.projections(model)
     total = 0.0
     for rows in group_rows:
         if rows <= 0:
             continue
-        for inp, out in shape.projections(model):
+        for inp, out in projections:
             flops = 2 * rows * r * (inp + out)
             nbytes = r * (inp + out) * b + rows * (inp + 2 * out + 2 * r) * b
             total += max(flops / flops_rate, nbytes / bytes_rate) + launches

@@ -142,10 +142,7 @@ class _Model:
         self.nodes = used
         self.spec_nodes = [spec.node(n) for n in used]
         self.layers = np.array([placed[n].num_layers for n in used], float)
-        L = plan.num_layers
-        self.kv_requests = np.array([cost.resident_requests(
-            spec.node(n), placed[n].num_layers, placed[n].start == 0, placed[n].end == L)
-            for n in used])
+        self.kv_requests = np.array([kv[n] for n in used])
         self.compute_tokens_per_s = np.array(
             [cost.throughput_tokens_per_s(spec.node(n), placed[n].num_layers) for n in used], float)
         index = {n: i for i, n in enumerate(used)}

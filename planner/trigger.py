@@ -224,8 +224,7 @@ class ReplanTrigger:
         cause, drift, mix = due
         spec = self.cluster(mix)
         problem = build_problem(spec)
-        running = {p.node: (p.start, p.end) for p in self.plan.placements
-                   if p.end > p.start and p.node in self.present}
+        running = self._running()
         dropped = tuple(sorted(p.node for p in self.plan.placements
                                if p.end > p.start and p.node not in self.present))
         from planner import predicted
@@ -259,7 +258,7 @@ class ReplanTrigger:
             self.plan if unfit else with_flow_capacities(with_serving(current, spec), problem)
         self.plan = plan
         self.mix, self._last_s, self._pending = mix, now_s, []
-        self._reference = self._capacity(mix)
+        self._reference = self._capacity(mix, problem)   # the same nodes and mix
         replan = Replan(now_s, cause, drift, mix, decision, plan, spec,
                         "full" if best == 0 else "extend")
         self.history.append(replan)
@@ -274,13 +273,17 @@ class ReplanTrigger:
             raise ValueError("no node is present: nothing to plan")
         return respec(self._spec, nodes, mix or self.mix)
 
-    def _capacity(self, mix: WorkloadSpec) -> float:
+    def _running(self) -> Placement:
+        """The running plan's ranges on the nodes present."""
+        return {p.node: (p.start, p.end) for p in self.plan.placements
+                if p.end > p.start and p.node in self.present}
+
+    def _capacity(self, mix: WorkloadSpec, problem: PlacementProblem | None = None) -> float:
         """The max flow (tokens/s) of the running placement, on the nodes present, with the cost
-        model's T(k) under ``mix``."""
+        model's T(k) under ``mix`` (``problem``: that cluster's, when already built)."""
         from planner import max_flow
-        problem = build_problem(self.cluster(mix))
-        running = {p.node: (p.start, p.end) for p in self.plan.placements
-                   if p.end > p.start and p.node in self.present}
+        problem = problem or build_problem(self.cluster(mix))
+        running = self._running()
         return max_flow(problem, running).value_tokens_per_s if running else 0.0
 
 

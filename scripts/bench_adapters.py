@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -280,11 +279,10 @@ def main() -> None:
     print(*parts, sep="\n\n")
     if not args.no_write:
         command = "python scripts/bench_adapters.py" + (f" --part {args.part}" if args.part != "all" else "")
+        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `{command}`\n\n"
-                 f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, load average {load0:.1f} "
-                 f"at the start, {os.getloadavg()[0]:.1f} at the end (shared machine: times are upper "
-                 f"bounds); one torch thread.\n\n" + "\n\n".join(parts) + "\n")
-        from bench_runtime import append_to_section   # scripts/ is this script's import path
+                 f"{machine_line(load0)} (shared machine: times are upper bounds); one torch "
+                 f"thread.\n\n" + "\n\n".join(parts) + "\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -189,12 +188,11 @@ def main() -> None:
         print(sim_table)
         table += "\n\nThe simulator's view (`helix simulate --drain / --join`):\n\n" + sim_table
     if not args.no_write:
-        from bench_runtime import append_to_section   # scripts/ is this script's import path
+        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_drain.py --runs {args.runs} "
                  f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
-                 f"{args.max_tokens}`\n\n{platform.node() or 'this machine'}, {os.cpu_count()} cores, "
-                 f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. Medians "
-                 f"over the runs; counts summed.\n\n{table}\n")
+                 f"{args.max_tokens}`\n\n{machine_line(load0)}. Medians over the runs; counts "
+                 f"summed.\n\n{table}\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -292,14 +291,13 @@ def main() -> None:
     if args.live:
         parts.append(live_view(args))
     if not args.no_write and parts:
-        from bench_runtime import append_to_section   # scripts/ is this script's import path
         flags = " ".join(f for f, on in (("--skip-trace", args.skip_trace),
                                          ("--skip-events", args.skip_events),
                                          ("--live", args.live)) if on)
+        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_elastic.py --time-limit "
                  f"{args.time_limit:g}{' ' + flags if flags else ''}`\n\n"
-                 f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, load average "
-                 f"{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n"
+                 f"{machine_line(load0)}.\n\n"
                  + "\n\n".join(parts) + "\n")
         append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -257,10 +256,10 @@ def main() -> None:
         print(sim_table)
         table += "\n\nThe simulator's view (`helix simulate --fail`):\n\n" + sim_table
     if not args.no_write:
+        from bench_runtime import machine_line   # scripts/ is this script's import path
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_faults.py --runs {args.runs} "
                  f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
-                 f"{args.max_tokens}`\n\n{platform.node() or 'this machine'}, {os.cpu_count()} cores, "
-                 f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. Default "
+                 f"{args.max_tokens}`\n\n{machine_line(load0)}. Default "
                  f"health settings (suspect 2 s, dead 10 s or 2 refused polls). Medians over the runs, "
                  f"max in brackets.\n\n{table}\n")
         path = ROOT / "BENCHMARKS.md"

@@ -405,6 +405,12 @@ def main() -> None:
 SECTION = "## Runtime: `helix serve` data plane, coordinator, end to end (scripts/bench_runtime.py)"
 
 
+def machine_line(load0: float) -> str:
+    """The machine of a BENCHMARKS.md entry: host, cores, load average at the start and now."""
+    return (f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, load average {load0:.1f} "
+            f"at the start, {os.getloadavg()[0]:.1f} at the end")
+
+
 def append_to_section(path: Path, heading: str, entry: str) -> None:
     """Add ``entry`` at the end of ``heading``'s section (created at the end of the file if missing)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -186,10 +185,10 @@ def main() -> None:
     served = _served(demo)
     print(table, mask, *served, sep="\n")
     if not args.no_write:
+        from bench_runtime import machine_line   # scripts/ is this script's import path
         entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_structured.py"
-                 f"{' --deep' if args.deep else ''}`\n\n{platform.node() or 'this machine'}, "
-                 f"{os.cpu_count()} cores, load average {load0:.1f} at the start, "
-                 f"{os.getloadavg()[0]:.1f} at the end (shared machine: times are upper bounds). "
+                 f"{' --deep' if args.deep else ''}`\n\n{machine_line(load0)} (shared machine: "
+                 f"times are upper bounds). "
                  f"outlines-core {_version()}; one compile each, on one thread.\n\n{table}\n\n{mask}\n\n"
                  + "".join(f"- {line}\n" for line in served))
         path = ROOT / "BENCHMARKS.md"

@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -276,13 +277,15 @@ class TaskRows:
 
     row_task: torch.Tensor   # [num_tokens] long: index into ``adapters``, -1 = base model
     adapters: Sequence[SliceAdapter]
-    groups: list[tuple[SliceAdapter, torch.Tensor | slice]] = field(default_factory=list)
     stack: object | None = None
     """A :class:`worker.adapter_stack.LoRAStack` of ``adapters`` (all LoRA of one shape), or None."""
 
+    @functools.cached_property
+    def groups(self) -> list[tuple[SliceAdapter, torch.Tensor | slice]]:
+        """Sorted on first use only: the stack's batched product (:attr:`stacked`) needs none."""
+        return _group(self.row_task, self.adapters)
+
     def __post_init__(self) -> None:
-        if not self.groups:
-            self.groups = _group(self.row_task, self.adapters)
         self.stacked = self.stack.rows(self.row_task) if self.stack is not None else None
         """These rows in the stack's batched product (None: each task's terms on its own)."""
 

@@ -212,7 +212,8 @@ class SliceEngine:
 
     def _run(self, plan: StepPlan) -> list[StageOutput]:
         spans = plan_rows(plan)
-        if any(self._reqs[s.request_id].adapter is not None for s in spans):
+        has_tasks = any(self._reqs[s.request_id].adapter is not None for s in spans)
+        if has_tasks:
             spans = order_by_task(spans, len(plan.decode_ids), self._task_of)
         x = self._inputs(spans)
         batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
@@ -220,7 +221,7 @@ class SliceEngine:
                                  self.weights.end - self.weights.start, self.device, self.dtype)
         # Every task's rows run the shared base product together; each task's terms run on its rows.
         batch.tasks = task_rows([(self._reqs[s.request_id].adapter, s.end - s.start) for s in spans],
-                                self.device, self._stacks)
+                                self.device, self._stacks) if has_tasks else None
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
             chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]

@@ -154,10 +154,8 @@ class TaskRouting:
         return True
 
     def _route_only(self, task: str | None, now_s: float) -> frozenset[str] | None:
-        """Nodes the request of ``task`` may use (rebalancing first, when due)."""
+        """Nodes the request of ``task`` may use (None: every node; rebalancing first, when due)."""
         placement = self.placement
-        if placement is None:
-            return None
         if placement.due(now_s):
             for m in placement.rebalance(now_s):
                 placement.commit(m)

@@ -7,10 +7,7 @@ equal to ``transformers``."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 
 import pytest
 
@@ -21,6 +18,7 @@ from helix.server.stack import ServeOptions, ServeStack
 from helix.spec import load_cluster
 
 from tests.builders.elastic import LOCAL3, plan_without
+from tests.builders.ray_cluster import ray_cluster
 from tests.builders.serving import PROMPTS, hf_greedy
 from tests.builders.traffic import finish, submit_all, until
 
@@ -36,28 +34,8 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def cluster():
     """A Ray cluster whose head offers cpu-0 and cpu-1; the driver is connected."""
-    from ray.cluster_utils import Cluster
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    tmp = tempfile.mkdtemp(prefix="hxj", dir="/tmp")   # short: Ray's socket paths must fit 107 bytes
-    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")
-    c = None
-    try:
-        c = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=0, resources={"helix_node:cpu-0": 1, "helix_node:cpu-1": 1},
-            include_dashboard=False))
-        ray.init(address=c.address, logging_level="WARNING")
+    with ray_cluster(("cpu-0", "cpu-1"), prefix="hxj") as (c, _nodes):
         yield c
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if c is not None:
-            c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_ray_node_offering_a_spec_node_joins_and_serves(cluster, tiny_model):

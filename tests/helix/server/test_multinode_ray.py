@@ -16,10 +16,7 @@ The cluster writes its address file into a temp dir of its own (``RAY_TMPDIR``),
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 import time
 
 import pytest
@@ -31,6 +28,7 @@ from helix.server.launcher import LaunchConfig, RayLauncher, _check_coordinator_
 from helix.server.stack import ServeOptions, ServeStack
 
 from tests.builders.cli import run_helix
+from tests.builders.ray_cluster import ray_cluster
 from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, two_stage_plan
 from tests.builders.stack import local_stack
 
@@ -48,32 +46,8 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def cluster():
     """(Cluster, {plan node: the Ray node that declared its resource}); the driver is connected."""
-    from ray.cluster_utils import Cluster
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    tmp = tempfile.mkdtemp(prefix="hxr", dir="/tmp")   # short: Ray's socket paths must fit 107 bytes
-    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")
-    c = None
-    try:
-        # No CPUs: the workers ask for none, and Ray then starts no idle worker processes.
-        c = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=0, resources={"helix_node:cpu-0": 1}, include_dashboard=False))
-        nodes = {"cpu-0": c.head_node}
-        for name, ip in NODE_IPS.items():
-            nodes[name] = c.add_node(num_cpus=0, node_ip_address=ip,
-                                     resources={f"helix_node:{name}": 1})
-        ray.init(address=c.address, logging_level="WARNING")
-        yield c, nodes
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if c is not None:
-            c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+    with ray_cluster(("cpu-0",), NODE_IPS) as c:
+        yield c
 
 
 def _actor(node: str):
