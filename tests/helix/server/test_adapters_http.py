@@ -90,21 +90,28 @@ def test_tasks_served_equal_merged_references(tiny_model, served):
             "stream": True}) as r:
         chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
     assert chunks and all(c["model"] == "lora" for c in chunks)
-    # Every worker read each task from disk once into its adapter cache (tasks are registered, not
-    # read, by the load), and its later requests hit; /metrics shows it per node.
+    # Each worker read each task its requests brought from disk once into its adapter cache (tasks
+    # are registered, not read, by the load), and later requests hit; /metrics shows it per node.
+    # Every request crosses cpu-0 (the only first stage); a task's requests may all have taken the
+    # same one of cpu-1 / cpu-2, so those two read each task once between them at least.
     from prometheus_client import parser
-    deadline, n_nodes = time.monotonic() + 10, len(stack.servers)
+    deadline, n = time.monotonic() + 10, len(tasks)
+
+    def settled(cache) -> bool:
+        branches = [cache.get((node, "misses"), 0) for node in ("cpu-1", "cpu-2")]
+        return cache.get(("cpu-0", "misses")) == n and sum(branches) >= n and max(branches) <= n
     while True:
         text = client.get("/metrics").text
         cache = {(s.labels["node"], s.labels["value"]): s.value
                  for f in parser.text_string_to_metric_families(text) for s in f.samples
                  if s.name == "helix:adapter_cache"}
-        misses = sum(v for (_, k), v in cache.items() if k == "misses")
-        if misses == len(tasks) * n_nodes or time.monotonic() > deadline:
+        if settled(cache) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert misses == len(tasks) * n_nodes, cache
-    assert all(cache[(node, "hits")] > 0 and cache[(node, "bytes")] > 0 for node, _ in cache), cache
+    assert settled(cache), cache
+    assert cache[("cpu-0", "hits")] > 0, cache
+    read = [node for node, k in cache if k == "misses" and cache[(node, k)]]
+    assert all(cache[(node, "bytes")] > 0 for node in read), cache
     assert "helix:adapter_load_seconds" in text
 
 
