@@ -199,16 +199,32 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             out.append(RequestArrival(self.workload[index + 1].arrival_s, index + 1))
         return out
 
+    def _pull_offline(self, now_s: float) -> bool:
+        """Offline: the workload's next request joins the queue now, through the coordinator's
+        hop as an arrival does (False: online, or none left)."""
+        if self.config.mode != "offline" or self._next_index >= len(self.workload):
+            return False
+        r = self.workload[self._next_index]
+        self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens,
+                                     r.task))
+        if self.hop is not None:
+            self.hop.arrive(self._next_index, now_s)
+        self._next_index += 1
+        self.arrived += 1
+        return True
+
     def _next_waiting(self, now_s: float) -> SimRequest | None:
-        if not self.queue and self.config.mode == "offline" and self._next_index < len(self.workload):
-            r = self.workload[self._next_index]
-            self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens,
-                                         r.task))
-            if self.hop is not None:
-                self.hop.arrive(self._next_index, now_s)
-            self._next_index += 1
-            self.arrived += 1
+        if not self.queue:
+            self._pull_offline(now_s)
         return self.queue[0] if self.queue else None
+
+    def _handled_at(self, req: SimRequest, now_s: float) -> float | None:
+        """When the coordinator's hop is done with ``req``, if later than now: the schedule is
+        then called again at that time (``None``: it may be scheduled now)."""
+        if self.hop is None or (ready_s := self.hop.ready_s(req.request_id, now_s)) is None:
+            return None
+        self._schedule_pending = True
+        return ready_s
 
     def on_coordinator_schedule(self, ev: CoordinatorSchedule) -> Iterable[Event]:
         """Admit waiting requests in FIFO order until one fits nowhere (it keeps waiting)."""
@@ -218,9 +234,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         self._schedule_pending = False
         out: list[Event] = []
         while (req := self._next_waiting(now_s)) is not None:
-            if self.hop is not None and (ready_s := self.hop.ready_s(req.request_id, now_s)):
-                self._schedule_pending = True   # the coordinator is still handling it
-                out.append(CoordinatorSchedule(ready_s))
+            if (ready_s := self._handled_at(req, now_s)) is not None:
+                out.append(CoordinatorSchedule(ready_s))   # the coordinator is still handling it
                 break
             info = RequestInfo(req.request_id, req.prompt_tokens, self.expected_output_tokens)
             pipeline = self.scheduler.schedule(info)

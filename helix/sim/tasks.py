@@ -24,7 +24,7 @@ from helix.costmodel import AdapterShape
 from helix.errors import HelixUserError
 from helix.pipelines import enumerate_pipelines
 from helix.plan import Plan
-from helix.sim.request import SimRequest
+from helix.sim.events import CoordinatorSchedule
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,12 @@ class TaskRouting:
         blocked: set[str | None] = set()
         queue, i = self.queue, 0
         while i < LOOKAHEAD:
-            if i >= len(queue) and not self._pull(now_s):
+            if i >= len(queue) and not self._pull_offline(now_s):
                 break
             req = queue[i]
+            if (ready_s := self._handled_at(req, now_s)) is not None:
+                out.append(CoordinatorSchedule(ready_s))   # the hop is FIFO: so is everything behind
+                break
             if req.task in blocked:
                 i += 1
                 continue
@@ -142,16 +145,6 @@ class TaskRouting:
             self._demand_seen.discard(req.request_id)
             out.extend(self._start(now_s, req, pipeline))
         return out
-
-    def _pull(self, now_s: float) -> bool:
-        """Offline: the next request of the workload joins the queue (False: none left)."""
-        if self.config.mode != "offline" or self._next_index >= len(self.workload):
-            return False
-        r = self.workload[self._next_index]
-        self.queue.append(SimRequest(self._next_index, now_s, r.prompt_tokens, r.output_tokens, r.task))
-        self._next_index += 1
-        self.arrived += 1
-        return True
 
     def _route_only(self, task: str | None, now_s: float) -> frozenset[str] | None:
         """Nodes the request of ``task`` may use (None: every node; rebalancing first, when due)."""

@@ -103,3 +103,33 @@ def test_the_spec_gives_the_figures_and_none_leaves_the_simulator_free():
     again = parse_cluster(yaml.safe_load(measured.to_yaml()))
     assert again.coordinator == measured.coordinator
     assert spec.content_hash() == parse_cluster(data).content_hash()
+
+
+@pytest.mark.parametrize("tasks", [False, True])
+def test_offline_requests_pass_the_coordinator_first_with_or_without_task_placement(tasks):
+    # Offline, two one-token requests of one task and a 30 ms request service: each joins the
+    # queue when the coordinator can take the next and is dispatched once handled (30 and 60 ms),
+    # whether or not tasks are placed (the task scheduler's lookahead takes its requests from the
+    # same pull, through the same hop).
+    from coordinator.task_placement import PlacementConfig
+    from helix.sim.tasks import task_placement
+    first = (40 / 1e6 + 0.01) + 0.020 + (1000 / 1e6 + 0.01) + 0.020 + (4 / 1e6 + 0.01)
+    plan = two_node_plan()
+    workload = tuple(TraceRequest(0.0, 10, 1, "t0") for _ in range(2))
+    sim = make_sim(plan, workload, SimConfig(mode="offline", duration_s=None))
+    if tasks:
+        sim._init_tasks(task_placement(plan, ["t0"], PlacementConfig()))
+    sim.hop = CoordinatorHop(request_s=0.030)
+    dispatched: list[float] = []
+    start = sim._start
+
+    def timed(now_s, req, pipeline):
+        dispatched.append(now_s)
+        return start(now_s, req, pipeline)
+    sim._start = timed
+    r = sim.run()
+    assert (sim.placement is not None) == tasks
+    assert dispatched == pytest.approx([0.030, 0.060])
+    # Offline TTFT counts from dispatch (a saturated queue has no arrival time to speak of).
+    assert list(r.samples["ttft_s"]) == pytest.approx([first, first])
+    assert r.requests_completed == 2
