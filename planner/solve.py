@@ -1,7 +1,9 @@
 """``solve(problem, method=...) -> Plan``: the planner's one verb.
 
 For ``milp`` (the default): closed-form bounds (the fixed point; the crossing bound,
-``planner.search.crossing``, where every token must change regions) -> every heuristic and
+``planner.search.crossing``, where every token must change regions, and the sharing bound,
+``planner.search.sharing``, where that crossing needs nodes beyond their full-flow layer counts)
+-> every heuristic and
 structured placement (``planner.search.baselines``, ``planner.search.construct``,
 ``planner.search.mixed_stages``, ``planner.search.region_chain``, a caller's ``start``) as a warm
 start, the best kept (the rest skipped once one is within ``gap`` of the bound); stop at once if
@@ -38,6 +40,7 @@ from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.cover import cover_search
 from planner.search.crossing import crossing_bound
+from planner.search.sharing import sharing_bound
 from planner.search.mixed_stages import mixed_stages
 from planner.search.region_chain import region_chain
 from planner.latency import path_stats
@@ -158,11 +161,12 @@ def solve(problem: PlacementProblem, method: str = "milp", *, solver: str = "hig
 
 def proven_bounds(problem: PlacementProblem, min_layers: int = 1) -> dict[str, float]:
     """The closed-form bounds, each valid for every placement (of nodes holding >= ``min_layers``):
-    the fixed point, and the crossing bound where every token must change regions."""
+    the fixed point, and the crossing and sharing bounds where every token must change regions."""
     bounds = {"fixed_point": fixed_point_bound(problem, min_layers)}
-    crossing = crossing_bound(problem, bounds["fixed_point"], min_layers)
-    if crossing is not None:
-        bounds["crossing"] = crossing
+    for name, bound in (("crossing", crossing_bound), ("sharing", sharing_bound)):
+        value = bound(problem, bounds["fixed_point"], min_layers)
+        if value is not None:
+            bounds[name] = value
     return bounds
 
 
@@ -449,6 +453,9 @@ BOUND_NOTES = {
     "crossing": "every token must change regions and no single link between regions carries this "
                 "much, so two nodes run some layer side by side: the layer coverage that wastes "
                 "exceeds the slack the nodes have at this flow (planner.search.crossing)",
+    "sharing": "every token must change regions and no single link between regions carries this "
+               "much, so some layer has two holders; no mix of nodes holding more layers than "
+               "they run at this flow gives that room (planner.search.sharing)",
     "class_milp": "dual bound of the class MILP; it relaxes the network (links summed per class and "
                   "region), so its bound holds, but its optimum is no placement's flow",
     "class_milp_exact": "dual bound of the class MILP, exact here (one region, no link below the "

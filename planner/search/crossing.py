@@ -38,12 +38,9 @@ def crossing_bound(problem: PlacementProblem, upper: float, min_layers: int = 1)
     to 1e-4), or None when the argument does not apply (a region can hold the model, or no
     target at ``upper`` or just below it is refuted)."""
     L = problem.num_layers
-    region_layers: Counter = Counter()
-    for n in problem.nodes:
-        region_layers[n.region] += max(layer_counts(n, L), default=0)
-    if not region_layers or max(region_layers.values()) >= L:
+    c_max = sharing_threshold(problem)
+    if c_max is None:
         return None
-    c_max = _cross_link_max(problem)
     kinds = _kinds(problem, min_layers)
 
     def refuted(X: float) -> bool:
@@ -64,6 +61,19 @@ def crossing_bound(problem: PlacementProblem, upper: float, min_layers: int = 1)
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if refuted(mid) else (mid, hi)
     return hi
+
+
+def sharing_threshold(problem: PlacementProblem) -> float | None:
+    """Where no region's nodes can hold all layers between them: the largest link between
+    regions (above it, some layer has two holders in every placement: a chain of single holders
+    sends every token over one such link); otherwise None."""
+    L = problem.num_layers
+    region_layers: Counter = Counter()
+    for n in problem.nodes:
+        region_layers[n.region] += max(layer_counts(n, L), default=0)
+    if not region_layers or max(region_layers.values()) >= L:
+        return None
+    return _cross_link_max(problem)
 
 
 def _cross_link_max(problem: PlacementProblem) -> float:
