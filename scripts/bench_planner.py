@@ -185,7 +185,9 @@ NOTES = [
     "where links bind), `packing` (no placement fills every layer's slots to that flow, a node of k",
     "layers giving k slots: the packing LP refuted it), `paper_milp` (the paper MILP's dual bound),",
     "`crossing` (every token must change regions, no single link between regions carries that",
-    "flow, so two nodes share some layer, and the coverage that wastes exceeds the nodes' slack);",
+    "flow, so two nodes share some layer, and the coverage that wastes exceeds the nodes' slack),",
+    "`sharing` (the same shared layer; the layers nodes can hold at that full flow sum to at most",
+    "the model's, and no mix of nodes holding more layers than they run at full flow makes room);",
     "*status* speaks of the exact",
     "problem: `optimal` / `gap` only when such a bound proves it, else `feasible`; *gap* = (bound -",
     "max flow) / max flow; *latency* = mean time of one pass through a pipeline; *depth* =",
@@ -197,6 +199,23 @@ NOTES = [
 
 
 ANALYSIS = """
+Issue 11, 3cluster24 proved optimal (run of 2026-11-25 evening, load average 4.3): the sharing
+bound (`planner.search.sharing`) sees the whole chain. Above the largest link between regions
+some layer has two holders (the crossing bound's chain argument). At a target X each node's
+full-flow layer count m (most k with T(k) >= X) sums to L + σ; with σ <= 0 a second holder needs
+excess nodes (k > m, so T(k) < X and every layer they hold has another holder too), and counting
+holders over the excess nodes' layers gives sum (k T(k) / X - m) >= -σ and sum (k - 2m) >= -2σ
+over them; an LP over excess counts refutes X when no mix meets both. On 3cluster24 every target
+above the A100s' T(9) = 1,754.38 has σ = 0 (A100 8 + L4 3 + T4 2 layers a node: exactly 80) and
+no mix pays (the only excess count with k > 2m, an L4 at 7 layers, runs 0.88 layers short; an
+A100 at 9 layers gains ~1 layer but needs 7 more holders): bound 1,992.6 -> 1,754.38, so the
+region chain's 1,754.4 is the optimum (gap 0 %, status optimal; `helix plan` stops after the
+warm starts, 0.2-0.6 s; the bound itself ~30 ms). Checked against brute force on 563 tiny
+two- and three-region clusters (never below the optimum, equal to it on many; 56 of them decided
+by the σ = 0 LP). No other case gets it (a region holds the model, or σ > 0). The open question
+below (is the optimum under 1,754?) is answered: no. The latency column moved (3,556 -> 1,777 ms)
+with the same placement: latency estimates changed in the tree since the last run.
+
 Issue 11 (run of 2026-11-25, load average 10.2 at the start: the time-limited phases got a
 fraction of a core). A link-aware valid bound, `crossing` (`planner.search.crossing`): where no
 region's nodes can hold the model, some token changes regions at a layer boundary; if one node

@@ -9,6 +9,7 @@ import pytest
 from helix.helix_ini import convert_ini, load_throughput_tables
 from planner import solve
 from planner.build import build_problem
+from planner.problem import COORDINATOR, Link, PlacementProblem
 from planner.search.bounds import fixed_point_bound
 from planner.search.crossing import crossing_bound
 from planner.search.sharing import sharing_bound
@@ -40,6 +41,26 @@ def test_the_sharing_bound_meets_the_optimum_where_the_crossing_bound_does_not()
     plan = solve(problem, "milp", time_limit_s=5, threads=1)
     check_honest(plan, best, 0.01)
     assert plan.extras["bound_source"] == "sharing" and plan.extras["status"] == "optimal"
+
+
+def test_a_crossing_no_excess_node_pays_for_caps_the_flow_at_the_excess_t():
+    """3cluster24 in small: a (3 layers at most) then b or c (1 layer each at full flow) hold the
+    4 layers exactly above 90 tokens/s (σ = 0), and every link between regions is slower. Only a
+    at 3 layers (T = 90) gives room (α > 0, but β = 3 - 4 < 0); b and c at 2 layers run under
+    half the flow (α < 0, β = 0). So nothing exceeds 90, which a [0, 3) sending to b and c side
+    by side on layer 3 (55 + 50 tokens/s of links) serves."""
+    nodes = (_node("a", (300.0, 200.0, 90.0), "r0", first=3), _node("b", (250.0, 44.0), "r1", first=2),
+             _node("c", (260.0, 40.0), "r2", first=2))
+    links = {(COORDINATOR, n.name): Link(1000.0) for n in nodes}
+    links |= {(n.name, COORDINATOR): Link(1000.0) for n in nodes}
+    links |= {pair: Link(c) for pair, c in ((("a", "b"), 55.0), (("a", "c"), 50.0), (("b", "a"), 45.0),
+                                            (("c", "a"), 60.0), (("b", "c"), 52.0), (("c", "b"), 58.0))}
+    problem = PlacementProblem("hand", 4, nodes, links)
+    best = true_optimum(problem, True)
+    fixed = fixed_point_bound(problem)
+    assert best == pytest.approx(90.0)
+    assert sharing_bound(problem, fixed) == pytest.approx(90.0, rel=1e-8)
+    assert crossing_bound(problem, fixed) > 110
 
 
 def test_room_for_a_shared_layer_turns_the_bound_off():
