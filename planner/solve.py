@@ -5,7 +5,8 @@ For ``milp`` (the default): closed-form bounds (the fixed point; the crossing bo
 ``planner.search.sharing``, where that crossing needs nodes beyond their full-flow layer counts)
 -> every heuristic and
 structured placement (``planner.search.baselines``, ``planner.search.construct``,
-``planner.search.mixed_stages``, ``planner.search.region_chain``, a caller's ``start``) as a warm
+``planner.search.mixed_stages``, ``planner.search.region_chain``,
+``planner.search.aligned_chains``, a caller's ``start``) as a warm
 start, the best kept (the rest skipped once one is within ``gap`` of the bound); stop at once if
 it is already within ``gap`` of the bound -> the packing LP (``planner.search.packing``, bisected
 for up to 5 % of the time) -> the cover bound
@@ -43,6 +44,7 @@ from planner.search.crossing import crossing_bound
 from planner.search.sharing import sharing_bound
 from planner.search.mixed_stages import mixed_stages
 from planner.search.region_chain import region_chain
+from planner.search.aligned_chains import aligned_chains
 from planner.latency import path_stats
 from planner.milp.linear import LinearModel
 from planner.problem import PlacementProblem
@@ -209,7 +211,9 @@ def _best_warm_start(problem, seed, partial, min_k, enough: float = math.inf,
               # best.value is read when this runs: the best of the starts before it.
               "mixed-stages": lambda p, s: mixed_stages(
                   p, s, partial, min(10.0, 0.15 * time_limit_s), best.value, enough),
-              "region-chain": lambda p, s: region_chain(p, s, partial)}
+              "region-chain": lambda p, s: region_chain(p, s, partial),
+              "aligned-chains": lambda p, s: aligned_chains(
+                  p, s, partial, deadline_s=time.perf_counter() + min(10.0, 0.1 * time_limit_s))}
     for name, heuristic in starts.items():
         if best.value >= enough:
             if extras is not None:
