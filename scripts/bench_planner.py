@@ -199,6 +199,20 @@ NOTES = [
 
 
 ANALYSIS = """
+Issue 11, hetero42 with LLaMA-1 30B (run of 2026-11-25 evening, load average ~4): 25,088.9
+tokens/s against the fixed point's 25,282.8, gap 7.4 -> 0.77 % (status `gap`, 1.1 s; depth 21 ->
+9), found by mixed stages, which skipped this case before (11,510 minimal patterns at 25,000
+tokens/s, over the 5,000 cap). Two changes: (1) patterns are pruned by the slack at the target,
+exactly: with b_c = max_k k min(T_c(k), X) a pattern loses sum_c m_c b_c - kX >= 0, a solution
+reaching L layers loses at most sum_c n_c b_c - LX in all, so a pattern losing more is in no
+solution (2,058 patterns left at 25,000; checked against brute force on random small clusters);
+(2) the pattern MILP runs without HiGHS's presolve, which cost 6-10x the search on these wide
+8-row models (25,033 tokens/s decided in 0.2 CPU s, 1.2 s with presolve). 25,220 is reachable by
+mixed stages and 25,250 refuted (by the stage MILP, not a bound on every placement); the run stops
+at the 1 % gap target. hetero42 70B stays within it (16,680.1, 0.91 %, 0.5 s; its inputs moved
+since the 16,754.2 row: fixed point 16,916 -> 16,832), cluster42 (5,905.8) and single24 30B
+(13,415.2) are unchanged (milp, 60 s, checked in a separate script, not rows here).
+
 Issue 11, 3cluster24 proved optimal (run of 2026-11-25 evening, load average 4.3): the sharing
 bound (`planner.search.sharing`) sees the whole chain. Above the largest link between regions
 some layer has two holders (the crossing bound's chain argument). At a target X each node's
