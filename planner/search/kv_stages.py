@@ -1,0 +1,123 @@
+"""KV stages: one copy of the weights as a chain of one-kind stages, split to hold the most requests.
+
+Users get the requests in flight over the round trip (``helix.costmodel``, *Inside a pipeline*);
+on a cluster whose nodes hold the model only a few times over, the requests in flight are bound
+by the KV of the stage that keeps the least of it per layer it holds. The max flow rewards every
+copy of the weights and every layer a node can hold, so its placements (the capped-KV re-solve
+too) leave that bound where the biggest GPUs are: on single24 the four A100s hold 46 layers and
+keep KV for ~270 requests while the L4s and T4s behind them use a quarter of theirs.
+
+A candidate here is a chain of stages, each GPU kind (nodes with the same GPU and GPU count)
+cut into ``s`` stages of ``n / s`` nodes (``s`` a divisor of its ``n``) holding ``l`` layers
+each, kinds in order of their memory (most first: the first stage also holds the embedding, the
+biggest nodes the most layers), ``sum over kinds of s * l`` = the model's layers. For each choice of
+stage counts, the layer splits that hold the most requests in flight are kept (chains of at most :data:`MAX_STAGES` stages): a stage of ``w``
+nodes with ``l`` layers holds ``w * kv_capacity_tokens(node, l)`` tokens on each layer (every
+request passes one of its nodes), and the chain holds the least of its stages'. Their compute
+is left to the caller's prediction, which scores every candidate (``planner.predicted``).
+
+Single-region clusters only (a chain across regions pays a slow link at each crossing), and at
+most :data:`MAX_CHOICES` choices of stage counts (the product over kinds of their divisors:
+72 on single24; hetero42's seven kinds give 6,912 and are skipped). Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from helix.costmodel import CostModel
+from helix.spec import ClusterSpec, NodeSpec
+
+#: Choices of per-kind stage counts enumerated at most (each gives up to :data:`PER_CHOICE`
+#: candidates, each scored by a prediction of ~30 ms on 24 nodes).
+MAX_CHOICES = 128
+
+#: Layer splits kept per choice of stage counts (the ones holding the most requests).
+PER_CHOICE = 2
+
+#: Stages in a chain at most. The prediction that scores the candidates takes a pipeline's
+#: decodes to travel in two waves (``helix.prediction.DECODE_WAVES``, measured on 10- and
+#: 12-stage chains); deeper chains keep more waves apart and it overstates them (single24,
+#: 300 s offline at a 256-token budget: 16 stages predicted 783 decode tokens/s, simulated 591;
+#: 18 stages 768 vs 508; 12 stages 726 vs 633), so choosing among them by it would not hold.
+MAX_STAGES = 12
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _kinds(spec: ClusterSpec, cost: CostModel) -> list[list[NodeSpec]]:
+    """Nodes grouped by (GPU, GPU count), most memory per node first (ties: spec order)."""
+    groups: dict[tuple[str, int], list[NodeSpec]] = {}
+    for n in spec.nodes:
+        groups.setdefault((n.gpu, n.num_gpus), []).append(n)
+    order = sorted(groups.values(), key=lambda g: -g[0].vram_bytes)
+    return order
+
+
+def kv_stage_placements(spec: ClusterSpec, cost: CostModel, num_layers: int
+                        ) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    """Candidate placements (module docstring) as ``(name, {node: (start, end)})``, in a fixed
+    order; [] for multi-region clusters or too many choices."""
+    if len({spec.region_of(n.name) for n in spec.nodes}) != 1:
+        return []
+    kinds = _kinds(spec, cost)
+    counts = [_divisors(len(g)) for g in kinds]
+    if _product(len(c) for c in counts) > MAX_CHOICES:
+        return []
+    # Most layers a node of each kind holds anywhere in the chain (first / last stage too).
+    most = [min(cost.max_layers(g[0], first=f, last=la) for f in (False, True)
+                for la in (False, True)) for g in kinds]
+    out = []
+    for stages in itertools.product(*counts):
+        if sum(stages) > MAX_STAGES:
+            continue
+        best = _splits(kinds, stages, most, cost, num_layers)
+        for held, layers in best:
+            out.append((_name(kinds, stages, layers), _layout(kinds, stages, layers)))
+    return out
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _splits(kinds: list[list[NodeSpec]], stages: tuple[int, ...], most: list[int],
+            cost: CostModel, num_layers: int) -> list[tuple[float, tuple[int, ...]]]:
+    """The :data:`PER_CHOICE` layer splits (layers per stage of each kind, each >= 1, within
+    ``most``, ``sum s * l = num_layers``) whose chain holds the most tokens per layer (ties: the
+    first in lexicographic order)."""
+    held_by = [{l: len(g) // s * cost.kv_capacity_tokens(g[0], l) for l in range(1, m + 1)}
+               for g, s, m in zip(kinds, stages, most)]
+    found: list[tuple[float, tuple[int, ...]]] = []
+    for head in itertools.product(*(range(1, m + 1) for m in most[:-1])):
+        rest = num_layers - sum(s * l for s, l in zip(stages, head))
+        if rest <= 0 or rest % stages[-1] or rest // stages[-1] > most[-1]:
+            continue
+        layers = (*head, rest // stages[-1])
+        held = min(h[l] for h, l in zip(held_by, layers))
+        if held > 0:
+            found.append((held, layers))
+    found.sort(key=lambda t: -t[0])   # stable: lexicographic among ties
+    return found[:PER_CHOICE]
+
+
+def _layout(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[int, ...]
+            ) -> dict[str, tuple[int, int]]:
+    out, at = {}, 0
+    for group, s, l in zip(kinds, stages, layers):
+        width = len(group) // s
+        for i in range(s):
+            for node in group[i * width:(i + 1) * width]:
+                out[node.name] = (at, at + l)
+            at += l
+    return out
+
+
+def _name(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[int, ...]) -> str:
+    parts = [f"{s}x{len(g) // s} {g[0].gpu} x {l}" for g, s, l in zip(kinds, stages, layers)]
+    return "kv stages: " + ", ".join(parts)

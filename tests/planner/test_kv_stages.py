@@ -1,0 +1,120 @@
+"""KV stages (``planner.search.kv_stages``): one copy of the weights as a chain of one-kind stages,
+split to hold the most requests in flight; a candidate the prediction scores (planner.predicted)."""
+
+from __future__ import annotations
+
+import itertools
+
+from helix.costmodel import CostModel
+from helix.spec import ClusterSpec, load_cluster
+from planner.build import build_problem
+from planner.predicted import best_candidate, evaluate
+from planner.search import kv_stages
+from planner.search.kv_stages import MAX_STAGES, kv_stage_placements
+from tests.conftest import CLUSTER_SPECS
+
+#: The capped-KV re-solve's placement that ``helix plan`` chose on single24 before (60 s, 512-token
+#: budget): the four A100s hold 46 layers as one chain and bound the requests in flight.
+CAPPED_SINGLE24 = {"a100-0": (0, 10), "a100-1": (10, 22), "a100-2": (22, 34), "a100-3": (34, 46),
+                   **{f"l4-{i}": (46, 53) for i in range(3)},
+                   **{f"l4-{i}": (53, 60) for i in range(3, 6)},
+                   "l4-6": (60, 62), "l4-7": (62, 64),
+                   **{f"t4-{i}": (64 + 4 * (i // 3), 68 + 4 * (i // 3)) for i in range(12)}}
+
+
+def _single24() -> tuple[ClusterSpec, CostModel]:
+    spec = load_cluster(CLUSTER_SPECS / "single24.yaml")
+    return spec, CostModel.for_cluster(spec)
+
+
+def _stages(placement: dict[str, tuple[int, int]]) -> list[tuple[tuple[int, int], list[str]]]:
+    by_range: dict[tuple[int, int], list[str]] = {}
+    for node, r in placement.items():
+        by_range.setdefault(r, []).append(node)
+    return sorted(by_range.items())
+
+
+def test_candidates_are_one_copy_chains_of_one_kind_stages():
+    spec, cost = _single24()
+    found = kv_stage_placements(spec, cost, 80)
+    assert found and len({name for name, _ in found}) == len(found)
+    for name, placement in found:
+        assert set(placement) == {n.name for n in spec.nodes}, name
+        stages = _stages(placement)
+        assert len(stages) <= MAX_STAGES
+        at = 0
+        for (start, end), nodes in stages:   # contiguous, no overlap: one copy of the weights
+            assert start == at and end > start, name
+            at = end
+            assert len({spec.node(n).gpu for n in nodes}) == 1, name
+            for n in nodes:
+                assert end - start <= cost.max_layers(spec.node(n), first=start == 0,
+                                                      last=end == 80), (name, n)
+        assert at == 80, name
+        # Kinds in order of memory: A100s first, then L4s, then T4s.
+        kinds = [spec.node(nodes[0]).gpu for _, nodes in stages]
+        assert kinds == sorted(kinds, key=["A100-40G", "L4", "T4"].index), name
+    assert ("kv stages: 4x1 A100-40G x 8, 4x2 L4 x 7, 4x3 T4 x 5",
+            {**{f"a100-{i}": (8 * i, 8 * i + 8) for i in range(4)},
+             **{f"l4-{i}": (32 + 7 * (i // 2), 39 + 7 * (i // 2)) for i in range(8)},
+             **{f"t4-{i}": (60 + 5 * (i // 3), 65 + 5 * (i // 3)) for i in range(12)}}) in found
+
+
+def _held(spec, cost, placement) -> float:
+    """Tokens per layer the chain holds: the least over stages of width x a node's KV room."""
+    return min(len(nodes) * cost.kv_capacity_tokens(spec.node(nodes[0]), end - start)
+               for (start, end), nodes in _stages(placement))
+
+
+def test_each_choice_keeps_the_splits_that_hold_the_most_by_brute_force():
+    """Small cluster (4 A100 + 3 T4, LLaMA-2 70B): every split of 80 layers over every choice of
+    stage counts, enumerated directly; the kept ones hold the most (per choice)."""
+    spec = ClusterSpec.model_validate({
+        "model": "llama-2-70b", "dtype": "float16",
+        "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        "nodes": [{"name": "a-{i}", "gpu": "A100-40G", "count": 4},
+                  {"name": "t-{i}", "gpu": "T4", "count": 3}]})
+    cost = CostModel.for_cluster(spec)
+    found = kv_stage_placements(spec, cost, 80)
+    assert found
+    a_most = min(cost.max_layers(spec.node("a-0"), first=f) for f in (False, True))
+    t_most = min(cost.max_layers(spec.node("t-0"), last=la) for la in (False, True))
+    for sa, st in itertools.product((1, 2, 4), (1, 3)):
+        best = 0.0
+        for la in range(1, a_most + 1):
+            rest = 80 - sa * la
+            if rest > 0 and rest % st == 0 and rest // st <= t_most:
+                best = max(best, min(4 // sa * cost.kv_capacity_tokens(spec.node("a-0"), la),
+                                     3 // st * cost.kv_capacity_tokens(spec.node("t-0"),
+                                                                       rest // st)))
+        mine = [p for name, p in found if name.startswith(f"kv stages: {sa}x{4 // sa} ")
+                and f", {st}x{3 // st} T4" in name]
+        assert bool(mine) == (best > 0)
+        if mine:
+            assert _held(spec, cost, mine[0]) == best
+
+
+def test_multi_region_and_many_kind_clusters_get_none():
+    for name in ("geo24", "hetero42"):   # regions; 6,912 choices of stage counts
+        spec = load_cluster(CLUSTER_SPECS / f"{name}.yaml")
+        assert kv_stage_placements(spec, CostModel.for_cluster(spec), 80) == []
+
+
+def test_too_many_choices_get_none(monkeypatch):
+    spec, cost = _single24()   # 3 x 4 x 6 = 72 choices
+    monkeypatch.setattr(kv_stages, "MAX_CHOICES", 71)
+    assert kv_stage_placements(spec, cost, 80) == []
+
+
+def test_the_prediction_picks_a_kv_chain_on_single24():
+    """Against the capped-KV plan chosen before, the prediction picks the 8 / 7 / 5 chain (A100s
+    8 layers each, L4 pairs 7, T4 triples 5: KV for ~570 requests where the A100s held ~280).
+    The simulator agrees once the KV has filled (BENCHMARKS.md, Helix vs Swarm: 300 s offline
+    runs, 559 vs 483 decode tokens/s; the first ~150 s fill the larger KV and are even)."""
+    spec, cost = _single24()
+    problem = build_problem(spec)
+    before = evaluate(spec, CAPPED_SINGLE24, problem=problem)
+    chosen = best_candidate(spec, problem, cost, before, kv_stage_placements(spec, cost, 80))
+    assert chosen.extras["chosen_by"] == "prediction: kv stages: 4x1 A100-40G x 8, 4x2 L4 x 7, " \
+                                         "4x3 T4 x 5"
+    assert chosen.prediction.requests_in_flight > 1.8 * before.prediction.requests_in_flight
