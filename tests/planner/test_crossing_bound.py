@@ -29,15 +29,21 @@ def crossing_problem(seed: int) -> PlacementProblem:
         table = tuple(sorted((round(t1 / k * rng.uniform(0.85, 1.15), 2)
                               for k in range(1, kmax + 1)), reverse=True))
         nodes.append(_node(f"n{i}", table, f"r{i % 2}", first=rng.randint(1, kmax)))
+    return PlacementProblem("tiny", L, tuple(nodes), random_links(rng, nodes))
+
+
+def random_links(rng: random.Random, nodes, slow=(10, 60), coordinator=(50, 400)) -> dict:
+    """Links of their own for every node pair (``slow`` tokens/s between regions, 100-600 inside
+    one) and both coordinator links of every node."""
     links = {}
     for a in nodes:
-        links[(COORDINATOR, a.name)] = Link(rng.uniform(50, 400))
-        links[(a.name, COORDINATOR)] = Link(rng.uniform(50, 400))
+        links[(COORDINATOR, a.name)] = Link(rng.uniform(*coordinator))
+        links[(a.name, COORDINATOR)] = Link(rng.uniform(*coordinator))
         for b in nodes:
             if a is not b:
-                slow = a.region != b.region
-                links[(a.name, b.name)] = Link(rng.uniform(10, 60) if slow else rng.uniform(100, 600))
-    return PlacementProblem("tiny", L, tuple(nodes), links)
+                cross = a.region != b.region
+                links[(a.name, b.name)] = Link(rng.uniform(*slow) if cross else rng.uniform(100, 600))
+    return links
 
 
 SEEDS = (0, 5, 6, 7, 9, 10, 12, 13)   # seeds where the bound applies (every token must cross)

@@ -4,6 +4,8 @@ the region chain's 1,754.38 tokens/s optimal."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from helix.helix_ini import convert_ini, load_throughput_tables
@@ -13,7 +15,7 @@ from planner.problem import COORDINATOR, Link, PlacementProblem
 from planner.search.bounds import fixed_point_bound
 from planner.search.crossing import crossing_bound
 from planner.search.sharing import sharing_bound
-from tests.planner.test_crossing_bound import crossing_problem
+from tests.planner.test_crossing_bound import crossing_problem, random_links
 from tests.planner.test_planner_honesty import _node, check_honest, true_optimum
 
 #: seed -> brute-force optimum (partial inference); the bound meets it on 0 and 6, is below the
@@ -61,6 +63,35 @@ def test_a_crossing_no_excess_node_pays_for_caps_the_flow_at_the_excess_t():
     assert best == pytest.approx(90.0)
     assert sharing_bound(problem, fixed) == pytest.approx(90.0, rel=1e-8)
     assert crossing_bound(problem, fixed) > 110
+
+
+def three_region_problem(seed: int) -> PlacementProblem:
+    """3-4 nodes in 3 regions, 4 layers, tables falling 20-85 % a layer (so nodes beyond their
+    full-flow layer count run far below it), links between regions 20-80 tokens/s."""
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.choice([3, 4])):
+        kmax = rng.randint(1, 3)
+        table = [rng.uniform(100, 300)]
+        for _ in range(1, kmax):
+            table.append(table[-1] * rng.uniform(0.15, 0.8))
+        nodes.append(_node(f"n{i}", tuple(round(t, 2) for t in table), f"r{i % 3}",
+                           first=rng.randint(1, kmax)))
+    return PlacementProblem("tiny", 4, tuple(nodes), random_links(rng, nodes, (20, 80), (100, 400)))
+
+
+@pytest.mark.parametrize("seed, optimum", [(277, 82.27), (327, 74.54), (298, 61.22)])
+def test_where_the_sigma_0_lp_decides_the_bound_is_valid(seed, optimum):
+    """Seeds where the LP refutes a target with σ = 0 and excess options (of seeds 0-399 the
+    bound applied to 209, the LP decided so on 56, none below the brute-forced optimum); on 277
+    and 327 the bound is the optimum."""
+    problem = three_region_problem(seed)
+    best = true_optimum(problem, True)
+    assert best == pytest.approx(optimum, abs=0.01)
+    bound = sharing_bound(problem, fixed_point_bound(problem))
+    assert bound >= best * (1 - 1e-9)
+    if seed != 298:
+        assert bound == pytest.approx(best, rel=1e-6)
 
 
 def test_room_for_a_shared_layer_turns_the_bound_off():
