@@ -450,8 +450,17 @@ def scheduler_fallback(plan: Plan, flow_paths: tuple[PlanPipeline, ...],
     ranges = {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
     L, partial = plan.num_layers, plan.partial_inference
     names = sorted(ranges)
-    succ = {v: [w for w in names if hop_usable(ranges, L, partial, v, w)]
-            for v in (COORDINATOR, *names)}
+    # Whether a hop is usable depends on the two layer ranges only, so the rule is asked once
+    # per pair of distinct ranges (a few dozen), not per pair of nodes (10^6 at 1,000 nodes).
+    members: dict[tuple[int, int], list[str]] = {}
+    for n in names:
+        members.setdefault(ranges[n], []).append(n)
+    rep = {r: ns[0] for r, ns in members.items()}
+    rep_of = {COORDINATOR: COORDINATOR, **{n: rep[ranges[n]] for n in names}}
+    next_ranges = {v: {r for r, w in rep.items() if hop_usable(ranges, L, partial, v, w)}
+                   for v in {COORDINATOR, *rep.values()}}
+    by_range = {v: [w for w in names if ranges[w] in rs] for v, rs in next_ranges.items()}
+    succ = {v: by_range[rep_of[v]] for v in (COORDINATOR, *names)}
     ends = {v: hop_usable(ranges, L, partial, v, COORDINATOR) for v in names}
     flow = {(a.src, a.dst): a.flow_tokens_per_s for a in plan.arc_flows if a.flow_tokens_per_s > 0}
     cap = {n: kv_requests.get(n, 0.0) for n in names}
@@ -470,12 +479,18 @@ def scheduler_fallback(plan: Plan, flow_paths: tuple[PlanPipeline, ...],
         live = [q for q in live if not full.intersection(q.nodes)]
     known = {q.nodes for q in flow_paths}
     taken: dict[tuple[str, ...], list] = {}
-    by_end = sorted(names, key=lambda n: -ranges[n][1])
+    # Successors first: every usable hop moves to a higher layer end.
+    range_order = sorted(members, key=lambda r: (-r[1], r))
     for _ in range(rounds):
         room = {n: cap[n] - used[n] for n in names}
         finish: dict[str, bool] = {}
-        for n in by_end:   # successors first: every usable hop moves to a higher layer end
-            finish[n] = room[n] >= 1.0 and (ends[n] or any(finish[w] for w in succ[n]))
+        reached: dict[tuple[int, int], bool] = {}   # some node of the range can finish
+        for r in range_order:
+            head = rep[r]
+            go = ends[head] or any(reached[x] for x in next_ranges[head])
+            for n in members[r]:
+                finish[n] = room[n] >= 1.0 and go
+            reached[r] = any(finish[n] for n in members[r])
         v, at, stages = COORDINATOR, 0, []
         while v == COORDINATOR or not ends[v]:
             cands = [w for w in succ[v] if finish[w]]
@@ -557,9 +572,11 @@ def online_rates(saturated: np.ndarray, primary: np.ndarray, load: float) -> np.
 
 
 def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
-            load: float = ONLINE_LOAD) -> tuple[Prediction, tuple[PipelineState, ...]]:
+            load: float = ONLINE_LOAD, latencies: bool = True
+            ) -> tuple[Prediction, tuple[PipelineState, ...]]:
     """The plan's predicted offline throughput and online latencies at ``load``, and the state of
-    every pipeline at saturation. ``cost`` (default: the spec's) says which model the plan places."""
+    every pipeline at saturation. ``cost`` (default: the spec's) says which model the plan places.
+    ``latencies=False``: throughput only (TTFT and TPOT None, no online solve), to rank plans."""
     cost = cost or CostModel.for_cluster(spec)
     m = _Model(spec, plan, cost)
     if not m.paths:
@@ -567,6 +584,10 @@ def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
     N, rate, R, F, _, batch, _ = m.solve(m.fill)
     states = tuple(PipelineState(q, float(n), float(r), float(rt), float(f))
                    for q, n, r, rt, f in zip(m.paths, N, rate, R, F))
+    if not latencies:
+        total = float(rate.sum())
+        return Prediction(total * (m.p + m.o), total * m.o, total, int(np.count_nonzero(N > 1e-9)),
+                          float(N.sum()), load, None, None), states
     target = online_rates(rate, m.share > 0, load)
     n_on, rate_on, R_on, F_on, F0_on, _, _ = m.solve(lambda stay: target * stay)
     total = float(rate.sum())

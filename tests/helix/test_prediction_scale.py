@@ -61,3 +61,21 @@ def test_cap_reached_is_said(large, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="helix.prediction"):
         prediction.predict(spec, plan, cost)
     assert "no fixed point within 3 evaluations" in caplog.text
+
+
+def test_throughput_only_prediction_ranks_routings_as_the_full_one():
+    """``latencies=False`` (how best_routing ranks the routings, the online solve left to the
+    winner) gives the same throughput and states as the full prediction; best_routing's pick and
+    its full prediction are the best routing's (60 nodes in 3 regions: several routings)."""
+    from planner.predicted import best_routing, routings
+    spec = parse_cluster(generate(60, 3, seed=0), source="gen_cluster 60")
+    problem = build_problem(spec)
+    plan, cost = evaluate(problem, swarm(problem), source="swarm"), CostModel.for_cluster(spec)
+    assert len(routings(problem, plan)) > 2
+    full = [prediction.predict(spec, r, cost) for r in routings(problem, plan)]
+    quick = [prediction.predict(spec, r, cost, latencies=False) for r in routings(problem, plan)]
+    for (f, f_states), (q, q_states) in zip(full, quick):
+        assert q.prompt_decode_tokens_per_s == f.prompt_decode_tokens_per_s
+        assert (q.ttft_p50_s, q.tpot_p50_s) == (None, None) and q_states == f_states
+    found, _ = best_routing(spec, problem, plan, cost)
+    assert found.prediction == max((f for f, _ in full), key=lambda f: f.prompt_decode_tokens_per_s)
