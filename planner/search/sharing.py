@@ -75,10 +75,10 @@ def sharing_bound(problem: PlacementProblem, upper: float, min_layers: int = 1) 
     return hi if hi < upper else None
 
 
-def _kinds(problem: PlacementProblem, min_layers: int) -> Counter:
+def _kinds(problem: PlacementProblem, min_layers: int) -> Counter[Kind]:
     """Nodes with the same (k, T(k)) options -> their count (regions and links play no part)."""
     L = problem.num_layers
-    kinds: Counter = Counter()
+    kinds: Counter[Kind] = Counter()
     for n in problem.nodes:
         opts = tuple((k, n.throughput(k)) for k in layer_counts(n, L) if k >= min_layers)
         if opts:
@@ -86,7 +86,7 @@ def _kinds(problem: PlacementProblem, min_layers: int) -> Counter:
     return kinds
 
 
-def _refuted(kinds: Counter, L: int, X: float) -> bool:
+def _refuted(kinds: Counter[Kind], L: int, X: float) -> bool:
     """Whether no nonempty set of excess nodes meets ``sum α >= -σ`` and ``sum β >= -2σ`` at X
     (see the module docstring), by the LP over excess counts."""
     m = {opts: max((k for k, t in opts if t >= X), default=0) for opts in kinds}
