@@ -192,13 +192,37 @@ NOTES = [
     "problem: `optimal` / `gap` only when such a bound proves it, else `feasible`; *gap* = (bound -",
     "max flow) / max flow; *latency* = mean time of one pass through a pipeline; *depth* =",
     "most nodes on a flow-carrying path; *found by* = which stage produced the placement (a heuristic",
-    "warm start, `+local` after local search, `regional-milp` = per-region exact class MILPs, `milp` =",
+    "warm start, `+local` after local search, `regional-milp` = per-region exact class MILPs,",
+    "`aligned-chains` = one chain per region, lined up across regions, `milp` =",
     "the class MILP's own incumbent). `milp-paper` falls back to the best heuristic (with a warning)",
     "when it has no incumbent at its time limit; its bound column is still its own.",
 ]
 
 
 ANALYSIS = """
+Issue 11, geo24 within 3 % (run of 2026-11-25 evening, load average 3.8 at the start): aligned
+chains (`planner.search.aligned_chains`, a warm start). Every region of geo24 holds the model,
+and solving each alone (the regional MILP, each region proven optimal there) left each region's
+integer waste where it fell: us-west ran at its T4s' T(8) = 1,572 tokens/s with its L4s 58 %
+busy. The search keeps one chain per region and anneals the chains' node order and layer counts
+on the layer profile (the sum over regions of the T(k) holding each layer: its minimum, then
+fewer layers at it, less 0.05 x each region's profile variation, which is flow that must change
+regions); the 8 best distinct chains of each of 4 runs (20,000 moves) are measured by the exact
+max flow, which alone decides. Where one region's chain is weak another's is strong, and the
+763 tokens/s links (one per node pair) even out the few hundred tokens/s between them. 70B
+8,931.6 -> 9,161.1 tokens/s, gap 5.14 -> 2.07 % (2.51 % against the earlier bound 9,391.0; the
+tree's fixed point is now 9,351.0); 30B 13,199.2 -> 13,304.9, gap 3.22 -> 2.35 % (2.40 % against
+13,624.5). Both equal single24's best on the same nodes in one region (its `separate`: 9,161.1
+with today's tables, 13,304.9), so here the regions cost nothing. ~1-1.5 s a run on a quiet core
+(capped at min(10 s, 10 % of the time limit)); single-region clusters and regions that cannot
+hold the model alone (3cluster24) get no chains: of the bench cases only geo24 gets a placement
+from it, so no other row moves. The bound did not move: tried and dropped, the class MILP with
+the exact crossing (links per sender x receiver pair, a one-hot sender count per region and
+boundary; 9,351 after 60 s, no better placement, even on west + eu alone) and a region-aware
+cover MILP (per-region layer flows, crossings capped per link; no feasible placement in 40 s at
+9,000 for 70B or 13,210 for 30B). milp-paper on 30B keeps its own 778.1 incumbent over the warm
+start (as before: it falls back only when it has none).
+
 Issue 11, hetero42 with LLaMA-1 30B (run of 2026-11-25 evening, load average ~4): 25,088.9
 tokens/s against the fixed point's 25,282.8, gap 7.4 -> 0.77 % (status `gap`, 1.1 s; depth 21 ->
 9), found by mixed stages, which skipped this case before (11,510 minimal patterns at 25,000
