@@ -287,28 +287,29 @@ class _Model:
         return N
 
     def _grow(self, N: np.ndarray, grow: np.ndarray, caps) -> np.ndarray:
-        """Raise ``N`` along ``grow`` until every growing path meets a full node."""
-        live = grow > 0
-        for coef, cap in caps:   # paths through nodes already full do not start
-            full = coef @ N >= cap * (1 - 1e-9)
-            if full.any():
-                live &= ~coef.columns_in(full)
+        """Raise ``N`` along ``grow`` until every growing path meets a full node. Event by event:
+        each round the first node to fill stops the paths through it, and what every node uses
+        rises by the round's length x its rise (both caps in one array, not recomputed)."""
+        coefs = [c for c, _ in caps]
+        cap = np.stack([c for _, c in caps])                          # [caps, nodes]
+        limit = cap * (1 - 1e-9)
+        used = np.stack([c @ N for c in coefs])
+        full = (used >= limit).any(axis=0)
+        live = (grow > 0) & ~coefs[0].columns_in(full)   # paths through full nodes do not start
         for _ in range(2 * len(self.nodes) + 1):
             if not live.any():
                 break
-            step = math.inf
-            for coef, cap in caps:
-                used, rise = coef @ N, coef @ np.where(live, grow, 0.0)
-                ok = rise > 0
-                if ok.any():
-                    step = min(step, float(np.min(np.maximum(cap[ok] - used[ok], 0) / rise[ok])))
-            if not math.isfinite(step):
+            rise = np.stack([c @ np.where(live, grow, 0.0) for c in coefs])
+            ok = rise > 0
+            if not ok.any():
                 break
+            step = float(np.min(np.maximum(cap[ok] - used[ok], 0) / rise[ok]))
             N = N + np.where(live, grow * step, 0.0)
-            for coef, cap in caps:
-                full = coef @ N >= cap * (1 - 1e-9)
-                if full.any():
-                    live &= ~coef.columns_in(full)
+            used = used + step * rise
+            now = (used >= limit).any(axis=0)
+            if (now & ~full).any():
+                live &= ~coefs[0].columns_in(now & ~full)
+            full = now
         return N
 
 
