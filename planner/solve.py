@@ -213,7 +213,8 @@ def _best_warm_start(problem, seed, partial, min_k, enough: float = math.inf,
                   p, s, partial, min(10.0, 0.15 * time_limit_s), best.value, enough),
               "region-chain": lambda p, s: region_chain(p, s, partial),
               "aligned-chains": lambda p, s: aligned_chains(
-                  p, s, partial, deadline_s=time.perf_counter() + min(10.0, 0.1 * time_limit_s))}
+                  p, s, partial, min_layers=min_k,
+                  deadline_s=time.perf_counter() + min(10.0, 0.1 * time_limit_s))}
     for name, heuristic in starts.items():
         if best.value >= enough:
             if extras is not None:

@@ -221,7 +221,12 @@ the exact crossing (links per sender x receiver pair, a one-hot sender count per
 boundary; 9,351 after 60 s, no better placement, even on west + eu alone) and a region-aware
 cover MILP (per-region layer flows, crossings capped per link; no feasible placement in 40 s at
 9,000 for 70B or 13,210 for 30B). milp-paper on 30B keeps its own 778.1 incumbent over the warm
-start (as before: it falls back only when it has none).
+start (as before: it falls back only when it has none). The new geo24 70B plan in
+bench_fidelity (`--cases geo24 --duration 600 --time-limit 60 --no-append`, committed code in a
+clean worktree, load 3.3-5.4): predicted / simulated prompt + decode 1,366 / 1,254 (+9 %),
+decode 318.5 / 334.8 (-5 %), TTFT p50 0.53 / 0.46 s (+16 %), TPOT p50 0.161 / 0.154 s (+4 %);
+Helix vs Swarm offline 334.8 vs 180.7 decode tokens/s = 1.85x (1.77x with the old plan; target
+2.5x not met).
 
 Issue 11, hetero42 with LLaMA-1 30B (run of 2026-11-25 evening, load average ~4): 25,088.9
 tokens/s against the fixed point's 25,282.8, gap 7.4 -> 0.77 % (status `gap`, 1.1 s; depth 21 ->

@@ -34,11 +34,12 @@ Chain = list[tuple[str, int]]  # (node, layer count) in layer order, covering [0
 
 def aligned_chains(problem: PlacementProblem, seed: int = 0, partial: bool = True,
                    start: Placement | None = None, restarts: int = 4, steps: int = 20_000,
-                   deadline_s: float = math.inf) -> Placement:
+                   deadline_s: float = math.inf, min_layers: int = 1) -> Placement:
     """The best placement found (measured by the exact max flow), or {} when fewer than two
     regions can hold the model as a chain (of at most L nodes). Nodes of other regions keep
     their ``start`` ranges; a region's part of ``start`` that is a chain is where its search
-    starts (else a balanced chain of its nodes).
+    starts (else a balanced chain of its nodes). Every node of a chain holds >= ``min_layers``
+    layers (``--max-depth``).
 
     ``restarts`` annealing runs of ``steps`` moves each, seeded from ``seed``: the result depends
     on them alone, unless ``time.perf_counter()`` passes ``deadline_s`` (checked between runs and
@@ -49,7 +50,8 @@ def aligned_chains(problem: PlacementProblem, seed: int = 0, partial: bool = Tru
         members = [n for n in problem.nodes if n.region == region]
         if len(members) > L:   # a chain holds at most L nodes; such regions want stages
             continue
-        chain = _start_chain(problem, members, start) or _balanced_chain(members, L)
+        chain = _start_chain(problem, members, start, min_layers) or \
+            _balanced_chain(problem, members, min_layers)
         if chain:
             chains[region] = chain
     if len(chains) < 2:
@@ -59,7 +61,8 @@ def aligned_chains(problem: PlacementProblem, seed: int = 0, partial: bool = Tru
     for i in range(restarts):
         if time.perf_counter() >= deadline_s:
             break
-        for found in _anneal(problem, chains, random.Random(seed * 1_000 + i), steps, deadline_s):
+        for found in _anneal(problem, chains, random.Random(seed * 1_000 + i), steps,
+                             deadline_s, min_layers):
             placement = {**fixed, **_layout(found)}
             value = max_flow(problem, placement, partial).value_tokens_per_s
             if value > best_value:
@@ -68,7 +71,7 @@ def aligned_chains(problem: PlacementProblem, seed: int = 0, partial: bool = Tru
 
 
 def _start_chain(problem: PlacementProblem, members: list[NodeCapacity],
-                 start: Placement | None) -> Chain | None:
+                 start: Placement | None, min_layers: int) -> Chain | None:
     """The region's part of ``start`` when it is one chain covering [0, L) (each layer once)."""
     if not start:
         return None
@@ -81,16 +84,20 @@ def _start_chain(problem: PlacementProblem, members: list[NodeCapacity],
         at = e
     if at != problem.num_layers:
         return None
-    return chain if _valid(problem, chain) else None
+    return chain if _valid(problem, chain, min_layers) else None
 
 
-def _balanced_chain(members: list[NodeCapacity], L: int) -> Chain | None:
+def _balanced_chain(problem: PlacementProblem, members: list[NodeCapacity],
+                    min_layers: int) -> Chain | None:
     """The chain of the region's nodes at the largest flow F every node can carry with as many
-    layers as it holds anywhere (largest k with T(k) >= F), the overshoot taken off the longest
-    ranges; nodes with no layer at F stay out. None when the region cannot hold L layers."""
+    layers as it holds anywhere (largest k >= ``min_layers`` with T(k) >= F), the overshoot
+    taken off the longest ranges; nodes with no such k stay out. None when the region cannot
+    hold the L layers so."""
+    L = problem.num_layers
+
     def counts(F: float) -> list[int]:
-        return [max((k for k in range(1, _anywhere(n) + 1) if n.throughput(k) >= F), default=0)
-                for n in members]
+        return [max((k for k in range(min_layers, _anywhere(n) + 1) if n.throughput(k) >= F),
+                    default=0) for n in members]
 
     if sum(counts(0.0)) < L:
         return None
@@ -102,14 +109,16 @@ def _balanced_chain(members: list[NodeCapacity], L: int) -> Chain | None:
     over = sum(ks) - L
     while over > 0:
         i = max(range(len(ks)), key=lambda j: ks[j])
-        cut = min(over, ks[i] - 1) if ks[i] > 1 else 0
-        if cut == 0:
-            ks[i] = 0  # a one-layer node goes rather than hold nothing useful
-            over -= 1
-            continue
+        cut = min(over, ks[i] - min_layers)
+        if cut <= 0:   # every node at min_layers: one goes if that leaves L covered
+            if over < min_layers:
+                return None
+            ks[i], cut = 0, 0
+            over -= min_layers
         ks[i] -= cut
         over -= cut
-    return [(n.name, k) for n, k in zip(members, ks) if k > 0]
+    chain = [(n.name, k) for n, k in zip(members, ks) if k > 0]
+    return chain if _valid(problem, chain, min_layers) else None
 
 
 def _anywhere(node: NodeCapacity) -> int:
@@ -118,11 +127,11 @@ def _anywhere(node: NodeCapacity) -> int:
                len(node.throughput_tokens_per_s))
 
 
-def _valid(problem: PlacementProblem, chain: Chain) -> bool:
+def _valid(problem: PlacementProblem, chain: Chain, min_layers: int = 1) -> bool:
     L, at = problem.num_layers, 0
     for name, k in chain:
         node = problem.node(name)
-        if k < 1 or node.throughput(k) <= 0 or k > node.max_layers_for(at == 0, at + k == L):
+        if k < max(1, min_layers) or node.throughput(k) <= 0 or k > node.max_layers_for(at == 0, at + k == L):
             return False
         at += k
     return at == L
@@ -149,7 +158,7 @@ KEEP = 8
 
 
 def _anneal(problem: PlacementProblem, chains: dict[str, Chain], rng: random.Random, steps: int,
-            deadline_s: float) -> list[dict[str, Chain]]:
+            deadline_s: float, min_layers: int) -> list[dict[str, Chain]]:
     """Simulated annealing on the layer profile; returns the best (up to ``KEEP``) chains seen,
     best first."""
     cur = {r: list(c) for r, c in chains.items()}
@@ -179,7 +188,7 @@ def _anneal(problem: PlacementProblem, chains: dict[str, Chain], rng: random.Ran
             d = rng.choice((1, 1, 2))
             chain[i] = (chain[i][0], chain[i][1] - d)
             chain[j] = (chain[j][0], chain[j][1] + d)
-        if not _valid(problem, chain):
+        if not _valid(problem, chain, min_layers):
             cur[r] = old
             continue
         new_prof = _profile(problem, chain)
