@@ -126,7 +126,9 @@ output, p the mean prompt):
 - *Little's law*: a request stays ``T = F + (o - 1) R``; a pipeline with N requests in flight
   serves ``N / T`` requests/s, ``o N / T`` decode tokens/s, ``(p + o) N / T`` tokens/s;
 - N is what the KV allows: every pipeline grows in proportion to its share of the requests until
-  a node's ``M_v`` (or its compute, T(k)) is used up; D, t, R and N are iterated to a fixed point.
+  a node's ``M_v`` (or its compute, T(k)) is used up; D, t, R and N are iterated to a fixed point
+  (the batches and the request rates mixed together, damped, Anderson-accelerated near the fixed
+  point: ``helix.prediction._Mixer`` argues why it converges where damping D alone cycled).
 
 With one stage and one wave this is T(k) again, capped by Little's law. W = 2 is measured, not
 derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-2.5 waves (the
