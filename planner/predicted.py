@@ -63,7 +63,7 @@ from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS, swarm
-from planner.search.kv_stages import kv_stage_placements
+from planner.search.kv_stages import chain_placements, region_partitions
 from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
 
 log = logging.getLogger("helix.planner")
@@ -265,10 +265,13 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
                                       {p.node: (p.start, p.end) for p in solved.placements}))
             except InfeasibleError:  # the cluster cannot hold the model with that reserve
                 pass
-        candidates += kv_stage_placements(spec, cost, problem.num_layers)
+        candidates += kv_stage_candidates(spec, problem, cost, best)
         candidates = [(n, p) for n, p in candidates
                       if p and all(e - s >= min_k for s, e in p.values())]
-        best = best_candidate(spec, problem, cost, best, candidates, gap=solve_kwargs.get("gap", 0.01))
+        routed = len({spec.region_of(n.name) for n in spec.nodes}) > 1 and \
+            len(candidates) <= ROUTED_CANDIDATES
+        best = best_candidate(spec, problem, cost, best, candidates,
+                              gap=solve_kwargs.get("gap", 0.01), routed=routed)
         best = dataclasses.replace(best, solve_seconds=time.perf_counter() - t0)
     return best
 
@@ -299,21 +302,91 @@ def reserved_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostMod
     return dataclasses.replace(problem, nodes=tuple(nodes)) if changed else None
 
 
+#: A KV stage chain across regions is a candidate only while the links where it crosses carry
+#: at most this fraction of their capacity (its predicted prompt + decode tokens/s over the sum
+#: of the crossing links'): a prompt's hidden states are megabytes on a 100 Mb/s link, decode
+#: messages queue behind them (FIFO), and the prediction understates that wait when the links
+#: are busy (geo24, 300 s offline at 512: EU -> US-East chain at ~0.5 of its 4 links predicted
+#: 354 decode tokens/s, simulated 310; EU -> US-West at ~0.26 of 8 links 376 vs 384).
+MAX_CROSSING_LOAD = 0.3
+
+
+def _crossing_load(problem: PlacementProblem, spec: ClusterSpec, placement: dict,
+                   tokens_per_s: float) -> float:
+    """``tokens_per_s`` over the capacity of the links where ``placement``'s chain changes
+    region (0 when it stays in one)."""
+    capacity = sum(link.capacity_tokens_per_s for (u, v), link in problem.links.items()
+                   if u in placement and v in placement and placement[v][0] == placement[u][1]
+                   and spec.region_of(u) != spec.region_of(v))
+    crosses = any(spec.region_of(u) != spec.region_of(v) for u in placement for v in placement)
+    if not crosses:
+        return 0.0
+    return tokens_per_s / capacity if capacity > 0 else float("inf")
+
+
+def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel,
+                        template: Plan) -> list[tuple[str, dict]]:
+    """KV stage chains (``planner.search.kv_stages``) as candidates. One region: every chain.
+    Several: every way to cut the regions into chains (``region_partitions``), each chain the
+    one over its regions (in its order) predicted to serve the most on its own; chains share no
+    node, so a partition's prediction is about the sum of its chains'. ``template``: the plan
+    whose settings the scored plans copy."""
+    regions = sorted({spec.region_of(n.name) for n in spec.nodes})
+    if len(regions) == 1:
+        return chain_placements(spec, cost, problem.num_layers, tuple(regions))
+    best: dict[tuple[str, ...], tuple[str, dict] | None] = {}
+
+    def best_chain(block: tuple[str, ...]) -> tuple[str, dict] | None:
+        if block not in best:
+            top, found = 0.0, None
+            for name, placement in chain_placements(spec, cost, problem.num_layers, block):
+                flow = max_flow(problem, placement, template.partial_inference)
+                if flow.value_tokens_per_s <= 0:
+                    continue
+                prediction = predict(spec, _with_placement(template, placement, flow), cost)[0]
+                value = prediction.prompt_decode_tokens_per_s
+                if _crossing_load(problem, spec, placement, value) > MAX_CROSSING_LOAD:
+                    continue
+                if value > top:   # ties: the first
+                    top, found = value, (name, placement)
+            best[block] = found
+        return best[block]
+
+    out = []
+    for partition in region_partitions(regions):
+        chains = [best_chain(block) for block in partition]
+        if all(c is not None for c in chains):
+            out.append((" | ".join(c[0] for c in chains),   # type: ignore[index]
+                        {n: r for c in chains for n, r in c[1].items()}))  # type: ignore[index]
+    return out
+
+
 #: A candidate replaces the solver's placement only when predicted to serve this much more: the
 #: prediction errs by 10-20 % between placements of different shapes (BENCHMARKS.md, issue 12),
 #: so near-ties stay with the max-flow placement.
 CANDIDATE_MARGIN = 0.05
 
 
+#: On a cluster of several regions, up to this many candidates are each scored with the routing
+#: users get the most from (:func:`best_routing`, ~4 predictions each); otherwise with their max
+#: flow's own routing. Where chains of several regions are placed side by side, their max flow
+#: routes across them wherever layer boundaries meet (geo24: a chain over the EU and US-West
+#: predicted 1,366 prompt + decode tokens/s with its max-flow routing, 1,761 kept within its
+#: kinds and regions).
+ROUTED_CANDIDATES = 16
+
+
 def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, incumbent: Plan,
-                   candidates: list[tuple[str, dict]], gap: float = 0.01) -> Plan:
+                   candidates: list[tuple[str, dict]], gap: float = 0.01,
+                   routed: bool = False) -> Plan:
     """``incumbent``, or the candidate placement predicted to serve more than
     ``(1 + CANDIDATE_MARGIN)`` times its prompt + decode tokens/s (the first best, in the given
     order), with its best routing (:func:`best_routing`); the incumbent's bound (valid for every
     placement) and solver record stay, the status is recomputed for the candidate's max flow
     (``gap``: the target), and ``extras['max_flow_placement']`` keeps what was replaced.
-    Candidates are scored with their max flow's own routing (one prediction each; only the
-    winner's routings are all tried), so no time limit applies and the choice is deterministic.
+    Candidates are scored with their best routing when ``routed`` (:data:`ROUTED_CANDIDATES`),
+    otherwise with their max flow's own routing (one prediction each; only the winner's routings
+    are all tried); no time limit applies and the choice is deterministic.
     ``extras['candidates']``: [name, predicted prompt + decode tokens/s] of each scored one."""
     partial = incumbent.partial_inference
     base = incumbent.prediction.prompt_decode_tokens_per_s if incumbent.prediction else 0.0
@@ -324,8 +397,13 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
         flow = max_flow(problem, placement, partial)
         if flow.value_tokens_per_s <= 0:
             continue
-        rough = _with_placement(incumbent, placement, flow)
-        value = predict(spec, rough, cost)[0].prompt_decode_tokens_per_s
+        if routed:
+            found, _ = best_routing(spec, problem,
+                                    evaluate_placement(problem, placement, partial, name), cost)
+            value = found.prediction.prompt_decode_tokens_per_s
+        else:
+            rough = _with_placement(incumbent, placement, flow)
+            value = predict(spec, rough, cost)[0].prompt_decode_tokens_per_s
         scores.append([name, round(value, 1)])
         if value > top:
             winner, top = (name, placement), value

@@ -10,15 +10,21 @@ keep KV for ~270 requests while the L4s and T4s behind them use a quarter of the
 A candidate here is a chain of stages, each GPU kind (nodes with the same GPU and GPU count)
 cut into ``s`` stages of ``n / s`` nodes (``s`` a divisor of its ``n``) holding ``l`` layers
 each, kinds in order of their memory (most first: the first stage also holds the embedding, the
-biggest nodes the most layers), ``sum over kinds of s * l`` = the model's layers. For each choice of
-stage counts, the layer splits that hold the most requests in flight are kept (chains of at most :data:`MAX_STAGES` stages): a stage of ``w``
-nodes with ``l`` layers holds ``w * kv_capacity_tokens(node, l)`` tokens on each layer (every
-request passes one of its nodes), and the chain holds the least of its stages'. Their compute
+biggest nodes the most layers), ``sum over kinds of s * l`` = the model's layers, at most
+:data:`MAX_STAGES` stages. For each choice of stage counts, the layer splits that hold the most
+requests in flight are kept: a stage of ``w`` nodes with ``l`` layers holds
+``w * kv_capacity_tokens(node, l)`` tokens on each layer (every request passes one of its
+nodes), and the chain holds the least of its stages'. Their compute
 is left to the caller's prediction, which scores every candidate (``planner.predicted``).
 
-Single-region clusters only (a chain across regions pays a slow link at each crossing), and at
-most :data:`MAX_CHOICES` choices of stage counts (the product over kinds of their divisors:
-72 on single24; hetero42's seven kinds give 6,912 and are skipped). Pure and deterministic.
+On a cluster of several regions a chain runs over one or more regions in a given order (each
+region's kinds by memory), crossing each slow link once; :func:`region_partitions` lists the
+ways to cut the regions into such chains (``planner.predicted.kv_stage_candidates`` keeps, per
+chain, the split predicted to serve the most, and scores each way as a whole): on geo24 the EU
+and US-West together hold one copy with KV for ~500 requests where each alone held ~100 / ~30.
+At most :data:`MAX_CHOICES` choices of stage counts per chain (the product over its kinds of
+their divisors: 72 on single24; hetero42's seven kinds give 6,912 and are skipped) and
+:data:`MAX_REGIONS` regions. Pure and deterministic.
 """
 
 from __future__ import annotations
@@ -42,29 +48,31 @@ PER_CHOICE = 2
 #: 18 stages 768 vs 508; 12 stages 726 vs 633), so choosing among them by it would not hold.
 MAX_STAGES = 12
 
+#: Regions at most for chains across regions (5 regions have 501 ways to form chains).
+MAX_REGIONS = 4
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _kinds(spec: ClusterSpec, cost: CostModel) -> list[list[NodeSpec]]:
-    """Nodes grouped by (GPU, GPU count), most memory per node first (ties: spec order)."""
+def _kinds(nodes: list[NodeSpec]) -> list[list[NodeSpec]]:
+    """``nodes`` grouped by (GPU, GPU count), most memory per node first (ties: given order)."""
     groups: dict[tuple[str, int], list[NodeSpec]] = {}
-    for n in spec.nodes:
+    for n in nodes:
         groups.setdefault((n.gpu, n.num_gpus), []).append(n)
-    order = sorted(groups.values(), key=lambda g: -g[0].vram_bytes)
-    return order
+    return sorted(groups.values(), key=lambda g: -g[0].vram_bytes)
 
 
-def kv_stage_placements(spec: ClusterSpec, cost: CostModel, num_layers: int
-                        ) -> list[tuple[str, dict[str, tuple[int, int]]]]:
-    """Candidate placements (module docstring) as ``(name, {node: (start, end)})``, in a fixed
-    order; [] for multi-region clusters or too many choices."""
-    if len({spec.region_of(n.name) for n in spec.nodes}) != 1:
-        return []
-    kinds = _kinds(spec, cost)
+def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
+                     regions: tuple[str, ...]) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    """Chains over the nodes of ``regions``, in that order (each region's kinds by memory, most
+    first), as ``(name, {node: (start, end)})`` in a fixed order; [] when there are more than
+    :data:`MAX_CHOICES` choices of stage counts or none holds the model."""
+    kinds = [g for r in regions for g in _kinds([n for n in spec.nodes
+                                                 if spec.region_of(n.name) == r])]
     counts = [_divisors(len(g)) for g in kinds]
-    if _product(len(c) for c in counts) > MAX_CHOICES:
+    if not kinds or _product(len(c) for c in counts) > MAX_CHOICES:
         return []
     # Most layers a node of each kind holds anywhere in the chain (first / last stage too).
     most = [min(cost.max_layers(g[0], first=f, last=la) for f in (False, True)
@@ -73,9 +81,41 @@ def kv_stage_placements(spec: ClusterSpec, cost: CostModel, num_layers: int
     for stages in itertools.product(*counts):
         if sum(stages) > MAX_STAGES:
             continue
-        best = _splits(kinds, stages, most, cost, num_layers)
-        for held, layers in best:
-            out.append((_name(kinds, stages, layers), _layout(kinds, stages, layers)))
+        for _, layers in _splits(kinds, stages, most, cost, num_layers):
+            out.append((_name(kinds, stages, layers, len(regions) > 1),
+                        _layout(kinds, stages, layers)))
+    return out
+
+
+def kv_stage_placements(spec: ClusterSpec, cost: CostModel, num_layers: int
+                        ) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    """Candidate placements of a single-region cluster (module docstring); [] for a cluster of
+    several regions (:func:`region_chains` and :func:`region_partitions` build those) or too
+    many choices."""
+    regions = sorted({spec.region_of(n.name) for n in spec.nodes})
+    return chain_placements(spec, cost, num_layers, tuple(regions)) if len(regions) == 1 else []
+
+
+def region_partitions(regions: list[str]) -> list[list[tuple[str, ...]]]:
+    """Every way to cut ``regions`` into chains: a set partition, each block in every order
+    (3 regions: 13 ways, 4: 73), in a fixed order; [] for more than :data:`MAX_REGIONS`. A
+    chain crosses from one region to the next once."""
+    if len(regions) > MAX_REGIONS:
+        return []
+    return _partitions(regions)
+
+
+def _partitions(regions: list[str]) -> list[list[tuple[str, ...]]]:
+    if not regions:
+        return [[]]
+    first, rest = regions[0], regions[1:]
+    out = []
+    for size in range(len(rest) + 1):
+        for others in itertools.combinations(rest, size):
+            left = [r for r in rest if r not in others]
+            for tail in _partitions(left):
+                for block in itertools.permutations((first, *others)):
+                    out.append([block, *tail])
     return out
 
 
@@ -118,6 +158,8 @@ def _layout(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[
     return out
 
 
-def _name(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[int, ...]) -> str:
-    parts = [f"{s}x{len(g) // s} {g[0].gpu} x {l}" for g, s, l in zip(kinds, stages, layers)]
+def _name(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[int, ...],
+          regions: bool = False) -> str:
+    parts = [f"{s}x{len(g) // s} {g[0].gpu}{f' ({g[0].region})' if regions else ''} x {l}"
+             for g, s, l in zip(kinds, stages, layers)]
     return "kv stages: " + ", ".join(parts)

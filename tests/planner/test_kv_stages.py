@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from helix.costmodel import CostModel
 from helix.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
-from planner.predicted import best_candidate, evaluate
+from planner.predicted import (MAX_CROSSING_LOAD, _crossing_load, best_candidate, evaluate,
+                               kv_stage_candidates)
 from planner.search import kv_stages
 from planner.search.kv_stages import MAX_STAGES, kv_stage_placements
 from tests.conftest import CLUSTER_SPECS
@@ -118,3 +121,55 @@ def test_the_prediction_picks_a_kv_chain_on_single24():
     assert chosen.extras["chosen_by"] == "prediction: kv stages: 4x1 A100-40G x 8, 4x2 L4 x 7, " \
                                          "4x3 T4 x 5"
     assert chosen.prediction.requests_in_flight > 1.8 * before.prediction.requests_in_flight
+
+
+def test_region_partitions_are_every_ordered_set_partition():
+    """Brute force: every assignment of regions to labelled blocks, each block in every order,
+    the same set of chain lists (ordered set partitions: 1, 3, 13, 73 for 1-4 regions)."""
+    for n, count in ((1, 1), (2, 3), (3, 13), (4, 73)):
+        regions = [f"r{i}" for i in range(n)]
+        found = kv_stages.region_partitions(regions)
+        assert len(found) == count
+        brute = set()
+        for labels in itertools.product(range(n), repeat=n):
+            blocks = [tuple(r for r, b in zip(regions, labels) if b == k) for k in range(n)]
+            for orders in itertools.product(*(itertools.permutations(b) for b in blocks if b)):
+                brute.add(frozenset(orders))
+        assert {frozenset(p) for p in found} == brute
+    assert kv_stages.region_partitions([f"r{i}" for i in range(kv_stages.MAX_REGIONS + 1)]) == []
+
+
+def test_a_chain_over_two_regions_crosses_once():
+    spec = load_cluster(CLUSTER_SPECS / "geo24.yaml")
+    cost = CostModel.for_cluster(spec)
+    found = kv_stages.chain_placements(spec, cost, 80, ("eu-west", "us-west"))
+    assert found
+    for name, placement in found:
+        assert {spec.region_of(n) for n in placement} == {"eu-west", "us-west"}
+        stages = _stages(placement)
+        regions = [spec.region_of(nodes[0]) for _, nodes in stages]
+        assert regions == sorted(regions, key=["eu-west", "us-west"].index), name   # one crossing
+        assert stages[-1][0][1] == 80 and len(stages) <= MAX_STAGES
+
+
+@pytest.mark.slow   # ~7 s on a quiet core: every chain of every region order is predicted
+def test_the_prediction_picks_chains_across_regions_on_geo24():
+    """geo24 at a 512-token step budget: against its max-flow placement (one chain per region,
+    ~160 requests in flight), the prediction picks the US-East A100s alone and one chain over
+    the EU and US-West (300 s offline: 384 against 326 decode tokens/s simulated)."""
+    spec = load_cluster(CLUSTER_SPECS / "geo24.yaml")
+    cost, problem = CostModel.for_cluster(spec), build_problem(spec)
+    regional = {**{f"east-a100-{i}": (20 * i, 20 * i + 20) for i in range(4)},
+                **{f"eu-l4-{i}": (10 * i, 10 * i + 10) for i in range(6)},
+                **{f"eu-t4-{i}": (60 + 5 * i, 65 + 5 * i) for i in range(4)},
+                **{f"west-l4-{i}": (8 * i, 8 * i + 8) for i in range(2)},
+                **{f"west-t4-{i}": (16 + 8 * i, 24 + 8 * i) for i in range(8)}}
+    before = evaluate(spec, regional, problem=problem)
+    candidates = kv_stage_candidates(spec, problem, cost, before)
+    assert len(candidates) <= len(kv_stages.region_partitions(["eu-west", "us-east", "us-west"]))
+    chosen = best_candidate(spec, problem, cost, before, candidates, routed=True)
+    name = chosen.extras["chosen_by"]
+    assert "4x1 A100-40G x 20" in name and "(eu-west)" in name and "(us-west)" in name, name
+    assert chosen.prediction.requests_in_flight > 1.5 * before.prediction.requests_in_flight
+    assert _crossing_load(problem, spec, {p.node: (p.start, p.end) for p in chosen.placements},
+                          chosen.prediction.prompt_decode_tokens_per_s) <= MAX_CROSSING_LOAD
