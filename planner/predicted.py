@@ -30,13 +30,16 @@ a handful of requests on each of them. The candidates are
 * the Swarm baseline's placement (``planner.search.baselines.swarm``): equal stages, many
   parallel nodes per stage, a short round trip;
 * one copy of the weights as a chain of one-kind stages split to hold the most requests in
-  flight (``planner.search.kv_stages``; single-region clusters with few GPU kinds): chosen on
-  single24 (A100s 8 layers each, L4 pairs 7, T4 triples 5: 559 decode tokens/s in a 300 s
-  simulation at the 512-token budget, against 483 for the capped-KV re-solve).
+  flight (``planner.search.kv_stages``, :func:`kv_stage_candidates`; clusters with few GPU
+  kinds and at most 4 regions, every way to chain the regions): chosen on single24 (A100s 8
+  layers each, L4 pairs 7, T4 triples 5: 545 decode tokens/s in a 600 s simulation against 471
+  for the capped-KV re-solve) and geo24 (the US-East A100s alone, one chain over US-West and
+  the EU: 389 against 320).
 
-Mixed-kind chains (one long pipeline through several GPU kinds, fewer replicas) were tried as
-candidates too and dropped: the prediction overstates them up to 3x on hetero42 (predicted 1,181
-decode tokens/s, simulated 363), so choosing by it lost throughput.
+Mixed-kind chains of any depth (node classes cut into contiguous groups, a few replicas each)
+were tried as candidates too and dropped: the prediction overstates them up to 3x on hetero42
+(predicted 1,181 decode tokens/s, simulated 363), so choosing by it lost throughput. The KV
+stage chains stop at 12 stages, where it holds (``planner.search.kv_stages.MAX_STAGES``).
 
 The plan returned is the one with the highest predicted prompt + decode tokens/s; its max flow,
 bound, gap and status describe the inner problem it was solved on (``extras['capacities']`` says
