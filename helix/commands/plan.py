@@ -53,7 +53,8 @@ def plan_command(
         "fraction after paying for its moves (0.05 = 5 %), so near-equal plans never alternate."),
 ) -> None:
     """Place the model's layers on the cluster by max flow (MILP with a proven bound), keeping the
-    placement predicted to serve users the most (a capped-KV re-solve and Swarm's are candidates)."""
+    placement predicted to serve users the most (a capped-KV re-solve, Swarm's placement and
+    one-copy chains of one-kind stages that keep the most KV are candidates)."""
     from rich.console import Console
 
     from helix.errors import HelixUserError
