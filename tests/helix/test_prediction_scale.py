@@ -79,3 +79,23 @@ def test_throughput_only_prediction_ranks_routings_as_the_full_one():
         assert (q.ttft_p50_s, q.tpot_p50_s) == (None, None) and q_states == f_states
     found, _ = best_routing(spec, problem, plan, cost)
     assert found.prediction == max((f for f, _ in full), key=lambda f: f.prompt_decode_tokens_per_s)
+
+
+def test_fixed_point_on_a_steep_slope_converges():
+    """gen_cluster 250 nodes (seed 2), Swarm's placement, routed within regions first: a
+    fallback path's link is near saturation at the fixed point, so its stay moves steeply with
+    its nodes' batches. Halving the mixing of coordinates that swing takes it in ~25
+    evaluations; with a fixed 0.5 (measured) it cycled until the cap (200)."""
+    from planner.predicted import routings
+    spec = parse_cluster(generate(250, 5, seed=2), source="gen_cluster 250")
+    problem = build_problem(spec)
+    plan = evaluate(problem, swarm(problem), source="swarm")
+    (routed,) = [r for r in routings(problem, plan) if r.extras.get("routing") == "regions + the rest"]
+    cost = CostModel.for_cluster(spec)
+    answers = []
+    for _ in range(2):
+        model = prediction._Model(spec, routed, cost)
+        N, rate, *_ = model.solve(model.fill)
+        assert model.iterations[0] < prediction.MAX_ITERATIONS // 4
+        answers.append((N.tolist(), rate.tolist()))
+    assert answers[0] == answers[1]
