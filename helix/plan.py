@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from helix.errors import SpecError
 from helix.serving import ServingLimits
-from helix.yamlio import read_yaml
+from helix.yamlio import dump_yaml, read_yaml
 
 PLAN_SCHEMA_VERSION = 1
 COORDINATOR = "coordinator"
@@ -141,7 +139,7 @@ class Plan:
             raise SpecError(f"{where}: malformed plan: {exc}") from None
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_yaml(self.to_dict())
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml())
