@@ -26,7 +26,8 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
    travel in :data:`DECODE_WAVES` waves, or fewer when it holds fewer requests, one step per wave
    per round trip, but never more steps than back to back); back to 2 until the batches and
    the rates settle (:class:`_Mixer`: both damped, Anderson-accelerated, and why that converges
-   where damping the batches alone cycled; 10-40 evaluations, :data:`MAX_ITERATIONS` a safeguard).
+   where damping the batches alone cycled; at most 84 evaluations measured, :data:`MAX_ITERATIONS`
+   a safeguard).
 
 Offline: saturation (the KV fills). Online: requests at ``load`` x the predicted request rate,
 Poisson; the max-flow pipelines take theirs first, the fallback paths the rest
@@ -59,8 +60,9 @@ DECODE_WAVES = 2.0
 #: Fraction of the predicted saturated request rate at which latencies are predicted.
 ONLINE_LOAD = 0.75
 
-#: Evaluations of the fixed-point map at most: a safeguard (every plan measured converges in
-#: 10-40; :class:`_Mixer`). ``_Model.iterations`` records how many each solve took.
+#: Evaluations of the fixed-point map at most: a safeguard (every plan measured converges within
+#: 84: the shipped clusters and generated ones of 60-1,000 nodes, every heuristic placement
+#: and routing; :class:`_Mixer`). ``_Model.iterations`` records how many each solve took.
 MAX_ITERATIONS = 200
 
 #: The fixed point is reached when no node's decode batch moves by more than this (relative)
@@ -341,26 +343,26 @@ class _Mixer:
     So a coordinate whose residual changes sign twice running has its mixing halved (down to
     :data:`MIXING_MIN`, enough for slopes down to -127) and one that does not regains it slowly.
 
-    *Why Anderson on top.* A node that steps back to back near its compute limit has batch
-    D = decode rate x step(D), a self-loop of slope just under 1 (0.99 measured), along which the
+    *Why Anderson on top.* A node that steps back to back near its compute limit has batch D =
+    decode rate x step(D), a self-loop of slope just under 1 (0.99 measured), along which the
     damped iteration creeps (129 evaluations on one 300-node plan). Anderson mixing (the next
     state is the affine combination of the last :data:`ANDERSON_DEPTH` states whose residuals
-    cancel best, by least squares) takes the secant along such directions: 10-40 evaluations.
-    It converges locally wherever the damped map is a local contraction, at least as fast to
-    first order (Toth and Kelley, SIAM J. Numer. Anal. 53(2), 2015). It extrapolates only near a
-    fixed point (residual below :data:`ANDERSON_FROM`) and by at most :data:`ANDERSON_REACH` per
-    coordinate, because the map can have more than one: a congested one with batches at
-    ``max_batch_seqs``, where the step budget leaves prompts a token per step (the 2-stage test
-    at budget 256, online: TPOT 65 s against 0.12), which an unbounded step reached in one jump
-    (batch 4 -> 224). The one wanted is the one reached filling from empty (the iteration starts
-    at one decode per node, no requests). Online (rates given) the map is isotone in the
-    batches (a bigger batch lengthens steps and round trips, so fewer steps per s carry the same
-    decodes), and damped steps from below rise monotonically to its least fixed point (each
-    stays below it: ``x <= x*`` gives ``g(x) <= g(x*) = x*``). This is an argument and a
-    measurement, not a proof of global convergence: progressive filling makes the map only
-    piecewise smooth (which node fills first can switch), so a step that leaves the residual
-    more than :data:`RESTART_GROWTH` times the best so far drops the history (the next step is
-    a plain damped one), and :data:`MAX_ITERATIONS` stays as a safeguard that
+    cancel best, by least squares) takes the secant along such directions (at most 84
+    evaluations measured). It converges locally wherever the damped map is a local contraction,
+    at least as fast to first order (Toth and Kelley, SIAM J. Numer. Anal. 53(2), 2015). It
+    extrapolates only near a fixed point (residual below :data:`ANDERSON_FROM`) and by at most
+    :data:`ANDERSON_REACH` per coordinate, because the map can have more than one: a congested
+    one with batches at ``max_batch_seqs``, where the step budget leaves prompts a token per
+    step (the 2-stage test at budget 256, online: TPOT 65 s against 0.12), which an unbounded
+    step reached in one jump (batch 4 -> 224). The one wanted is the one reached filling from
+    empty (the iteration starts at one decode per node, no requests). Online (rates given) the
+    map is isotone in the batches (a bigger batch lengthens steps and round trips, so fewer
+    steps per s carry the same decodes), and damped steps from below rise monotonically to its
+    least fixed point (each stays below it: ``x <= x*`` gives ``g(x) <= g(x*) = x*``). This is
+    an argument and a measurement, not a proof of global convergence: progressive filling makes
+    the map only piecewise smooth (which node fills first can switch), so a step that leaves the
+    residual more than :data:`RESTART_GROWTH` times the best so far drops the history (the next
+    step is a plain damped one), and :data:`MAX_ITERATIONS` stays as a safeguard that
     ``_Model.iterations`` and a warning make visible.
 
     Coordinates: log batch (batches span 1 to ``max_batch_seqs``) and rate over the first
