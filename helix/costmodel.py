@@ -141,9 +141,23 @@ budgets 2048 and 512: at 512 single24, geo24 and 30B hold within 9 % (throughput
 (single24, 600 s offline, requests admitted after 200 s): round trips A100 / L4 / T4 chains
 0.169 / 1.015 / 1.284 s predicted vs 0.157 / 1.006 / 1.220 simulated at 512, 0.186 / 1.224 /
 1.696 vs 0.175 / 1.243 / 1.202 at 2048 (the T4 chain's convoy is overstated there: 16 requests
-measured). What limits it: W is one constant, while waves merge behind a convoy into fewer,
-bigger ones; on hetero42, where the scheduler's fallback holds ~600 requests on one 20-stage
-path, that path's round trip comes out short (1.36 s vs 1.66 s) and throughput +23..+39 %.
+measured). The offline runs are read as the prediction is meant: a steady state at the spec's
+lengths (lengths drawn from the whole trace, the run's second half; the trace in order drifts to
+~20 % longer prompts, and the first ~120 s on hetero42 are the fill, every request the KV holds
+prefilled at once; the ~300-decode batches once blamed on W came from such a run: in the steady
+state a stage's steps carry 5-25 decodes).
+
+*What limits it* (hetero42 at 512, its plan's steady state, 300-600 s of a stationary run):
+the requests in flight (1,071 simulated, 1,082 predicted) and the first token (1.79 vs 1.80 s)
+hold, and every stage runs back to back (busy 0.6-1.0), so W does not bind (a stage's steps/s is
+``1 / t_v``); the round trip is short, 0.794 s predicted vs 0.891 s simulated (decode-weighted),
+hence decode +13 % (a 1,500 s run settles ~2 % lower still). Why: a decode is not in a random
+step. A step carrying a prompt piece leaves with the decodes that reached its stage meanwhile and
+the next stage runs them together again, so decodes ride piece steps about twice as often as
+steps are piece steps (first stage: 33 % of decodes vs 16 % of steps; 42.7 decodes a piece step,
+16.7 a plain one). The convoy term charges that only for the pipeline's own prompts; on hetero42
+a pipeline's stages are shared with hundreds of others. Not modelled yet: the convoy of other
+pipelines' prompts along the stages two paths share.
 
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
