@@ -40,15 +40,17 @@ class ServingSpec(_Frozen):
     this fraction of the node's pool (Helix section 5)."""
     block_size_tokens: int = Field(16, ge=1)
     """Positions per block of a worker's paged KV cache."""
-    chunk_tokens: int = Field(512, ge=0)
+    chunk_tokens: int = Field(256, ge=0)
     """Token budget of a worker step (decodes + prefill chunks: chunked prefill, Sarathi); 0 =
     whole prompts (Orca), a step then takes up to :data:`UNCHUNKED_STEP_TOKENS` tokens and a
-    longer prompt runs alone. 512, not vLLM's 2048: in deep pipelines a long prompt step holds up
+    longer prompt runs alone. 256, not vLLM's 2048: in deep pipelines a long prompt step holds up
     every decode wave behind it at every stage it crosses (a convoy), so a smaller budget serves
-    more: 13-27 % more decode tokens/s than 2048 in the simulator on single24, geo24, hetero42 and
-    single24-30b, and the prediction is closer there (within 15 % / 25 % on three of the four;
-    BENCHMARKS.md, bench_fidelity of 2026-11-25). ``chunk_tokens: auto`` has the planner choose
-    the budget by the prediction (:attr:`choose_chunk_tokens`)."""
+    more. In the simulator (bench_fidelity, steady state, 600 s, BENCHMARKS.md of 2026-11-25) 512
+    served 13-27 % more decode tokens/s than 2048 on single24, geo24, hetero42 and single24-30b, and
+    256 more again than 512 on all four (695 / 430 / 1,481 / 661 vs 568 / 387 / 1,203 / 422), with
+    every prediction figure within its target there (at 512 hetero42's throughput and geo24's
+    TTFT sat at or past the edge); ``chunk_tokens: auto`` picked 256 on all four plans. ``auto``
+    has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`)."""
     choose_chunk_tokens: bool | None = None
     """True when the spec says ``chunk_tokens: auto``: ``helix plan`` predicts its placement at
     each budget of :data:`planner.budget.CANDIDATES` and writes the one with the most decode

@@ -182,7 +182,7 @@ def test_step_budget_too_small_for_one_decode_is_named():
 
 
 def test_the_default_step_budget_follows_a_prompt_heavy_workload():
-    """The default budget (512) cannot hold a decode with its share of prompt tokens when prompts
+    """The default budget (256) cannot hold a decode with its share of prompt tokens when prompts
     are ~1,000x the outputs: a spec that never set chunk_tokens gets the smallest power of two that
     does (and 'auto' the same floor); a budget the user set is still checked (one-line error)."""
     from helix.spec import step_budget_floor
@@ -197,4 +197,4 @@ def test_the_default_step_budget_follows_a_prompt_heavy_workload():
     with pytest.raises(SpecError, match=r"chunk_tokens: 512 cannot hold .* >= 1001"):
         parse_cluster({**base, "serving": {"chunk_tokens": 512}})
     default = parse_cluster(yaml.safe_load((CLUSTER_SPECS / "single24.yaml").read_text()))
-    assert default.serving.chunk_tokens == 512
+    assert default.serving.chunk_tokens == 256

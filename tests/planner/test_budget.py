@@ -35,7 +35,7 @@ def two_stage(spec: ClusterSpec) -> Plan:
 
 def test_auto_writes_the_best_predicted_budget_into_the_plan():
     spec = spec_with("auto")
-    assert spec.serving.choose_chunk_tokens and spec.serving.chunk_tokens == 512
+    assert spec.serving.choose_chunk_tokens and spec.serving.chunk_tokens == 256
     plan = budget.apply(spec, two_stage(spec))
     best = plan.extras["chunk_tokens_chosen"]
     assert plan.serving.chunk_tokens == best

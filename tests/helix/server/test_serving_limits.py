@@ -143,8 +143,9 @@ def test_ray_workers_of_a_planned_cluster_run_with_its_serving_limits(tiny_model
 
 
 def test_the_step_budget_travels_in_the_plan_and_old_plans_keep_512():
+    """New specs default to 256; plans written before the field say what their workers ran (512)."""
     from helix.serving import ServingLimits, ServingSpec, UNCHUNKED_STEP_TOKENS
-    assert ServingSpec().chunk_tokens == 512
+    assert ServingSpec().chunk_tokens == 256
     limits = ServingLimits.of(ServingSpec(chunk_tokens=0), "float16", {"a": 64})
     assert ServingLimits.from_dict(limits.to_dict()) == limits
     assert limits.step_tokens == UNCHUNKED_STEP_TOKENS
