@@ -67,7 +67,9 @@ def test_latency_uses_the_layer_count_each_node_holds():
         sum(8 * cost.decode_layer_latency_s(n, 8) for n in t4s)
     assert stats.depth_max == 10
     assert stats.latency_mean_s == pytest.approx(expected, rel=1e-9)
-    assert cost.decode_layer_latency_s(t4s[0], 8) < 0.5 * cost.decode_layer_latency_s(t4s[0], 4)
+    # The two differ, so the check above tells k = 8 from k = 4 (0.63x at the default 256-token
+    # step budget, which caps both batches; under 0.5x at 512).
+    assert cost.decode_layer_latency_s(t4s[0], 8) < 0.75 * cost.decode_layer_latency_s(t4s[0], 4)
 
 
 def test_per_k_latency_falls_back_to_the_scalar():
