@@ -33,8 +33,9 @@ a handful of requests on each of them. The candidates are
   flight (``planner.search.kv_stages``, :func:`kv_stage_candidates`; clusters with few GPU
   kinds and at most 4 regions, every way to chain the regions): chosen on single24 (A100s 8
   layers each, L4 pairs 7, T4 triples 5: 545 decode tokens/s in a 600 s simulation against 471
-  for the capped-KV re-solve) and geo24 (the US-East A100s alone, one chain over US-West and
-  the EU: 389 against 320).
+  for the capped-KV re-solve) and geo24 (one chain through all three regions, the US-East
+  A100s first: 600 s at a 256-token budget, 477-480 against 430 for the A100s alone beside
+  one chain over US-West and the EU, the pick before chains over three regions were built).
 
 Mixed-kind chains of any depth (node classes cut into contiguous groups, a few replicas each)
 were tried as candidates too and dropped: the prediction overstates them up to 3x on hetero42
@@ -66,7 +67,7 @@ from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS, swarm
-from planner.search.kv_stages import chain_placements, region_partitions
+from planner.search.kv_stages import chain_held_tokens, chain_placements, region_partitions
 from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
 
 log = logging.getLogger("helix.planner")
@@ -327,6 +328,14 @@ def _crossing_load(problem: PlacementProblem, spec: ClusterSpec, placement: dict
     return tokens_per_s / capacity if capacity > 0 else float("inf")
 
 
+#: Chains over one ordered set of regions scored by the prediction at most: the ones whose KV
+#: holds the most (``planner.search.kv_stages.chain_held_tokens``). geo24's three regions in one
+#: chain give 1,080 chains per region order (each region's kinds both ways round), ~25 ms of
+#: prediction each; the best simulated ones hold the most (BENCHMARKS.md, *One chain through
+#: all three regions*).
+MAX_SCORED_CHAINS = 48
+
+
 def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel,
                         template: Plan) -> list[tuple[str, dict]]:
     """KV stage chains (``planner.search.kv_stages``) as candidates. One region: every chain.
@@ -342,11 +351,17 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
     def best_chain(block: tuple[str, ...]) -> tuple[str, dict] | None:
         if block not in best:
             top, found = 0.0, None
-            for name, placement in chain_placements(spec, cost, problem.num_layers, block):
+            chains = chain_placements(spec, cost, problem.num_layers, block)
+            if len(chains) > MAX_SCORED_CHAINS:   # the ones holding the most (stable: ties in order)
+                held = [chain_held_tokens(spec, cost, p) for _, p in chains]
+                keep = sorted(range(len(chains)), key=lambda i: -held[i])[:MAX_SCORED_CHAINS]
+                chains = [chains[i] for i in sorted(keep)]
+            for name, placement in chains:
                 flow = max_flow(problem, placement, template.partial_inference)
                 if flow.value_tokens_per_s <= 0:
                     continue
-                prediction = predict(spec, _with_placement(template, placement, flow), cost)[0]
+                prediction = predict(spec, _with_placement(template, placement, flow), cost,
+                                     latencies=False)[0]
                 value = prediction.prompt_decode_tokens_per_s
                 if _crossing_load(problem, spec, placement, value) > MAX_CROSSING_LOAD:
                     continue

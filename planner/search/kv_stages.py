@@ -18,12 +18,15 @@ nodes), and the chain holds the least of its stages'. Their compute
 is left to the caller's prediction, which scores every candidate (``planner.predicted``).
 
 On a cluster of several regions a chain runs over one or more regions in a given order (each
-region's kinds by memory), crossing each slow link once; :func:`region_partitions` lists the
-ways to cut the regions into such chains (``planner.predicted.kv_stage_candidates`` keeps, per
-chain, the split predicted to serve the most, and scores each way as a whole): on geo24 the EU
-and US-West together hold one copy with KV for ~500 requests where each alone held ~100 / ~30.
+region's kinds by memory, most first or least first: which stages meet at a slow link decides
+how many node pairs share its traffic), crossing each slow link once; :func:`region_partitions`
+lists the ways to cut the regions into chains (``planner.predicted.kv_stage_candidates`` keeps,
+per chain, the split predicted to serve the most among those holding the most, and scores each
+way as a whole): on geo24 one chain through all three regions, the US-East A100s first, holds
+KV for ~570 requests where the A100s alone held ~30 and a chain over the EU and US-West ~260.
 At most :data:`MAX_CHOICES` choices of stage counts per chain (the product over its kinds of
-their divisors: 72 on single24; hetero42's seven kinds give 6,912 and are skipped) and
+their divisors: 72 on single24, 288 for geo24's three regions together; hetero42's seven kinds
+give 6,912 and are skipped) and
 :data:`MAX_REGIONS` regions. Pure and deterministic.
 """
 
@@ -36,7 +39,7 @@ from helix.spec import ClusterSpec, NodeSpec
 
 #: Choices of per-kind stage counts enumerated at most (each gives up to :data:`PER_CHOICE`
 #: candidates, each scored by a prediction of ~30 ms on 24 nodes).
-MAX_CHOICES = 128
+MAX_CHOICES = 512
 
 #: Layer splits kept per choice of stage counts (the ones holding the most requests).
 PER_CHOICE = 2
@@ -46,7 +49,10 @@ PER_CHOICE = 2
 #: 12-stage chains); deeper chains keep more waves apart and it overstates them (single24,
 #: 300 s offline at a 256-token budget: 16 stages predicted 783 decode tokens/s, simulated 591;
 #: 18 stages 768 vs 508; 12 stages 726 vs 633), so choosing among them by it would not hold.
-MAX_STAGES = 12
+#: 14 stages still hold where slow links set the round trip: geo24's chains through all three
+#: regions (600 s offline at 256: 457 predicted, 480 simulated; 457 vs 477), and single24 keeps
+#: its 12-stage pick (its best 14-stage chain is predicted 1 % below).
+MAX_STAGES = 14
 
 #: Regions at most for chains across regions (5 regions have 501 ways to form chains).
 MAX_REGIONS = 4
@@ -69,22 +75,36 @@ def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
     """Chains over the nodes of ``regions``, in that order (each region's kinds by memory, most
     first), as ``(name, {node: (start, end)})`` in a fixed order; [] when there are more than
     :data:`MAX_CHOICES` choices of stage counts or none holds the model."""
-    kinds = [g for r in regions for g in _kinds([n for n in spec.nodes
-                                                 if spec.region_of(n.name) == r])]
-    counts = [_divisors(len(g)) for g in kinds]
-    if not kinds or _product(len(c) for c in counts) > MAX_CHOICES:
-        return []
-    # Most layers a node of each kind holds anywhere in the chain (first / last stage too).
-    most = [min(cost.max_layers(g[0], first=f, last=la) for f in (False, True)
-                for la in (False, True)) for g in kinds]
     out = []
-    for stages in itertools.product(*counts):
-        if sum(stages) > MAX_STAGES:
-            continue
-        for _, layers in _splits(kinds, stages, most, cost, num_layers):
-            out.append((_name(kinds, stages, layers, len(regions) > 1),
-                        _layout(kinds, stages, layers)))
+    for kinds in _kind_orders(spec, regions):
+        counts = [_divisors(len(g)) for g in kinds]
+        if not kinds or _product(len(c) for c in counts) > MAX_CHOICES:
+            return []
+        # Most layers a node of each kind holds anywhere in the chain (first / last stage too).
+        most = [min(cost.max_layers(g[0], first=f, last=la) for f in (False, True)
+                    for la in (False, True)) for g in kinds]
+        for stages in itertools.product(*counts):
+            if sum(stages) > MAX_STAGES:
+                continue
+            for _, layers in _splits(kinds, stages, most, cost, num_layers):
+                out.append((_name(kinds, stages, layers, len(regions) > 1),
+                            _layout(kinds, stages, layers)))
     return out
+
+
+def _kind_orders(spec: ClusterSpec, regions: tuple[str, ...]) -> list[list[list[NodeSpec]]]:
+    """The kinds of a chain over ``regions``, in order: each region's by memory, most first; in a
+    chain over several regions also least first (every combination over the regions of more
+    than one kind). Where the chain crosses a slow link, every node pair of the two stages
+    there is a link, and a prompt's hidden states take a second per pair (geo24); which kinds
+    meet there decides how many pairs share that traffic (the A100s then 8 US-West T4s, 4 pairs
+    at the first stage of 2x4, rather than 2 L4s, 2 pairs: 480 against 322 decode tokens/s
+    simulated, BENCHMARKS.md, *One chain through all three regions*)."""
+    per_region = [_kinds([n for n in spec.nodes if spec.region_of(n.name) == r]) for r in regions]
+    if len(regions) == 1:
+        return [per_region[0]]
+    options = [[g] if len(g) < 2 else [g, g[::-1]] for g in per_region]
+    return [[k for region in choice for k in region] for choice in itertools.product(*options)]
 
 
 def kv_stage_placements(spec: ClusterSpec, cost: CostModel, num_layers: int
@@ -130,20 +150,43 @@ def _splits(kinds: list[list[NodeSpec]], stages: tuple[int, ...], most: list[int
             cost: CostModel, num_layers: int) -> list[tuple[float, tuple[int, ...]]]:
     """The :data:`PER_CHOICE` layer splits (layers per stage of each kind, each >= 1, within
     ``most``, ``sum s * l = num_layers``) whose chain holds the most tokens per layer (ties: the
-    first in lexicographic order)."""
+    first in lexicographic order). Depth-first in lexicographic order, pruned where no completion
+    can enter the kept list: a kind's held tokens only bound the chain's from above, and the
+    layers left must fit the kinds left (the same answer as trying every split; a test checks)."""
     held_by = [{l: len(g) // s * cost.kv_capacity_tokens(g[0], l) for l in range(1, m + 1)}
                for g, s, m in zip(kinds, stages, most)]
-    found: list[tuple[float, tuple[int, ...]]] = []
-    for head in itertools.product(*(range(1, m + 1) for m in most[:-1])):
-        rest = num_layers - sum(s * l for s, l in zip(stages, head))
-        if rest <= 0 or rest % stages[-1] or rest // stages[-1] > most[-1]:
-            continue
-        layers = (*head, rest // stages[-1])
-        held = min(h[l] for h, l in zip(held_by, layers))
-        if held > 0:
-            found.append((held, layers))
-    found.sort(key=lambda t: -t[0])   # stable: lexicographic among ties
-    return found[:PER_CHOICE]
+    n = len(kinds)
+    # Layers the kinds from i on can take at least / at most.
+    low = [sum(stages[i:]) for i in range(n + 1)]
+    high = [sum(s * m for s, m in zip(stages[i:], most[i:])) for i in range(n + 1)]
+    found: list[tuple[float, tuple[int, ...]]] = []   # best first; ties: the earlier first
+
+    def full() -> bool:
+        return len(found) >= PER_CHOICE
+
+    def visit(i: int, left: int, held: float, head: tuple[int, ...]) -> None:
+        if full() and held <= found[-1][0]:
+            return   # every completion holds <= held: it cannot displace the kept ones
+        if i == n - 1:
+            if left % stages[i] or not 1 <= left // stages[i] <= most[i]:
+                return
+            l = left // stages[i]
+            value = min(held, held_by[i][l])
+            if value > 0 and not (full() and value <= found[-1][0]):
+                found.append((value, (*head, l)))
+                found.sort(key=lambda t: -t[0])   # stable: the earlier first among ties
+                del found[PER_CHOICE:]
+            return
+        for l in range(1, most[i] + 1):
+            rest = left - stages[i] * l
+            if rest < low[i + 1]:
+                break
+            if rest > high[i + 1]:
+                continue
+            visit(i + 1, rest, min(held, held_by[i][l]), (*head, l))
+
+    visit(0, num_layers, float("inf"), ())
+    return found
 
 
 def _layout(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[int, ...]
@@ -163,3 +206,14 @@ def _name(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[in
     parts = [f"{s}x{len(g) // s} {g[0].gpu}{f' ({g[0].region})' if regions else ''} x {l}"
              for g, s, l in zip(kinds, stages, layers)]
     return "kv stages: " + ", ".join(parts)
+
+
+def chain_held_tokens(spec: ClusterSpec, cost: CostModel, placement: dict[str, tuple[int, int]]
+                      ) -> float:
+    """Tokens per layer a chain's KV holds: the least over its stages of the stage's width x a
+    node's KV room at the stage's layer count (what :func:`chain_placements` maximizes)."""
+    width: dict[tuple[int, int], list[str]] = {}
+    for node, r in placement.items():
+        width.setdefault(r, []).append(node)
+    return min(len(nodes) * cost.kv_capacity_tokens(spec.node(nodes[0]), end - start)
+               for (start, end), nodes in width.items())

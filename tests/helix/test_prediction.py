@@ -12,8 +12,8 @@ from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
 from helix.plan import ArcFlow, NodePlacement, Plan
-from helix.prediction import (DECODE_WAVES, convoy_delay_s, online_rates, predict,
-                               scheduler_fallback)
+from helix.prediction import (DECODE_WAVES, PROMPT_CV, _Model, convoy_delay_s, online_rates,
+                               predict, scheduler_fallback)
 from helix.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,6 +205,41 @@ def test_a_slow_link_queues_prompts_ahead_of_decodes():
     hidden_s = 4096 * 2 / (100e6 / 8)   # one decode token's hidden state over the slow link
     assert s.round_trip_s > f.round_trip_s + 10 * hidden_s
     assert s.first_token_s > f.first_token_s + 400 * hidden_s   # the 400-token prompt's transfer
+
+
+def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
+    """Two second stages behind one first stage, each over a 100 Mb/s link: the scheduler deals
+    the boundary's prompts to the two links in turn, so each gets every other one (Erlang-2
+    intervals, c_a^2 = 1/2) and waits (c_a^2 + c_s^2) / (1 + c_s^2) of the M/G/1 wait
+    (Allen-Cunneen); the coordinator's hop into the first stage carries every prompt (c_a^2 = 1:
+    M/G/1 as before)."""
+    spec = ClusterSpec.model_validate({
+        "model": "llama-2-7b", "dtype": "float16",
+        "workload": {"mean_prompt_tokens": 400, "mean_output_tokens": 100},
+        "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        "links": [{"between": ["a", x], "bandwidth": "100Mbps", "latency": "1ms"} for x in "bc"],
+        "nodes": [{"name": n, "gpu": "L4"} for n in "abc"]})
+    plan = Plan(model="llama-2-7b", num_layers=32,
+                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32),
+                            NodePlacement("c", 16, 32)),
+                arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 0.5),
+                           ArcFlow("a", "c", 0.5), ArcFlow("b", "coordinator", 0.5),
+                           ArcFlow("c", "coordinator", 0.5)), max_flow_tokens_per_s=1.0)
+    model = _Model(spec, plan, CostModel.for_cluster(spec))
+    assert len(model.paths) == 2
+    p, o, batch, rate = 400.0, 100.0, 4.0, np.array([0.3, 0.3])
+
+    def mg1(requests_per_s: float, token_s: float) -> float:
+        u = min(0.95, requests_per_s * (p + o) * token_s)
+        return u * (p / (p + o) * p * token_s / 2 + o / (p + o) * batch * token_s / 2) / (1 - u)
+
+    ids = 2 / spec.link("coordinator", "a").bandwidth_bytes_per_s
+    hidden = 4096 * 2 / (100e6 / 8)
+    back = 2 / spec.link("b", "coordinator").bandwidth_bytes_per_s
+    half = (0.5 + PROMPT_CV ** 2) / (1 + PROMPT_CV ** 2)
+    want = mg1(0.6, ids) + half * mg1(0.3, hidden) + half * mg1(0.3, back)
+    assert model.link_waits(rate, batch) == pytest.approx([want, want], rel=1e-9)
+    assert half * mg1(0.3, hidden) < 0.7 * mg1(0.3, hidden)
 
 
 def test_sparse_incidence_matches_dense_numpy():
