@@ -211,8 +211,9 @@ class _Model:
         prompts' (:data:`PROMPT_CV`). Measured in the simulator on geo24 (600 s offline at a
         256-token budget, decode messages' mean wait at the slow boundaries of three-region
         chains; BENCHMARKS.md, *One chain through all three regions*): 0.26 / 0.05 s on a 4-pair /
-        8-pair boundary, which M/G/1 put at 0.46 / 0.15 s and this at 0.20 / 0.05 s; over 28
-        geo24 placements the decode prediction's error went from -23..-4 % to -13..+11 %."""
+        8-pair boundary, which M/G/1 put at 0.46 / 0.15 s and this at 0.20 / 0.05 s; over 25
+        geo24 placements (5 more saturate a link and collapse; no model here caps a link) the
+        decode prediction's error went from -21..-4 % to -13..+11 %."""
         p, o = self.p, self.o
         requests = self.link_incidence.T @ rate                      # requests/s per link
         busy = np.minimum(0.95, requests * (p + o) * self.link_token_s)
