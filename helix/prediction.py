@@ -24,7 +24,8 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
    bulk to find them and how many requests each takes);
 4. per node the decode batch = decode tokens/s through it / steps per s (each pipeline's decodes
    travel in :data:`DECODE_WAVES` waves, or fewer when it holds fewer requests, one step per wave
-   per round trip, but never more steps than back to back); back to 2 until the batches and
+   per round trip, more where the waves carry more tokens than the step budget holds (the step
+   policy cuts them), but never more steps than back to back); back to 2 until the batches and
    the rates settle (:class:`_Mixer`: both damped, Anderson-accelerated, and why that converges
    where damping the batches alone cycled; at most 84 evaluations measured, :data:`MAX_ITERATIONS`
    a safeguard).
@@ -256,7 +257,10 @@ class _Model:
         batch = np.ones(len(self.nodes))
         steps = np.zeros(len(self.nodes))
         rate = np.zeros(len(self.paths))
-        mixer = _Mixer(self.cost.serving.max_batch_seqs)
+        budget = self.cost.serving.chunk_tokens   # a step's tokens; 0: whole prompts
+        max_batch = self.cost.serving.max_batch_seqs if budget <= 0 else \
+            min(self.cost.serving.max_batch_seqs, budget)
+        mixer = _Mixer(max_batch)
         for _ in range(MAX_ITERATIONS):
             base, full, share, pieces = self.step_times(batch)
             step = base + share * (full - base)
@@ -281,12 +285,16 @@ class _Model:
             N = in_flight_of(stay)
             new_rate = N / stay                           # requests/s per pipeline
             decode_rate = A.T @ (new_rate * o)            # decode tokens/s per node
-            # Steps/s: one per wave of each pipeline through the node, but never more than back to
-            # back (then each step takes what arrived during the previous one).
+            # Steps/s: one per wave of each pipeline through the node, or more where the waves
+            # carry more tokens (decodes and prompt pieces) than the step budget holds: the step
+            # policy cuts such a wave into several steps. Never more than back to back (then each
+            # step takes what arrived during the previous one).
             waves = A.T @ (np.minimum(DECODE_WAVES, N) / R)
+            if budget > 0:
+                waves = np.maximum(waves, A.T @ (new_rate * (o + p)) / budget)
             steps = np.minimum(waves, 1.0 / step)
             new = np.clip(np.divide(decode_rate, steps, out=np.ones_like(steps), where=steps > 0),
-                          1.0, self.cost.serving.max_batch_seqs)
+                          1.0, max_batch)
             # The next state mixes (batch, rate) as a whole (_Mixer: why, and why it converges).
             done, batch, rate = mixer.next(batch, rate, new, new_rate)
             steps = np.divide(A.T @ (rate * o), batch)

@@ -40,7 +40,9 @@ def two_stage_plan() -> Plan:
 def test_two_stage_pipeline_by_hand(chunk_tokens):
     """Offline: the KV of the tighter stage sets N; R, F and the batch D satisfy the fixed point
     written out here from the docstring's formulas. At 2048 a prompt runs whole; at 256 it takes
-    p / (256 - D) pieces, the ones after the first paced by the slower stage."""
+    p / (256 - D) pieces, the ones after the first paced by the slower stage, and the two waves
+    carry more tokens than 256-token steps hold, so the stages step more often than twice a round
+    trip."""
     spec, plan = two_stage_spec(chunk_tokens), two_stage_plan()
     cost = CostModel.for_cluster(spec)
     pred, (state,) = predict(spec, plan, cost)
@@ -50,11 +52,14 @@ def test_two_stage_pipeline_by_hand(chunk_tokens):
     m = min(0.9 * cost.kv_capacity_tokens(a, 16, first=True) / 500,
             0.9 * cost.kv_capacity_tokens(b, 16, last=True) / 500)
     assert state.requests_in_flight == pytest.approx(m, rel=1e-6)
-    # At the fixed point: D = decode tokens/s / (W / R) on both stages (same pipeline, same rate).
+    # At the fixed point, steps/s of each stage: one per wave (W per round trip R), or more when
+    # the waves carry more tokens (decodes and prompt pieces) than the step budget holds (so at
+    # 256); D = decode tokens/s / steps on both stages (same pipeline, same rate).
     rate = state.requests_per_s
-    D = rate * o * state.round_trip_s / DECODE_WAVES
+    steps = max(DECODE_WAVES / state.round_trip_s, rate * (p + o) / chunk_tokens)
+    assert (steps > DECODE_WAVES / state.round_trip_s) == (chunk_tokens == 256)
+    D = rate * o / steps
     parts = [cost.stage_step_parts(n, 16, D) for n in (a, b)]   # (plain, with a piece, share)
-    steps = rate * o / D                                        # steps/s of each stage
     # A token waits out the step in progress: a plain one (another wave) or a prompt piece's.
     plain_wait = [steps * (1 - sh) * t0 ** 2 / 2 for t0, _, sh in parts]
     piece_wait = [steps * sh * t1 ** 2 / 2 for _, t1, sh in parts]
