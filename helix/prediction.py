@@ -66,6 +66,13 @@ ONLINE_LOAD = 0.75
 #: and routing; :class:`_Mixer`). ``_Model.iterations`` records how many each solve took.
 MAX_ITERATIONS = 200
 
+
+class NoFixedPoint(ArithmeticError):
+    """The fixed point was not reached within :data:`MAX_ITERATIONS` (``predict(...,
+    strict=True)``): the answer would be whichever state the last evaluation hit. Seen on chains
+    whose traffic crosses a slow region link through one or two node pairs, loaded near its cap,
+    which the simulator shows collapsing (BENCHMARKS.md, *One chain through all three regions*)."""
+
 #: The fixed point is reached when no node's decode batch moves by more than this (relative)
 #: and no path's request rate by more than this times the largest path's rate.
 TOLERANCE = 1e-3
@@ -137,8 +144,9 @@ class Incidence:
 class _Model:
     """The arrays of one plan: pipelines x nodes incidence, per-node figures, per-path links."""
 
-    def __init__(self, spec: ClusterSpec, plan: Plan, cost: CostModel):
+    def __init__(self, spec: ClusterSpec, plan: Plan, cost: CostModel, strict: bool = False):
         self.cost = cost
+        self.strict = strict
         w = cost.workload
         self.p, self.o = w.mean_prompt_tokens, w.mean_output_tokens
         flow_paths = enumerate_pipelines(plan)
@@ -301,6 +309,8 @@ class _Model:
             if done:
                 break
         else:
+            if self.strict:
+                raise NoFixedPoint(f"no fixed point within {MAX_ITERATIONS} evaluations")
             log.warning("prediction: no fixed point within %d evaluations (the last state is "
                         "used)", MAX_ITERATIONS)
         self.iterations.append(mixer.iterations)
@@ -625,13 +635,15 @@ def online_rates(saturated: np.ndarray, primary: np.ndarray, load: float) -> np.
 
 
 def predict(spec: ClusterSpec, plan: Plan, cost: CostModel | None = None,
-            load: float = ONLINE_LOAD, latencies: bool = True
+            load: float = ONLINE_LOAD, latencies: bool = True, strict: bool = False
             ) -> tuple[Prediction, tuple[PipelineState, ...]]:
     """The plan's predicted offline throughput and online latencies at ``load``, and the state of
     every pipeline at saturation. ``cost`` (default: the spec's) says which model the plan places.
-    ``latencies=False``: throughput only (TTFT and TPOT None, no online solve), to rank plans."""
+    ``latencies=False``: throughput only (TTFT and TPOT None, no online solve), to rank plans.
+    ``strict``: raise :class:`NoFixedPoint` where the fixed point is not reached (otherwise a
+    warning, and the last state is used)."""
     cost = cost or CostModel.for_cluster(spec)
-    m = _Model(spec, plan, cost)
+    m = _Model(spec, plan, cost, strict)
     if not m.paths:
         return Prediction(0.0, 0.0, 0.0, 0, 0.0, load, None, None), ()
     N, rate, R, F, _, batch, _ = m.solve(m.fill)

@@ -60,7 +60,7 @@ from helix.costmodel import CostModel
 from helix.errors import InfeasibleError
 from helix.models import ModelSpec
 from helix.plan import Plan
-from helix.prediction import PipelineState, predict
+from helix.prediction import NoFixedPoint, PipelineState, predict
 from helix.spec import ClusterSpec
 from helix.plan import COORDINATOR, ArcFlow, NodePlacement
 from planner.build import build_problem
@@ -360,8 +360,11 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
                 flow = max_flow(problem, placement, template.partial_inference)
                 if flow.value_tokens_per_s <= 0:
                     continue
-                prediction = predict(spec, _with_placement(template, placement, flow), cost,
-                                     latencies=False)[0]
+                try:   # a chain whose prediction finds no fixed point is not a candidate
+                    prediction = predict(spec, _with_placement(template, placement, flow), cost,
+                                         latencies=False, strict=True)[0]
+                except NoFixedPoint:
+                    continue
                 value = prediction.prompt_decode_tokens_per_s
                 if _crossing_load(problem, spec, placement, value) > MAX_CROSSING_LOAD:
                     continue

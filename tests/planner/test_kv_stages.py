@@ -8,10 +8,11 @@ import itertools
 import pytest
 
 from helix.costmodel import CostModel
+from helix.prediction import NoFixedPoint, predict
 from helix.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
 from planner.predicted import (MAX_CROSSING_LOAD, _crossing_load, best_candidate, evaluate,
-                               kv_stage_candidates)
+                               evaluate_placement, kv_stage_candidates)
 from planner.search import kv_stages
 from planner.search.kv_stages import MAX_STAGES, kv_stage_placements
 from tests.conftest import CLUSTER_SPECS
@@ -153,7 +154,7 @@ def test_a_chain_over_two_regions_crosses_once():
 
 
 @pytest.mark.slow   # ~15 s on a quiet core: the best-holding chains of every region order predicted
-def test_the_prediction_picks_one_chain_through_all_three_regions_on_geo24():
+def test_the_prediction_picks_one_chain_through_all_three_regions_on_geo24(caplog):
     """geo24 at a 256-token step budget: against its max-flow placement (one chain per region,
     ~160 requests in flight), the prediction picks one chain through all three regions, the
     US-East A100s first, then the US-West T4s (4 node pairs at the slow link, not the 2 L4s' 2),
@@ -168,7 +169,9 @@ def test_the_prediction_picks_one_chain_through_all_three_regions_on_geo24():
                 **{f"west-l4-{i}": (8 * i, 8 * i + 8) for i in range(2)},
                 **{f"west-t4-{i}": (16 + 8 * i, 24 + 8 * i) for i in range(8)}}
     before = evaluate(spec, regional, problem=problem)
-    candidates = kv_stage_candidates(spec, problem, cost, before)
+    with caplog.at_level("WARNING", logger="helix.prediction"):
+        candidates = kv_stage_candidates(spec, problem, cost, before)
+    assert "no fixed point" not in caplog.text   # such chains are dropped, not warned about
     assert len(candidates) <= len(kv_stages.region_partitions(["eu-west", "us-east", "us-west"]))
     chosen = best_candidate(spec, problem, cost, before, candidates, routed=True)
     name = chosen.extras["chosen_by"]
@@ -225,3 +228,23 @@ def test_the_pruned_split_search_equals_trying_every_split():
                 _splits_by_brute_force(kinds, stages, most, c, 80), stages
             checked += 1
     assert checked >= 72
+
+
+def test_a_chain_whose_prediction_finds_no_fixed_point_is_said_or_refused(caplog):
+    """geo24, a chain through all three regions whose slow crossings go through one or two node
+    pairs (the US-West L4s one by one, the EU T4s one by one to the coordinator): the fixed point
+    is not reached (links near their cap; the simulator shows such chains collapse). predict()
+    warns; strict, it raises, and the KV stage scoring drops the chain instead of warning."""
+    spec = load_cluster(CLUSTER_SPECS / "geo24.yaml")
+    problem, cost = build_problem(spec), CostModel.for_cluster(spec)
+    placement = {**{f"east-a100-{i}": (8 * i, 8 * i + 8) for i in range(4)},
+                 "west-l4-0": (32, 36), "west-l4-1": (36, 40),
+                 **{f"west-t4-{i}": (40, 47) for i in range(8)},
+                 **{f"eu-l4-{i}": (47 + 7 * (i // 2), 54 + 7 * (i // 2)) for i in range(6)},
+                 **{f"eu-t4-{i}": (68 + 3 * i, 71 + 3 * i) for i in range(4)}}
+    plan_ = evaluate_placement(problem, placement, True, "one-pair crossings")
+    with pytest.raises(NoFixedPoint):
+        predict(spec, plan_, cost, latencies=False, strict=True)
+    with caplog.at_level("WARNING", logger="helix.prediction"):
+        predict(spec, plan_, cost, latencies=False)
+    assert "no fixed point within" in caplog.text
