@@ -17,8 +17,11 @@ table) or the tokens of KV each decoding request attends over (decode table). Li
 Lookup: along the batch axis piecewise-linear, extrapolated past the last point along the last
 segment's slope; with contexts, the same at the two measured contexts around the asked one, then
 linear between them; past the longest context along the last pair's slope, below the shortest
-as the shortest (short contexts cost what the weights cost). Past the last batch or context a
-step never costs less than at the last one measured. A mixed batch costs prompt(P) + decode(D).
+as the shortest (short contexts cost what the weights cost). Below the smallest batch measured at
+a context (a prompt piece shorter than the prompt length it is looked up at), the shortest
+context's curve plus that context's measured excess over it, per token (:meth:`Surface._at`). Past
+the last batch or context a step never costs less than at the last one measured. A mixed batch
+costs prompt(P) + decode(D).
 """
 
 from __future__ import annotations
@@ -88,9 +91,23 @@ class Surface:
             return self.curves[0](batch)
         i = min(bisect.bisect_left(cs, context), len(cs) - 1)
         c0, c1 = cs[i - 1], cs[i]
-        y0, y1 = self.curves[i - 1](batch), self.curves[i](batch)
+        y0, y1 = self._at(i - 1, batch), self._at(i, batch)
         y = y0 + (y1 - y0) * (context - c0) / (c1 - c0)
         return max(y, y1) if context > c1 else max(0.0, y)   # longer contexts never cost less
+
+    def _at(self, i: int, batch: float) -> float:
+        """Seconds for ``batch`` at the ``i``-th context. Below the smallest batch measured there
+        (a prompt table at length L holds whole prompts only, batch >= L: a prompt *piece* of t < L
+        tokens whose mean position is L / 2 lands here), the shortest context's curve for the batch
+        plus the measured excess of this context over it, per token: extrapolating this context's
+        own first segment down to t reaches 0 s wherever that segment is steeper than proportional
+        (the CPU profiles: a 101-token second piece of a 356-token prompt looked up as 0 ms, the
+        whole prompt 37 ms, a live step 10 ms; issue 12's TPOT at the 256-token budget)."""
+        curve = self.curves[i]
+        if i == 0 or batch >= curve.x[0]:
+            return curve(batch)
+        base, x0 = self.curves[0], curve.x[0]   # the excess at x0 may be < 0 (noise): continuous at x0
+        return max(0.0, base(batch) + (curve.seconds[0] - base(x0)) * batch / x0)
 
     def rows(self) -> list[ProfileRow]:
         """Every measured point, in order."""

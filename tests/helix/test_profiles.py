@@ -90,3 +90,26 @@ def test_a_last_stage_pays_its_own_measured_fixed_cost(tmp_path):
     assert p.step_overhead_s(0, 8, 128, last=True) == pytest.approx(1.3e-3)    # a last stage
     assert p.step_overhead_s(64, 1, 128, 32, last=True) == pytest.approx(5e-4 + 6e-4)
     assert p.meta["step_overhead_ms"]["last_decode"] == [[1, 128, 0.6], [8, 128, 1.3]]
+
+
+# A CPU profile as ``helix profile`` writes it (small-llama, one thread, corun; ms for one layer):
+# at lengths 256 and 512 only whole prompts are measured, so no batch below the length, and the
+# first segments there are steeper than proportional.
+_CPU_PROMPT = ("64,64,5.99\n128,64,11.28\n256,64,24.08\n512,64,51.09\n1024,64,123.86\n"
+               "256,256,21.15\n512,256,58.79\n1024,256,104.2\n512,512,61.66\n1024,512,140.36\n")
+
+
+def test_a_prompt_piece_below_the_measured_batches_costs_its_share(tmp_path):
+    # Issue 12: the second piece of a 356-token prompt at the 256-token budget (101 tokens, mean
+    # position 305.5, looked up at length 611) came out 0 ms: each length's first segment,
+    # extrapolated down to 101 tokens, is below zero. Measured on the engine (one pinned thread):
+    # the whole prompt 29.4 ms / layer, the pieces 255 + 101 tokens 20.4 + 8.9 ms.
+    p = load_profile(_folder(tmp_path, _CPU_PROMPT, "1,128,1.35\n32,128,6.8\n"), "CPU")
+    whole = p.prompt(356, 356)
+    pieces = p.prompt(255, 255) + p.prompt(101, 2 * (255 + 101 / 2))
+    assert p.prompt(101, 611) >= p.prompt(101, 64)   # attending over more never costs less here
+    assert 0.85 * whole <= pieces <= 1.15 * whole
+    # Continuous at a length's smallest measured batch; measured points unchanged.
+    assert p.prompt(511.999, 512) == pytest.approx(p.prompt(512, 512), rel=1e-4)
+    assert p.prompt(512, 512) == pytest.approx(61.66e-3)
+    assert p.prompt(128, 64) == pytest.approx(11.28e-3)
