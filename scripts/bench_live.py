@@ -49,6 +49,12 @@ MODEL = "small-llama"
 SECTION = "## Live system vs simulator (scripts/bench_live.py)"
 IDLE_PROBE_S = 3.0
 """Seconds the idle coordinator's CPU is measured for (stats polls), subtracted from the runs'."""
+DECODE_SEQS = "1,2,3,4,8,16,32"
+"""The profile's decode batch sizes. At 50 % load a local2 worker decodes 1-3 requests a step, and on
+one CPU thread a decode step of 2 or 3 costs more than one of 4 (small-llama, context 128: 1.5, 2.4,
+3.0, 2.3 ms a layer for 1-4; MKL's 2- and 3-row products cost 2x and 3x one row, 4 rows less than
+3): with only 1 and 4 measured the simulator charged 2-3-decode steps 0.65x what they take, its
+TPOT p50 0.70x the live one (issue 12)."""
 LOADS_SEEN: list[float] = []
 """The machine's 1-minute load average as each live run starts (other processes' share)."""
 
@@ -151,7 +157,7 @@ def profile(work: Path, quick: bool, corun: int = 1) -> Path:
     side by side (they share the memory bus and the last-level cache: a step is slower than
     alone); the first one's figures are used."""
     grid = ["--quick"] if quick else ["--prompt-lengths", "64,256,512", "--max-prompt-tokens",
-                                      "1024", "--contexts", "128,512", "--seqs", "1,4,16,32"]
+                                      "1024", "--contexts", "128,512", "--seqs", DECODE_SEQS]
     outs = [work / ("profile" if i == 0 else f"profile-corun-{i}") for i in range(corun)]
     procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-m", "helix.cli",
                                "profile", MODEL, "-o", str(out), "--threads", "1", *grid], cwd=ROOT,
