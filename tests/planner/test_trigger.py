@@ -147,12 +147,15 @@ def test_extend_gives_only_the_idle_node_layers():
 
 
 def test_a_join_takes_the_extension_when_the_full_replan_moves_everyone_for_less():
-    """The planner's proposal (here: a 4-node chain in reverse order, every node moves) is weighed
-    against the running placement with only the joined node given layers; the one with more net
-    gain over the horizon is adopted."""
+    """The planner's proposal (here: a 4-node chain in reverse order with uneven stages, 10 / 10 /
+    6 / 6 layers, every node moves) is weighed against the running placement with only the joined
+    node given layers; the one with more net gain over the horizon is adopted. (An even 8-layer
+    chain is predicted 2,652 tokens/s, above the extension, since steps hold at most the step
+    budget; the simulator agrees it serves more: 665 vs 604 decode tokens/s, 600 s offline.)"""
     spec = _spec()
     names = ["l4-3", "l4-2", "l4-1", "l4-0"]
-    chain = {n: (8 * i, 8 * (i + 1)) for i, n in enumerate(names)}
+    bounds = (0, 10, 20, 26, 32)
+    chain = {n: (bounds[i], bounds[i + 1]) for i, n in enumerate(names)}
     t = _trigger()
     t._propose = lambda s, problem, running: predicted.evaluate(s, chain, problem=problem)
     t.node_joined(5.0, "l4-3")
