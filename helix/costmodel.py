@@ -198,6 +198,7 @@ from functools import lru_cache
 from helix.hardware import GiB, GpuKind
 from helix.models import ModelSpec
 from helix.profiles import MeasuredProfile
+from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.spec import ClusterSpec, NodeSpec, ServingSpec, WorkloadSpec
 
 #: Memory kept free on each GPU for activations and the CUDA context, bytes.
@@ -438,6 +439,8 @@ class CostModel:
         chunk = self.serving.chunk_tokens
         if chunk > 0:   # a step's budget holds its decodes and the prompts joining them (p : o)
             decode = min(decode, int(chunk * o // (p + o)))
+        else:   # whole prompts (one may exceed the unchunked budget), decodes held to it
+            decode = min(decode, UNCHUNKED_STEP_TOKENS)
         if decode < 1:
             return OperatingPoint(0.0, 0, 0.0)
         prompt = decode * p / o

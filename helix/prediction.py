@@ -50,6 +50,7 @@ import numpy as np
 from helix.costmodel import CostModel
 from helix.pipelines import PlanPipeline, PlanStage, enumerate_pipelines, hop_usable
 from helix.plan import COORDINATOR, Plan, Prediction
+from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.spec import ClusterSpec
 
 log = logging.getLogger("helix.prediction")
@@ -266,8 +267,10 @@ class _Model:
         steps = np.zeros(len(self.nodes))
         rate = np.zeros(len(self.paths))
         budget = self.cost.serving.chunk_tokens   # a step's tokens; 0: whole prompts
-        max_batch = self.cost.serving.max_batch_seqs if budget <= 0 else \
-            min(self.cost.serving.max_batch_seqs, budget)
+        # A step never holds more decodes than its token budget: with chunking off the step
+        # policy holds them to the unchunked one (a whole prompt may exceed it, so no more steps
+        # are counted for prompts then).
+        max_batch = min(self.cost.serving.max_batch_seqs, budget or UNCHUNKED_STEP_TOKENS)
         mixer = _Mixer(max_batch)
         for _ in range(MAX_ITERATIONS):
             base, full, share, pieces = self.step_times(batch)

@@ -330,9 +330,9 @@ def _crossing_load(problem: PlacementProblem, spec: ClusterSpec, placement: dict
 
 #: Chains over one ordered set of regions scored by the prediction at most: the ones whose KV
 #: holds the most (``planner.search.kv_stages.chain_held_tokens``). geo24's three regions in one
-#: chain give 1,080 chains per region order (each region's kinds both ways round), ~25 ms of
-#: prediction each; the best simulated ones hold the most (BENCHMARKS.md, *One chain through
-#: all three regions*).
+#: chain give 1,504 chains per region order (each region's kinds both ways round, up to 14
+#: stages), ~25 ms of prediction each; the best simulated ones hold the most (BENCHMARKS.md,
+#: *One chain through all three regions*).
 MAX_SCORED_CHAINS = 48
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helix.prediction import predict
-from helix.spec import load_cluster
+from helix.costmodel import CostModel
+from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.prediction import _Model, predict
+from helix.serving import UNCHUNKED_STEP_TOKENS
+from helix.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
 from planner.predicted import evaluate
@@ -31,3 +34,26 @@ def test_a_wave_bigger_than_the_budget_takes_more_steps_not_fewer_prompts():
         assert p.prompt_decode_tokens_per_s <= plan.max_flow_tokens_per_s * (1 + 1e-6), chunk
         assert p.decode_tokens_per_s > 0.8 * by_budget[512].decode_tokens_per_s, chunk
     assert by_budget[256].decode_tokens_per_s >= 0.9 * by_budget[320].decode_tokens_per_s
+
+
+def test_with_chunking_off_a_step_holds_no_more_decodes_than_the_unchunked_budget():
+    """Chunking off (whole prompts), a worker step still holds at most
+    :data:`helix.serving.UNCHUNKED_STEP_TOKENS` tokens of decodes (the step policy; only a step's
+    first prompt may exceed it). With ``max_batch_seqs`` above it, T(k) and the prediction let a
+    step hold 4,096 decodes (tiny-llama on an A100-80G: ~11,000 requests in flight, decode
+    3.4 M tokens/s, 1.4x what 2,048-decode steps serve)."""
+    spec = ClusterSpec.model_validate({
+        "model": "tiny-llama", "dtype": "float16",
+        "workload": {"mean_prompt_tokens": 64, "mean_output_tokens": 256},
+        "serving": {"chunk_tokens": 0, "max_batch_seqs": 4096},
+        "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        "nodes": [{"name": "a", "gpu": "A100-80G"}]})
+    plan = Plan(model="tiny-llama", num_layers=8, placements=(NodePlacement("a", 0, 8),),
+                arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "coordinator", 1.0)),
+                max_flow_tokens_per_s=1.0)
+    cost = CostModel.for_cluster(spec)
+    assert cost.operating_point(spec.node("a"), 8).decode_seqs <= UNCHUNKED_STEP_TOKENS
+    model = _Model(spec, plan, cost)
+    *_, batch, busy = model.solve(model.fill)
+    assert batch.max() <= UNCHUNKED_STEP_TOKENS
+    assert busy.max() <= 1.0 + 1e-6   # the node's steps fit in a second
