@@ -73,8 +73,9 @@ def _kinds(nodes: list[NodeSpec]) -> list[list[NodeSpec]]:
 def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
                      regions: tuple[str, ...]) -> list[tuple[str, dict[str, tuple[int, int]]]]:
     """Chains over the nodes of ``regions``, in that order (each region's kinds by memory, most
-    first), as ``(name, {node: (start, end)})`` in a fixed order; [] when there are more than
-    :data:`MAX_CHOICES` choices of stage counts or none holds the model."""
+    first; over several regions also least first, :func:`_kind_orders`), as ``(name, {node:
+    (start, end)})`` in a fixed order; [] when there are more than :data:`MAX_CHOICES` choices of
+    stage counts or none holds the model."""
     out = []
     for kinds in _kind_orders(spec, regions):
         counts = [_divisors(len(g)) for g in kinds]
