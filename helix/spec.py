@@ -385,8 +385,8 @@ def step_budget_floor(mean_prompt: float, mean_output: float) -> int:
 def _default_step_budget(data: Any) -> Any:
     """A spec that leaves ``serving.chunk_tokens`` unset (or ``auto``) gets the default budget, or,
     for a workload whose prompts are too long for it to hold one decode with its share of prompt
-    tokens (mean prompt / mean output above ~511), the smallest power of two that does: a default
-    the user never chose must not make their spec an error."""
+    tokens (mean prompt / mean output above the default less one: 255), the smallest power of
+    two that does: a default the user never chose must not make their spec an error."""
     if not isinstance(data, dict):
         return data
     serving = data.get("serving")
