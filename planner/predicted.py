@@ -364,6 +364,7 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
                     prediction = predict(spec, _with_placement(template, placement, flow), cost,
                                          latencies=False, strict=True)[0]
                 except NoFixedPoint:
+                    log.debug("kv stages: %s dropped (its prediction finds no fixed point)", name)
                     continue
                 value = prediction.prompt_decode_tokens_per_s
                 if _crossing_load(problem, spec, placement, value) > MAX_CROSSING_LOAD:
