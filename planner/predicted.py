@@ -67,7 +67,7 @@ from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS, swarm
-from planner.search.kv_stages import chain_held_tokens, chain_placements, region_partitions
+from planner.search.kv_stages import chain_placements, region_partitions
 from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
 
 log = logging.getLogger("helix.planner")
@@ -329,7 +329,7 @@ def _crossing_load(problem: PlacementProblem, spec: ClusterSpec, placement: dict
 
 
 #: Chains over one ordered set of regions scored by the prediction at most: the ones whose KV
-#: holds the most (``planner.search.kv_stages.chain_held_tokens``). geo24's three regions in one
+#: holds the most (``chain_placements(..., most_holding)``). geo24's three regions in one
 #: chain give 1,504 chains per region order (each region's kinds both ways round, up to 14
 #: stages), ~25 ms of prediction each; the best simulated ones hold the most (BENCHMARKS.md,
 #: *One chain through all three regions*).
@@ -351,12 +351,8 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
     def best_chain(block: tuple[str, ...]) -> tuple[str, dict] | None:
         if block not in best:
             top, found = 0.0, None
-            chains = chain_placements(spec, cost, problem.num_layers, block)
-            if len(chains) > MAX_SCORED_CHAINS:   # the ones holding the most (stable: ties in order)
-                held = [chain_held_tokens(spec, cost, p) for _, p in chains]
-                keep = sorted(range(len(chains)), key=lambda i: -held[i])[:MAX_SCORED_CHAINS]
-                chains = [chains[i] for i in sorted(keep)]
-            for name, placement in chains:
+            for name, placement in chain_placements(spec, cost, problem.num_layers, block,
+                                                    most_holding=MAX_SCORED_CHAINS):
                 flow = max_flow(problem, placement, template.partial_inference)
                 if flow.value_tokens_per_s <= 0:
                     continue

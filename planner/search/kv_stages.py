@@ -71,26 +71,31 @@ def _kinds(nodes: list[NodeSpec]) -> list[list[NodeSpec]]:
 
 
 def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
-                     regions: tuple[str, ...]) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+                     regions: tuple[str, ...], most_holding: int | None = None
+                     ) -> list[tuple[str, dict[str, tuple[int, int]]]]:
     """Chains over the nodes of ``regions``, in that order (each region's kinds by memory, most
     first; over several regions also least first, :func:`_kind_orders`), as ``(name, {node:
     (start, end)})`` in a fixed order; [] when there are more than :data:`MAX_CHOICES` choices of
-    stage counts or none holds the model."""
-    out = []
-    for kinds in _kind_orders(spec, regions):
-        counts = [_divisors(len(g)) for g in kinds]
-        if not kinds or _product(len(c) for c in counts) > MAX_CHOICES:
-            return []
+    stage counts or none holds the model. ``most_holding``: only that many, the ones whose KV
+    holds the most tokens per layer (ties: the earlier), in the same order."""
+    orders = _kind_orders(spec, regions)   # the same kinds in each order: one count of choices
+    if not orders[0] or _product(len(_divisors(len(g))) for g in orders[0]) > MAX_CHOICES:
+        return []
+    found: list[tuple[float, str, dict[str, tuple[int, int]]]] = []
+    for kinds in orders:
         # Most layers a node of each kind holds anywhere in the chain (first / last stage too).
         most = [min(cost.max_layers(g[0], first=f, last=la) for f in (False, True)
                     for la in (False, True)) for g in kinds]
-        for stages in itertools.product(*counts):
+        for stages in itertools.product(*(_divisors(len(g)) for g in kinds)):
             if sum(stages) > MAX_STAGES:
                 continue
-            for _, layers in _splits(kinds, stages, most, cost, num_layers):
-                out.append((_name(kinds, stages, layers, len(regions) > 1),
-                            _layout(kinds, stages, layers)))
-    return out
+            for held, layers in _splits(kinds, stages, most, cost, num_layers):
+                found.append((held, _name(kinds, stages, layers, len(regions) > 1),
+                              _layout(kinds, stages, layers)))
+    if most_holding is not None and len(found) > most_holding:
+        keep = sorted(range(len(found)), key=lambda i: -found[i][0])[:most_holding]
+        found = [found[i] for i in sorted(keep)]
+    return [(name, layout) for _, name, layout in found]
 
 
 def _kind_orders(spec: ClusterSpec, regions: tuple[str, ...]) -> list[list[list[NodeSpec]]]:
@@ -208,13 +213,3 @@ def _name(kinds: list[list[NodeSpec]], stages: tuple[int, ...], layers: tuple[in
              for g, s, l in zip(kinds, stages, layers)]
     return "kv stages: " + ", ".join(parts)
 
-
-def chain_held_tokens(spec: ClusterSpec, cost: CostModel, placement: dict[str, tuple[int, int]]
-                      ) -> float:
-    """Tokens per layer a chain's KV holds: the least over its stages of the stage's width x a
-    node's KV room at the stage's layer count (what :func:`chain_placements` maximizes)."""
-    width: dict[tuple[int, int], list[str]] = {}
-    for node, r in placement.items():
-        width.setdefault(r, []).append(node)
-    return min(len(nodes) * cost.kv_capacity_tokens(spec.node(nodes[0]), end - start)
-               for (start, end), nodes in width.items())
