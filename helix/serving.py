@@ -50,7 +50,8 @@ class ServingSpec(_Frozen):
     256 more again than 512 on all four (695 / 430 / 1,481 / 661 vs 568 / 387 / 1,203 / 422), with
     every prediction figure within its target there (at 512 hetero42's throughput and geo24's
     TTFT sat at or past the edge); ``chunk_tokens: auto`` picked 256 on all four plans. ``auto``
-    has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`)."""
+    has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`) among those
+    it is checked at (``helix.prediction.CHECKED_STEP_BUDGETS``: 256 and 512)."""
     choose_chunk_tokens: bool | None = None
     """True when the spec says ``chunk_tokens: auto``: ``helix plan`` predicts its placement at
     each budget of :data:`planner.budget.CANDIDATES` and writes the one with the most decode

@@ -15,11 +15,15 @@ import dataclasses
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
-from helix.prediction import predict
+from helix.prediction import CHECKED_STEP_BUDGETS, predict
 from helix.spec import ClusterSpec, step_budget_floor
 
-#: Budgets the planner predicts (tokens per step): vLLM's chunked-prefill defaults lie among them.
-CANDIDATES = (256, 512, 1024, 2048)
+#: Budgets the planner predicts (tokens per step): those the prediction is checked at
+#: (``helix.prediction.CHECKED_STEP_BUDGETS``). 1,024 and 2,048 were candidates too, but there the
+#: prediction overstates the simulator by up to 24 % and 41 % while the simulator serves 29-40 %
+#: less than at 256 on every 70B case (BENCHMARKS.md, *Step budgets above 512*): choosing by it
+#: could only pick them wrongly.
+CANDIDATES = CHECKED_STEP_BUDGETS
 
 
 def at_budget(spec: ClusterSpec, chunk_tokens: int) -> ClusterSpec:

@@ -294,8 +294,17 @@ def _summary(plan) -> str:
              f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
              f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
              f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
-             *_prediction_lines(plan), *_chosen_line(e), *_budget_line(e)]
+             *_prediction_lines(plan), *_caution_line(plan), *_chosen_line(e), *_budget_line(e)]
     return "\n".join(lines)
+
+
+def _caution_line(plan) -> list[str]:
+    """Where the plan's step budget lies outside those the prediction is checked at."""
+    from helix.prediction import unchecked_budget_note
+    if plan.prediction is None or plan.serving is None:
+        return []
+    note = unchecked_budget_note(plan.serving.chunk_tokens)
+    return [] if note is None else [f"caution    {note}"]
 
 
 def _budget_line(extras) -> list[str]:

@@ -83,3 +83,21 @@ def test_helix_plan_says_which_budget_and_why(tmp_path, capsys):
     assert written.serving.chunk_tokens == written.extras["chunk_tokens_chosen"]
     for chunk in budget.CANDIDATES:
         assert f"{chunk}: " in text
+
+
+@pytest.mark.parametrize("chunk, caution", [(None, False), (512, False), (2048, True), (0, True)])
+def test_helix_plan_cautions_outside_the_checked_budgets(tmp_path, capsys, chunk, caution):
+    """The prediction is checked against the simulator at 256 and 512 tokens a step only; a plan
+    at another budget says so (and ``auto`` chooses among those two)."""
+    data = yaml.safe_load((REPO / "cluster_specs" / "local3.yaml").read_text())
+    if chunk is not None:
+        data.setdefault("serving", {})["chunk_tokens"] = chunk
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(spec_path), "--time-limit", "5"]) in (0, None)
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("caution" in text) == caution, text
+    if caution:
+        at = "with chunking off" if chunk == 0 else f"at a step budget of {chunk:,}"
+        assert f"{at} this prediction is unchecked" in text
+    assert budget.CANDIDATES == (256, 512)
