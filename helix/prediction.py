@@ -13,7 +13,7 @@ is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this modu
    behind a prompt waits at every stage it crosses) and the wait behind the messages a link is
    sending (links are FIFO queues, M/G/1: :meth:`_Model.link_waits`); round trip R and
    first-token time F of every pipeline (a prompt's pieces after the first paced by its slowest
-   stage); a request's stay ``T = F + (o - 1) R``;
+   stage or link); a request's stay ``T = F + (o - 1) R``;
 3. requests in flight per pipeline by progressive filling: every max-flow pipeline grows in
    proportion to its share of requests times its stay (the scheduler sends it that share of the
    arrivals), until a node's KV (high-water mark) or its compute (T(k)) is full; the pipelines
@@ -199,6 +199,7 @@ class _Model:
         # (a FIFO, as in the simulator): seconds per token, and which paths use it.
         self.link_latency = np.zeros(len(self.paths))
         self.link_s_per_token = np.zeros(len(self.paths))
+        self.slowest_link_s_per_token = np.zeros(len(self.paths))   # its slowest hop's
         links: dict[tuple[str, str], int] = {}
         params: dict = {}
         uses: list[tuple[int, int]] = []
@@ -222,6 +223,8 @@ class _Model:
                 uses.append((i, links[(a, b)]))
                 self.link_latency[i] += link.latency_s
                 self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
+                self.slowest_link_s_per_token[i] = max(self.slowest_link_s_per_token[i],
+                                                       per_token / link.bandwidth_bytes_per_s)
         self.link_incidence = Incidence.of(set(uses), (len(self.paths), len(per_token_s)))
         self.link_token_s = np.array(per_token_s)
         self.link_boundary = np.array(boundary, dtype=np.intp)
@@ -310,9 +313,15 @@ class _Model:
             excess = self.per_path(full - base) + A.row_max((pieces - 1) * full)
             R = visit + links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
             # The prompt: its pieces' steps at every stage (the first waits out the step in
-            # progress), paced by the slowest stage for the pieces after the first.
+            # progress), and over every link, the first piece's bytes; the pieces after the
+            # first are paced by the slowest stage or link (a link forwards a piece while the
+            # stage before it runs the next: on a 100 Mb/s link a 256-token piece takes 0.33 s,
+            # longer than any step, so there the link paces the prompt).
+            split = A.row_max(pieces)                       # pieces per prompt on the path
+            piece_s = self.slowest_link_s_per_token * p / split
+            paced = np.maximum(A.row_max((pieces - 1) * full), (split - 1) * piece_s)
             F0 = self.per_path(base + plain_wait + piece_wait) + links
-            F = F0 + excess + self.link_s_per_token * p
+            F = F0 + self.per_path(full - base) + paced + self.link_s_per_token * p / split
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
             new_rate = N / stay                           # requests/s per pipeline

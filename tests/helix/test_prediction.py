@@ -20,12 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
 
 
-def two_stage_spec(chunk_tokens: int = 2048) -> ClusterSpec:
+def two_stage_spec(chunk_tokens: int = 2048, slow_link: bool = False) -> ClusterSpec:
+    """Two L4s, each half of LLaMA-2 7B; ``slow_link``: 100 Mb/s between them."""
     return ClusterSpec.model_validate({
         "model": "llama-2-7b", "dtype": "float16",
         "workload": {"mean_prompt_tokens": 400, "mean_output_tokens": 100},
         "serving": {"chunk_tokens": chunk_tokens},
         "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        **({"links": [{"between": ["a", "b"], "bandwidth": "100Mbps", "latency": "1ms"}]}
+           if slow_link else {}),
         "nodes": [{"name": "a", "gpu": "L4"}, {"name": "b", "gpu": "L4"}]})
 
 
@@ -36,14 +39,15 @@ def two_stage_plan() -> Plan:
                            ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
 
 
-@pytest.mark.parametrize("chunk_tokens", [2048, 256])
-def test_two_stage_pipeline_by_hand(chunk_tokens):
+@pytest.mark.parametrize("chunk_tokens, slow_link", [(2048, False), (256, False), (256, True)])
+def test_two_stage_pipeline_by_hand(chunk_tokens, slow_link):
     """Offline: the KV of the tighter stage sets N; R, F and the batch D satisfy the fixed point
     written out here from the docstring's formulas. At 2048 a prompt runs whole; at 256 it takes
-    p / (256 - D) pieces, the ones after the first paced by the slower stage, and the two waves
+    p / (256 - D) pieces, the ones after the first paced by the slower stage, or by the link
+    between the stages where a piece takes longer to cross it (100 Mb/s), and the two waves
     carry more tokens than 256-token steps hold, so the stages step more often than twice a round
     trip."""
-    spec, plan = two_stage_spec(chunk_tokens), two_stage_plan()
+    spec, plan = two_stage_spec(chunk_tokens, slow_link), two_stage_plan()
     cost = CostModel.for_cluster(spec)
     pred, (state,) = predict(spec, plan, cost)
     p, o = 400.0, 100.0
@@ -75,14 +79,20 @@ def test_two_stage_pipeline_by_hand(chunk_tokens):
     # the first at the slower stage's pace.
     pieces = p / min(p, chunk_tokens - D)
     assert (pieces > 1) == (chunk_tokens == 256)
-    excess = sum(t1 - t0 for t0, t1, _ in parts) + (pieces - 1) * max(t1 for _, t1, _ in parts)
+    stages_pace = (pieces - 1) * max(t1 for _, t1, _ in parts)
+    excess = sum(t1 - t0 for t0, t1, _ in parts) + stages_pace
     # Convoy: a wave entering a ~ Exp(rate) after the pipeline's latest prompt exits
     # max(0, excess - a) late: E = excess - (1 - exp(-rate excess)) / rate.
     convoy = excess - (1 - math.exp(-rate * excess)) / rate
     R = sum(t0 + w for (t0, _, _), w in zip(parts, plain_wait)) + link + D * sum(per_token) + convoy
     assert state.round_trip_s == pytest.approx(R, rel=0.01)
+    # The first token: the first piece's steps and bytes everywhere; the pieces after it paced
+    # by the slower stage or by the slowest link (a piece's bytes over it).
+    links_pace = (pieces - 1) * p / pieces * max(per_token)
+    assert (links_pace > stages_pace) == slow_link
     F = sum(t0 + w0 + w1 for (t0, _, _), w0, w1 in zip(parts, plain_wait, piece_wait)) + link \
-        + excess + p * sum(per_token)
+        + sum(t1 - t0 for t0, t1, _ in parts) + max(stages_pace, links_pace) \
+        + p / pieces * sum(per_token)
     assert state.first_token_s == pytest.approx(F, rel=0.01)
     # Little's law.
     assert rate == pytest.approx(m / (F + (o - 1) * R), rel=0.02)

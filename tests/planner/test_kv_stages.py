@@ -231,17 +231,17 @@ def test_the_pruned_split_search_equals_trying_every_split():
 
 
 def test_a_chain_whose_prediction_finds_no_fixed_point_is_said_or_refused(caplog):
-    """geo24, a chain through all three regions whose slow crossings go through one or two node
-    pairs (the US-West L4s one by one, the EU T4s one by one to the coordinator): the fixed point
-    is not reached (links near their cap; the simulator shows such chains collapse). predict()
-    warns; strict, it raises, and the KV stage scoring drops the chain instead of warning."""
+    """geo24, a chain through all three regions whose slow crossing from the US-East A100s goes
+    through one node pair (into the EU T4s one by one): the fixed point is not reached (the link
+    near its cap; the simulator shows such chains collapse). predict() warns; strict, it raises,
+    and the KV stage scoring drops the chain instead of warning."""
     spec = load_cluster(CLUSTER_SPECS / "geo24.yaml")
     problem, cost = build_problem(spec), CostModel.for_cluster(spec)
     placement = {**{f"east-a100-{i}": (8 * i, 8 * i + 8) for i in range(4)},
-                 "west-l4-0": (32, 36), "west-l4-1": (36, 40),
-                 **{f"west-t4-{i}": (40, 47) for i in range(8)},
-                 **{f"eu-l4-{i}": (47 + 7 * (i // 2), 54 + 7 * (i // 2)) for i in range(6)},
-                 **{f"eu-t4-{i}": (68 + 3 * i, 71 + 3 * i) for i in range(4)}}
+                 **{f"eu-t4-{i}": (32 + 3 * i, 35 + 3 * i) for i in range(4)},
+                 **{f"eu-l4-{i}": (44 + 8 * (i // 3), 52 + 8 * (i // 3)) for i in range(6)},
+                 **{f"west-t4-{i}": (60 + 6 * (i // 4), 66 + 6 * (i // 4)) for i in range(8)},
+                 "west-l4-0": (72, 76), "west-l4-1": (76, 80)}
     plan_ = evaluate_placement(problem, placement, True, "one-pair crossings")
     with pytest.raises(NoFixedPoint):
         predict(spec, plan_, cost, latencies=False, strict=True)
