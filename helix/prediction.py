@@ -199,7 +199,6 @@ class _Model:
         # (a FIFO, as in the simulator): seconds per token, and which paths use it.
         self.link_latency = np.zeros(len(self.paths))
         self.link_s_per_token = np.zeros(len(self.paths))
-        self.slowest_link_s_per_token = np.zeros(len(self.paths))   # its slowest hop's
         links: dict[tuple[str, str], int] = {}
         params: dict = {}
         uses: list[tuple[int, int]] = []
@@ -223,10 +222,9 @@ class _Model:
                 uses.append((i, links[(a, b)]))
                 self.link_latency[i] += link.latency_s
                 self.link_s_per_token[i] += per_token / link.bandwidth_bytes_per_s
-                self.slowest_link_s_per_token[i] = max(self.slowest_link_s_per_token[i],
-                                                       per_token / link.bandwidth_bytes_per_s)
         self.link_incidence = Incidence.of(set(uses), (len(self.paths), len(per_token_s)))
         self.link_token_s = np.array(per_token_s)
+        self.slowest_link_s_per_token = self.link_incidence.row_max(self.link_token_s)
         self.link_boundary = np.array(boundary, dtype=np.intp)
         self.iterations: list[int] = []   # map evaluations per solve (offline, online)
 
@@ -310,7 +308,9 @@ class _Model:
                 share * (full - base) + piece_wait, others)
             waits = self.link_waits(rate, float(batch.mean()))
             links = self.link_latency + waits
-            excess = self.per_path(full - base) + A.row_max((pieces - 1) * full)
+            lag = self.per_path(full - base)                    # a prompt piece's longer steps
+            stages_paced = A.row_max((pieces - 1) * full)       # the later pieces, by the stages
+            excess = lag + stages_paced
             R = visit + links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
             # The prompt: its pieces' steps at every stage (the first waits out the step in
             # progress), and over every link, the first piece's bytes; the pieces after the
@@ -319,9 +319,9 @@ class _Model:
             # longer than any step, so there the link paces the prompt).
             split = A.row_max(pieces)                       # pieces per prompt on the path
             piece_s = self.slowest_link_s_per_token * p / split
-            paced = np.maximum(A.row_max((pieces - 1) * full), (split - 1) * piece_s)
+            paced = np.maximum(stages_paced, (split - 1) * piece_s)
             F0 = self.per_path(base + plain_wait + piece_wait) + links
-            F = F0 + self.per_path(full - base) + paced + self.link_s_per_token * p / split
+            F = F0 + lag + paced + self.link_s_per_token * p / split
             stay = F + (o - 1.0) * R
             N = in_flight_of(stay)
             new_rate = N / stay                           # requests/s per pipeline
