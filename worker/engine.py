@@ -37,12 +37,14 @@ from worker.adapter_cache import NoRoom
 from worker.adapter_registry import AdapterRegistry
 from worker.adapter_stack import StackCache
 from worker.adapters import SliceAdapter, order_by_task, task_rows
+from worker.attention import resolve_backend
+from worker.decode_graphs import DecodeGraphs
 from worker.guided import Guide, GuideCompiler
 from worker.kv_blocks import KVBlockManager
 from worker.kv_cache import PagedKVCache, kv_bytes_per_block, num_blocks_for_budget
 from worker.model import SliceModel, SliceWeights
 from worker.sampling import Sampler, SamplingState
-from worker.step_batch import RowSpan, build_step_batch, plan_rows
+from worker.step_batch import AttentionKind, RowSpan, build_step_batch, plan_rows
 from worker.step_policy import PolicyConfig, StepPlan, StepPolicy
 from worker.weights import load_slice
 
@@ -86,6 +88,14 @@ class EngineConfig:
     adapter_cache_bytes: int = _SERVING.adapter_cache_bytes
     """Budget of the LRU cache of registered tasks made ready from disk (the plan's
     ``serving.adapter_cache_bytes``; :mod:`worker.adapter_cache`)."""
+    attention: str = "auto"
+    """Attention backend: ``auto`` (Triton kernels on CUDA, the C kernel on a CPU in float32,
+    else ``gather``), or ``triton`` / ``native`` / ``gather`` by name (:mod:`worker.attention`)."""
+    decode_graphs: str = "auto"
+    """Plain decode steps through static buffers (:mod:`worker.decode_graphs`): ``auto`` captures
+    CUDA graphs on CUDA with the ``triton`` backend and is off elsewhere; ``on`` asks for graphs
+    (an error where they cannot be captured); ``eager`` runs the static buffers without capture
+    (how CPU tests check the graph path); ``off``."""
 
 
 def check_pool_fits(pool_bytes: float, free_bytes: float, num_blocks: int, device: str) -> None:
@@ -141,9 +151,19 @@ class SliceEngine:
         self.blocks = KVBlockManager(num_blocks, config.block_size_tokens)
         self.policy = StepPolicy(PolicyConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                               config.chunked_prefill, self_feeding=False), self.blocks)
-        kv = PagedKVCache(n_layers, num_blocks, config.block_size_tokens, spec.num_kv_heads,
-                          spec.head_dim, self.dtype, self.device)
-        self.model = SliceModel(weights, kv, self.device, self.dtype, config.pack_cpu_weights)
+        backend = resolve_backend(config.attention, self.device, self.dtype)
+        graphs = _graph_mode(config.decode_graphs, backend, self.device)
+        # With decode graphs the cache holds one more block, never handed out: the padding rows'.
+        kv = PagedKVCache(n_layers, num_blocks + (graphs != "off"), config.block_size_tokens,
+                          spec.num_kv_heads, spec.head_dim, self.dtype, self.device)
+        self.attention = AttentionKind(backend, spec.num_heads // spec.num_kv_heads)
+        self.model = SliceModel(weights, kv, self.device, self.dtype, config.pack_cpu_weights, backend)
+        self.graphs: DecodeGraphs | None = None
+        """The decode step's graphs (None: every step runs eagerly)."""
+        if graphs != "off":
+            positions = min(spec.max_position_embeddings, self.blocks.capacity_tokens)
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, positions,
+                                       scratch_block=num_blocks, capture=graphs == "on")
         self.sampler = Sampler(config.eos_token_ids, self.device, config.seed)
         self._reqs: dict[Hashable, _Request] = {}
         self._failures: list[RequestFailure] = []
@@ -212,28 +232,29 @@ class SliceEngine:
 
     def _run(self, plan: StepPlan) -> list[StageOutput]:
         spans = plan_rows(plan)
-        has_tasks = any(self._reqs[s.request_id].adapter is not None for s in spans)
+        reqs = self._reqs
+        has_tasks = any(reqs[s.request_id].adapter is not None for s in spans)
         if has_tasks:
             spans = order_by_task(spans, len(plan.decode_ids), self._task_of)
         x = self._inputs(spans)
-        batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
-                                 {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
-                                 self.weights.end - self.weights.start, self.device, self.dtype)
-        # Every task's rows run the shared base product together; each task's terms run on its rows.
-        batch.tasks = task_rows([(self._reqs[s.request_id].adapter, s.end - s.start) for s in spans],
-                                self.device, self._stacks) if has_tasks else None
+        graphed = (self.graphs is not None and not plan.prefill_chunks and not has_tasks
+                   and self.graphs.fits(len(spans), max(plan.decode_positions))
+                   and not any(reqs[s.request_id].enter_offset for s in spans))
         if self.weights.is_last:
             # Only each request's last row of the step is sampled (and only if never sampled).
-            chosen = [s for s in spans if s.end - 1 >= self._reqs[s.request_id].next_emit]
+            chosen = [s for s in spans if s.end - 1 >= reqs[s.request_id].next_emit]
             scored = self._prompt_rows(spans)
             rows = [s.row_start + s.end - s.start - 1 for s in chosen]
             rows += [s.row_start + p - s.start for s, first, end in scored for p in range(first, end)]
-            h = self.model.forward(x, batch, torch.tensor(rows, dtype=torch.long, device=self.device))
+            keep = None if len(rows) == len(spans) and graphed else \
+                torch.tensor(rows, dtype=torch.long, device=self.device)
+            h = self._forward(plan, spans, x, has_tasks, graphed, keep)
             if scored:
                 self._score_prompts(scored, h[len(chosen):])
             outputs, finished, fed_back = self._sample(chosen, h[:len(chosen)])
         else:
-            outputs, finished, fed_back = self._outputs(spans, self.model.forward(x, batch)), [], []
+            h = self._forward(plan, spans, x, has_tasks, graphed, None)
+            outputs, finished, fed_back = self._outputs(spans, h), [], []
         self.policy.complete(plan, finished)
         for rid in finished:
             self._forget(rid)
@@ -242,6 +263,22 @@ class SliceEngine:
             self._reqs[rid].num_inputs += 1
             self.policy.feed(rid)
         return outputs
+
+    def _forward(self, plan: StepPlan, spans: Sequence[RowSpan], x: torch.Tensor, has_tasks: bool,
+                 graphed: bool, keep: torch.Tensor | None) -> torch.Tensor:
+        """The slice's layers over the step's rows (``keep``: only those rows are returned)."""
+        if graphed:   # a plain decode step: its graph (or static buffers) in decode-row order
+            out = self.graphs.run(x, plan.decode_positions,
+                                  [self.blocks.block_table(rid) for rid in plan.decode_ids])
+            return out if keep is None else out[keep]
+        batch = build_step_batch(spans, len(plan.decode_ids), self.blocks,
+                                 {s.request_id: self._reqs[s.request_id].enter_offset for s in spans},
+                                 self.weights.end - self.weights.start, self.device, self.dtype,
+                                 self.attention)
+        # Every task's rows run the shared base product together; each task's terms run on its rows.
+        batch.tasks = task_rows([(self._reqs[s.request_id].adapter, s.end - s.start) for s in spans],
+                                self.device, self._stacks) if has_tasks else None
+        return self.model.forward(x, batch, keep)
 
     def release(self, request_ids: Sequence[Hashable]) -> None:
         for rid in request_ids:
@@ -519,6 +556,21 @@ class SliceEngine:
         if len(st.output_token_ids) >= p.max_tokens:
             return "length"
         return None
+
+
+def _graph_mode(requested: str, backend: str, device: torch.device) -> str:
+    """``on`` (capture), ``eager`` (static buffers, no capture) or ``off``."""
+    if requested not in ("auto", "on", "eager", "off"):
+        raise HelixUserError(f"decode_graphs must be auto, on, eager or off, got {requested!r}")
+    can_capture = device.type == "cuda" and backend == "triton"
+    if requested == "auto":
+        return "on" if can_capture else "off"
+    if requested == "on" and not can_capture:
+        raise HelixUserError(f"decode graphs need CUDA and the triton attention backend "
+                             f"(device {device}, backend {backend})")
+    if requested == "eager" and backend == "gather":
+        raise HelixUserError("decode_graphs 'eager' needs a paged attention backend (triton or native)")
+    return requested
 
 
 def _hidden_rows(req: _Request, start: int, end: int) -> torch.Tensor:

@@ -2,16 +2,20 @@
 
 One step's tokens (decodes and prefill chunks of many requests) form one ``[num_tokens, hidden]`` matrix
 that every non-attention op (norms, projections, MLP, residuals) processes at once (Orca's selective
-batching). Attention is per request over its paged KV: the decodes of the step in a few padded batched calls,
-grouped by context length (padding masked out, so exact), and one call per prefill chunk (causal,
-offset by the chunk start; a chunk that starts its request attends over the step's own keys).
+batching). Attention is per request over its paged KV, by one of the backends of
+:mod:`worker.attention`: the paged kernels (Triton on CUDA, C on a CPU) read every continuing row's
+keys through its block table in one call per layer; the ``gather`` fallback attends to the decodes
+in a few padded batched calls grouped by context length and to each prefill chunk in one call. A
+chunk that starts its request attends over the step's own keys (causal SDPA, no cache read).
 A request that enters the slice at a later layer (the previous stage overlapped) is not computed at
 the layers it skips: those layers run only the rows of the requests that entered by then.
 
 The math is the Hugging Face ``LlamaForCausalLM`` forward: RMSNorm in float32, rotary embeddings of
 :mod:`worker.rope`, grouped-query attention with scale ``head_dim ** -0.5``, SwiGLU MLP
 ``down(silu(gate(x)) * up(x))``. q/k/v and gate/up projections are concatenated into one matrix each
-(one matmul instead of three / two; same dot products).
+(one matmul instead of three / two; same dot products). On the ``triton`` backend a layer is ten
+kernels: RMSNorm, the QKV GEMM, rotary + KV store, attention, the O GEMM, add + RMSNorm, the
+gate-up GEMM, SiLU-mul, the down GEMM and the residual add (:mod:`worker.triton_ops`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 
 from helix.models import ModelSpec
 from worker.adapters import TaskRows, add_task_terms
+from worker.attention import PagedLayout
 from worker.kv_cache import PagedKVCache
 from worker.rope import RotaryTable, apply_rotary
 
@@ -71,7 +76,7 @@ class PrefillAttention:
     row_start: int
     num_tokens: int
     start: int
-    context_blocks: torch.Tensor   # [ceil((start + num_tokens) / block_size)] long
+    context_blocks: torch.Tensor | None   # [ceil((start + num_tokens) / block_size)] long; None when start == 0
     causal_mask: torch.Tensor | None   # [num_tokens, W] bool, None when start == 0
 
 
@@ -97,8 +102,14 @@ class StepBatch:
     positions: torch.Tensor            # [num_tokens] long
     slots: torch.Tensor                # [num_tokens] long: where each token's K/V goes
     num_decodes: int                   # rows [0, num_decodes) of the step are decodes
-    decode_groups: list[DecodeGroup]   # a partition of the decode rows
+    decode_groups: list[DecodeGroup]   # gather backend: a partition of the decode rows
     prefills: list[PrefillAttention]
+    """Gather backend: every prefill chunk; paged backends: the chunks that start their request."""
+    paged: PagedLayout | None = None
+    """Paged backends: the rows that continue a request (decodes, later chunks)."""
+    max_position: int = 0
+    """The largest of ``positions`` (known on the host: the rotary table is grown without a
+    device sync)."""
     decode_kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
     """Filled by the model on first use: where every layer gathers the decodes' keys / values
     (flat, sized for the largest group)."""
@@ -159,16 +170,22 @@ class _LayerLinears:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF LlamaRMSNorm: normalise in float32, scale in the input dtype."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # PyTorch's fused kernel: the same float32 arithmetic in one op (bit-identical on CPU).
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
 class SliceModel:
-    """Runs ``SliceWeights`` over a :class:`StepBatch` with a :class:`PagedKVCache`."""
+    """Runs ``SliceWeights`` over a :class:`StepBatch` with a :class:`PagedKVCache`.
+
+    ``backend``: the attention backend (:func:`worker.attention.resolve_backend`; the step batches
+    must be built for the same one)."""
 
     def __init__(self, weights: SliceWeights, kv: PagedKVCache, device: torch.device,
-                 dtype: torch.dtype, pack_cpu_weights: bool = True) -> None:
+                 dtype: torch.dtype, pack_cpu_weights: bool = True, backend: str = "gather") -> None:
         self.w = weights
         p = pack_cpu_weights
         self.linears = [_LayerLinears(Linear(w.qkv, p), Linear(w.o, p), Linear(w.gate_up, p),
@@ -177,11 +194,19 @@ class SliceModel:
         self.spec = weights.spec
         self.kv = kv
         self.device = device
+        self.backend = backend
         self.rope = RotaryTable(self.spec, device, dtype)
         self.scale = self.spec.head_dim ** -0.5
         self._kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows_run = [0] * len(weights.layers)
         """Rows (tokens) each layer of the slice has processed so far: a work counter."""
+        self._ops = None
+        if backend == "triton":
+            from worker import triton_ops
+            self._ops = triton_ops
+        elif backend == "native":
+            from worker import native
+            self._native = native.load()
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """``[num_tokens]`` ids -> ``[num_tokens, hidden]`` (first slice only)."""
@@ -195,8 +220,12 @@ class SliceModel:
         ``keep`` (row indices): only these rows' outputs are wanted (the last stage samples one row
         per request). The final layer then still computes attention and writes K/V for every row,
         but runs the output projection and the MLP only for the kept rows, and ``x[keep]``'s new
-        states are returned. Same result for those rows: every op after attention is row-wise."""
-        rope = {id(batch): self.rope.lookup(batch.positions)}
+        states are returned. Same result for those rows: every op after attention is row-wise.
+
+        Nothing here reads a device value on the host, so on the ``triton`` backend a decode step
+        of fixed shapes can be captured in a CUDA graph."""
+        self.rope.ensure(batch.max_position + 1)
+        rope = {id(batch): self._rope_of(batch)}
         tasks = {id(batch): batch.tasks}
         last = len(self.linears) - 1
         for i, layer in enumerate(self.linears):
@@ -213,7 +242,7 @@ class SliceModel:
             if sub is None:
                 continue
             if id(sub.batch) not in rope:
-                rope[id(sub.batch)] = self.rope.lookup(sub.batch.positions)
+                rope[id(sub.batch)] = self._rope_of(sub.batch)
                 tasks[id(sub.batch)] = batch.tasks and batch.tasks.subset(sub.rows)
             out = self._layer(i, layer, x[sub.rows], sub.batch, *rope[id(sub.batch)],
                               tasks=tasks[id(sub.batch)])
@@ -221,12 +250,28 @@ class SliceModel:
             self.rows_run[i] += out.shape[0]
         return x if keep is None else x[keep]
 
+    def _rope_of(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._ops is not None:   # the rotary kernel looks its positions up itself
+            return self.rope.cos, self.rope.sin
+        return self.rope.lookup(batch.positions)
+
     @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head (last slice only): ``[n, hidden]`` -> ``[n, vocab]`` float32."""
         assert self.w.lm_head is not None, "only the last slice has the LM head"
-        h = rms_norm(x, self.w.final_norm, self.spec.rms_norm_eps)
+        h = self._norm(x, self.w.final_norm)
         return self.lm_head(h).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """RMSNorm of ``x`` (or, with ``residual``: ``(norm(residual + x), residual + x)``)."""
+        eps = self.spec.rms_norm_eps
+        if self._ops is not None:
+            return self._ops.add_rms_norm(x, residual, weight, eps)
+        if residual is None:
+            return rms_norm(x, weight, eps)
+        summed = residual + x
+        return rms_norm(summed, weight, eps), summed
 
     def _layer(self, i: int, lin: _LayerLinears, x: torch.Tensor, batch: StepBatch, cos: torch.Tensor,
                sin: torch.Tensor, keep: torch.Tensor | None = None,
@@ -235,21 +280,33 @@ class SliceModel:
         to its shared output (:mod:`worker.adapters`)."""
         spec, w = self.spec, self.w.layers[i]
         n, d = x.shape[0], spec.head_dim
-        h = rms_norm(x, w.input_norm, spec.rms_norm_eps)
+        h = self._norm(x, w.input_norm)
         qkv = add_task_terms(lin.qkv(h), h, tasks, i, "qkv")   # [n, (H + 2 KVH) d]
         q_end, k_end = spec.num_heads * d, (spec.num_heads + spec.num_kv_heads) * d
-        q = apply_rotary(qkv[:, :q_end].view(n, spec.num_heads, d), cos, sin)
-        k = apply_rotary(qkv[:, q_end:k_end].view(n, spec.num_kv_heads, d), cos, sin)
-        v = qkv[:, k_end:].view(n, spec.num_kv_heads, d)
-        self.kv.write(i, batch.slots, k, v)
+        if self._ops is not None:
+            qkv = qkv.contiguous()
+            self._ops.rotary_and_store(qkv, batch.positions, cos, sin, batch.slots, self.kv.keys[i],
+                                       self.kv.values[i], spec.num_heads, spec.num_kv_heads)
+            q = qkv[:, :q_end].view(n, spec.num_heads, d)
+            k = qkv[:, q_end:k_end].view(n, spec.num_kv_heads, d)   # rotated too
+            v = qkv[:, k_end:].view(n, spec.num_kv_heads, d)
+        else:
+            # q and k rotate together: one set of elementwise ops for both.
+            qk = apply_rotary(qkv[:, :k_end].view(n, spec.num_heads + spec.num_kv_heads, d), cos, sin)
+            q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
+            v = qkv[:, k_end:].view(n, spec.num_kv_heads, d)
+            self.kv.write(i, batch.slots, k, v)
         attn = self._attention(i, q, batch, k, v)              # [n, H * d]
         if keep is not None:
             x, attn = x[keep], attn[keep]
             tasks = tasks and tasks.subset(keep)
-        x = x + add_task_terms(lin.o(attn), attn, tasks, i, "o")
-        h = rms_norm(x, w.post_norm, spec.rms_norm_eps)
-        gate, up = add_task_terms(lin.gate_up(h), h, tasks, i, "gate_up").chunk(2, dim=-1)   # [n, inter] each
-        act = F.silu(gate) * up
+        h, x = self._norm(add_task_terms(lin.o(attn), attn, tasks, i, "o"), w.post_norm, residual=x)
+        gate_up = add_task_terms(lin.gate_up(h), h, tasks, i, "gate_up")   # [n, 2 inter]
+        if self._ops is not None:
+            act = self._ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
         return x + add_task_terms(lin.down(act), act, tasks, i, "down")
 
     def _attention(self, i: int, q: torch.Tensor, batch: StepBatch, k_step: torch.Tensor,
@@ -257,9 +314,40 @@ class SliceModel:
         """Per-request attention over paged KV; ``q`` [n, H, d] -> [n, H * d]. ``k_step`` /
         ``v_step`` ([n, KVH, d]) are this step's own keys and values (already in the cache)."""
         n, heads, d = q.shape
+        group = heads // self.spec.num_kv_heads
+        out = torch.empty_like(q)
+        p = batch.paged
+        if p is not None:
+            if self._ops is not None:
+                self._ops.paged_attention(out, q, self.kv.keys[i], self.kv.values[i], p.block_tables,
+                                          p.seq_lens, p.q_starts, p.q_lens, p.tile_seqs, p.tile_firsts,
+                                          p.block_q, self.kv.block_size_tokens, self.scale)
+            else:
+                self._native(out, q, self.kv.keys[i], self.kv.values[i], p.block_tables, p.seq_lens,
+                             p.q_starts, p.q_lens, self.kv.block_size_tokens, self.scale)
+        else:
+            self._decode_groups_attention(i, q, batch, out)
+        for c in batch.prefills:
+            rows = slice(c.row_start, c.row_start + c.num_tokens)
+            if c.start == 0:
+                # A chunk that starts the request sees only its own keys: this step's k / v rows,
+                # exactly what was just written to its slots (no read of the cache needed).
+                k, v = k_step[rows].transpose(0, 1), v_step[rows].transpose(0, 1)   # [KVH, t, d]
+            else:
+                k, v = self.kv.read_blocks(i, c.context_blocks)      # [KVH, W, d]
+            qc = q[rows].transpose(0, 1)[None]                        # [1, H, t, d]
+            o = F.scaled_dot_product_attention(
+                qc, k[None], v[None], scale=self.scale, attn_mask=c.causal_mask,
+                is_causal=c.causal_mask is None, enable_gqa=group > 1)
+            out[rows] = o[0].transpose(0, 1)
+        return out.reshape(n, heads * d)
+
+    def _decode_groups_attention(self, i: int, q: torch.Tensor, batch: StepBatch,
+                                 out: torch.Tensor) -> None:
+        """Gather backend: the decodes, group by group, each context gathered then SDPA."""
+        heads, d = q.shape[1], q.shape[2]
         kv_heads = self.spec.num_kv_heads
         group = heads // kv_heads
-        out = torch.empty_like(q)
         for g in batch.decode_groups:
             # Attention is independent per (request, head), so KV heads play SDPA's batch dim and
             # requests its head dim; the query heads sharing a KV head (GQA) are extra query rows.
@@ -273,20 +361,6 @@ class SliceModel:
                 out[:g.size] = o
             else:
                 out.index_copy_(0, g.rows, o)
-        for p in batch.prefills:
-            rows = slice(p.row_start, p.row_start + p.num_tokens)
-            if p.start == 0:
-                # A chunk that starts the request sees only its own keys: this step's k / v rows,
-                # exactly what was just written to its slots (no read of the cache needed).
-                k, v = k_step[rows].transpose(0, 1), v_step[rows].transpose(0, 1)   # [KVH, t, d]
-            else:
-                k, v = self.kv.read_blocks(i, p.context_blocks)      # [KVH, W, d]
-            qc = q[rows].transpose(0, 1)[None]                        # [1, H, t, d]
-            o = F.scaled_dot_product_attention(
-                qc, k[None], v[None], scale=self.scale, attn_mask=p.causal_mask,
-                is_causal=p.causal_mask is None, enable_gqa=group > 1)
-            out[rows] = o[0].transpose(0, 1)
-        return out.reshape(n, heads * d)
 
     def _gather_buffers(self, batch: StepBatch, g: DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous key and value buffers for group ``g``'s padded contexts: views of flat buffers

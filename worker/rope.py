@@ -61,11 +61,15 @@ class RotaryTable:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
+    def ensure(self, num_positions: int) -> None:
+        """Make the table cover positions ``[0, num_positions)`` (grown by doubling; a host-side
+        check, so it never waits for the device)."""
+        if num_positions > self.cos.shape[0]:
+            self._grow(num_positions)
+
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin at ``positions`` ([num_tokens] long): each ``[num_tokens, 1, head_dim]``."""
-        top = int(positions.max()) + 1 if positions.numel() else 0
-        if top > self.cos.shape[0]:
-            self._grow(top)
+        """cos, sin at ``positions`` ([num_tokens] long, all below the size :meth:`ensure` gave):
+        each ``[num_tokens, 1, head_dim]``."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
 

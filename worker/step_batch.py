@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from worker.attention import paged_layout
 from worker.kv_blocks import KVBlockManager
 from worker.model import DecodeGroup, PrefillAttention, RowSubset, StepBatch
 from worker.step_policy import StepPlan
@@ -38,28 +39,52 @@ def plan_rows(plan: StepPlan) -> list[RowSpan]:
     return spans
 
 
+@dataclass(frozen=True)
+class AttentionKind:
+    """What the step's attention layout is built for: the model's backend
+    (:func:`worker.attention.resolve_backend`) and its query heads per KV head."""
+
+    backend: str = "gather"
+    group: int = 1
+
+
 def build_step_batch(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
                      enter_offsets: dict[Hashable, int], num_slice_layers: int,
-                     device: torch.device, dtype: torch.dtype = torch.float32) -> StepBatch:
+                     device: torch.device, dtype: torch.dtype = torch.float32,
+                     kind: AttentionKind = AttentionKind()) -> StepBatch:
     """Positions, KV slots, attention layout and per-layer row subsets of one step.
 
     ``spans[:num_decodes]`` are the decodes. ``enter_offsets[rid]`` is the slice-layer index at which
     ``rid`` starts (0 = the slice start, the default); its rows skip the layers before it. ``dtype``:
-    the model's, for the decodes' additive attention masks."""
-    batch = _layout(spans, num_decodes, blocks, device, dtype)
+    the model's, for the decodes' additive attention masks (gather backend)."""
+    batch = _layout(spans, num_decodes, blocks, device, dtype, kind)
     offset = [enter_offsets.get(s.request_id, 0) for s in spans]
     if any(offset):
         batch.layer_rows = _layer_rows(spans, num_decodes, offset, num_slice_layers, blocks, device,
-                                       dtype)
+                                       dtype, kind)
     return batch
 
 
 def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
-            device: torch.device, dtype: torch.dtype) -> StepBatch:
+            device: torch.device, dtype: torch.dtype, kind: AttentionKind) -> StepBatch:
     bs = blocks.block_size_tokens
     positions = torch.cat([torch.arange(s.start, s.end) for s in spans])
     tables = [blocks.block_table(s.request_id) for s in spans]
     slots = torch.cat([_slots(t, s.start, s.end, bs) for t, s in zip(tables, spans)])
+    max_position = max(s.end for s in spans) - 1
+    if kind.backend != "gather":
+        # Rows that continue a request read the paged cache in place; a chunk that starts its
+        # request attends over the step's own keys only.
+        cont = [k for k, s in enumerate(spans) if s.start > 0]
+        paged = paged_layout([tables[k] for k in cont], [spans[k].end for k in cont],
+                             [spans[k].row_start for k in cont],
+                             [spans[k].end - spans[k].start for k in cont], bs, device,
+                             triton_tiles=kind.backend == "triton", group=kind.group) if cont else None
+        fresh = [_prefill_layout(tables[k], spans[k], bs, device)
+                 for k in range(num_decodes, len(spans)) if spans[k].start == 0]
+        return StepBatch(positions=positions.to(device), slots=slots.to(device),
+                         num_decodes=num_decodes, decode_groups=[], prefills=fresh, paged=paged,
+                         max_position=max_position)
     lens = [s.end for s in spans[:num_decodes]]
     groups = []
     for rows in decode_groups(lens, bs):
@@ -72,7 +97,8 @@ def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
     prefills = [_prefill_layout(t, s, bs, device)
                 for t, s in zip(tables[num_decodes:], spans[num_decodes:])]
     return StepBatch(positions=positions.to(device), slots=slots.to(device),
-                     num_decodes=num_decodes, decode_groups=groups, prefills=prefills)
+                     num_decodes=num_decodes, decode_groups=groups, prefills=prefills,
+                     max_position=max_position)
 
 
 MAX_DECODE_GROUPS = 4
@@ -107,8 +133,8 @@ def decode_groups(context_lens: Sequence[int], block_size: int) -> list[list[int
 
 
 def _layer_rows(spans: Sequence[RowSpan], num_decodes: int, offset: Sequence[int], num_layers: int,
-                blocks: KVBlockManager, device: torch.device,
-                dtype: torch.dtype) -> dict[int, RowSubset | None]:
+                blocks: KVBlockManager, device: torch.device, dtype: torch.dtype,
+                kind: AttentionKind) -> dict[int, RowSubset | None]:
     """For each layer some rows skip: the rows that run it, with their own layout (rows renumbered
     from 0, decodes still first). Layers between two distinct entry offsets share one subset; a layer
     no row runs maps to None."""
@@ -117,13 +143,13 @@ def _layer_rows(spans: Sequence[RowSpan], num_decodes: int, offset: Sequence[int
     for i in range(min(max(offset), num_layers)):
         keep = [k for k, off in enumerate(offset) if off <= i]
         if subset is None or len(keep) != subset.num_spans:
-            subset = _subset(spans, num_decodes, keep, blocks, device, dtype) if keep else None
+            subset = _subset(spans, num_decodes, keep, blocks, device, dtype, kind) if keep else None
         out[i] = subset
     return out
 
 
 def _subset(spans: Sequence[RowSpan], num_decodes: int, keep: Sequence[int], blocks: KVBlockManager,
-            device: torch.device, dtype: torch.dtype) -> RowSubset:
+            device: torch.device, dtype: torch.dtype, kind: AttentionKind) -> RowSubset:
     rows, sub, row = [], [], 0
     for k in keep:
         s = spans[k]
@@ -131,7 +157,8 @@ def _subset(spans: Sequence[RowSpan], num_decodes: int, keep: Sequence[int], blo
         sub.append(RowSpan(s.request_id, row, s.start, s.end))
         row += s.end - s.start
     return RowSubset(rows=torch.cat(rows).to(device), num_spans=len(keep),
-                     batch=_layout(sub, sum(1 for k in keep if k < num_decodes), blocks, device, dtype))
+                     batch=_layout(sub, sum(1 for k in keep if k < num_decodes), blocks, device, dtype,
+                                   kind))
 
 
 def _slots(table: Sequence[int], start: int, end: int, bs: int) -> torch.Tensor:
@@ -156,12 +183,13 @@ def _decode_layout(tables: Sequence[Sequence[int]], context_lens: Sequence[int],
 
 def _prefill_layout(table: Sequence[int], s: RowSpan, bs: int, device: torch.device) -> PrefillAttention:
     n = s.end - s.start
+    if not s.start:   # attends over the step's own keys: no cache read, plain causal mask
+        return PrefillAttention(row_start=s.row_start, num_tokens=n, start=0, context_blocks=None,
+                                causal_mask=None)
     num_blocks = -(-s.end // bs)
-    mask = None
-    if s.start:
-        # Query i (position start + i) sees keys 0 .. start + i (so never the block padding).
-        keys = torch.arange(num_blocks * bs)
-        mask = (keys[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)
+    # Query i (position start + i) sees keys 0 .. start + i (so never the block padding).
+    keys = torch.arange(num_blocks * bs)
+    mask = (keys[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)
     return PrefillAttention(row_start=s.row_start, num_tokens=n, start=s.start,
                             context_blocks=torch.tensor(table[:num_blocks], dtype=torch.long).to(device),
                             causal_mask=mask)

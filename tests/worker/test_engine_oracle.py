@@ -50,12 +50,21 @@ def _chain(ckpt, **cfg):
     dict(chunked_prefill=False, max_num_batched_tokens=24),
     # 20 blocks of 8 tokens: room for a few requests at once -> preemption and recompute.
     dict(chunked_prefill=True, max_num_batched_tokens=32, num_kv_blocks=20, block_size_tokens=8),
-], ids=["chunked", "whole-prompts", "tiny-kv-preemption"])
+    # The same chunked run through the PyTorch-only attention (the default here is the C kernel).
+    dict(chunked_prefill=True, max_num_batched_tokens=24, attention="gather"),
+    # Plain decode steps through the static buffers the CUDA graphs capture (run eagerly here).
+    dict(chunked_prefill=True, max_num_batched_tokens=24, decode_graphs="eager"),
+    dict(chunked_prefill=True, max_num_batched_tokens=32, num_kv_blocks=20, block_size_tokens=8,
+         decode_graphs="eager"),
+], ids=["chunked", "whole-prompts", "tiny-kv-preemption", "chunked-gather", "decode-graphs-eager",
+        "tiny-kv-decode-graphs-eager"])
 def test_three_chained_slices_match_hf_generate(tiny_ckpt, prompts, hf_greedy, cfg):
     ckpt, _ = tiny_ckpt
     pipe = _chain(ckpt, **cfg)
     got = pipe.run(_requests(prompts))
     assert [got[f"r{i}"] for i in range(16)] == hf_greedy
+    if "decode_graphs" in cfg:   # the first and last stages' plain decode steps took that path
+        assert pipe.engines[0].graphs.replays > 0 and pipe.engines[2].graphs.replays > 0
     if "num_kv_blocks" in cfg:
         assert any(e.policy.num_preemptions_total for e in pipe.engines), "test did not preempt"
     for e in pipe.engines:
@@ -175,7 +184,7 @@ def test_length_grouped_decode_attention_matches_hf(tiny_ckpt, prompts, hf_greed
     padded only to its own longest); tokens still equal HF's."""
     ckpt, _ = tiny_ckpt
     engine = SliceEngine.from_checkpoint(ckpt, 0, 8, EngineConfig(
-        eos_token_ids=(2,), max_num_batched_tokens=512, block_size_tokens=4))
+        eos_token_ids=(2,), max_num_batched_tokens=512, block_size_tokens=4, attention="gather"))
     seen = []
     forward = engine.model.forward
 
