@@ -9,7 +9,13 @@ the model predicts for one layer of a GQA model (LLaMA-2 70B) on an A100, decode
 beside the previous model (one roofline max over all the layer's work, KV read once per KV head).
 Appends both tables to BENCHMARKS.md.
 
+With ``--profile DIR`` (a folder written by ``helix profile``) it compares that one profile
+instead: every measured point beside the roofline's time for the same step on the profile's
+device (:mod:`profile_vs_roofline`), and the ratio measured / model, summarised per phase.
+
     python scripts/bench_costmodel.py [--profiles ../shared/data/profiles/llama1-30b] [--no-append]
+    python scripts/bench_costmodel.py --profile DIR [--gpu KIND] [--tflops T]
+        [--bandwidth-tbs B | --bandwidth-gbs B] [--no-append]
 """
 
 from __future__ import annotations
@@ -18,16 +24,21 @@ import argparse
 import datetime
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from helix.calibration import CalibrationRow, PhaseError, calibrate  # noqa: E402
 from helix.costmodel import analytic_layer_time_s, layer_work, work_time_s  # noqa: E402
+from helix.errors import HelixUserError, SpecError  # noqa: E402
 from helix.hardware import GpuKind, lookup_gpu  # noqa: E402
 from helix.models import MODEL_CATALOG, ModelSpec  # noqa: E402
+from profile_vs_roofline import (choose_roofline, compare, describe, phase_summaries,  # noqa: E402
+                                 ratio_table, read_folder)
 
 #: Decode context the profiles are compared at (they have none): the best fit of the current
 #: model over all folders (in sample); the previous model fitted best at 1,024.
@@ -105,14 +116,55 @@ def gqa_table(decode_context: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def profile_main(args: argparse.Namespace, command: str) -> int:
+    """``--profile``: one folder's points against the roofline; appended unless ``--no-append``."""
+    load = os.getloadavg()[0]
+    bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs is not None else \
+        args.bandwidth_gbs * 1e9 if args.bandwidth_gbs is not None else None
+    try:
+        folder = read_folder(args.profile)
+        roof = choose_roofline(folder, args.gpu, args.tflops, bandwidth)
+        points = compare(folder, roof.kind)
+    except (HelixUserError, SpecError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    header, table, summary = describe(folder, roof), ratio_table(points), phase_summaries(points)
+    print(header, table, "\n".join(summary), sep="\n\n")
+    if not args.no_append:
+        m = folder.meta
+        with (ROOT / "BENCHMARKS.md").open("a") as fh:
+            fh.write(f"\n## Cost model vs a measured profile: {folder.model.name} {folder.dtype} "
+                     f"on {m.get('device_name', m.get('device', '?'))}\n\n`{command}` on "
+                     f"{datetime.date.today()} ({machine()}, load average {load:.1f}; the "
+                     f"measurement is the profile's, this is arithmetic on it). {header}\n\n"
+                     f"{table}\n\n" + "".join(f"- {line}\n" for line in summary))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", type=Path,
                     default=ROOT.parent / "shared" / "data" / "profiles" / "llama1-30b")
     ap.add_argument("--decode-context", type=float, default=DEFAULT_DECODE_CONTEXT,
                     help="KV tokens each decode point attends over (the profiles do not say)")
     ap.add_argument("--no-append", action="store_true", help="print only")
-    args = ap.parse_args()
+    one = ap.add_argument_group("one profile folder (written by `helix profile`)")
+    one.add_argument("--profile", type=Path, help="compare this folder's points with the roofline")
+    one.add_argument("--gpu", help="catalog kind for the roofline (default: the profile's device)")
+    one.add_argument("--tflops", type=float, help="peak dense TFLOP/s, replacing the kind's")
+    bw = one.add_mutually_exclusive_group()
+    bw.add_argument("--bandwidth-tbs", type=float,
+                    help="memory bandwidth in TB/s, replacing the kind's")
+    bw.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth in GB/s (a CPU's, say)")
+    args = ap.parse_args(argv)
+    figures = (args.tflops, args.bandwidth_tbs, args.bandwidth_gbs)
+    if any(v is not None and not v > 0 for v in figures):
+        ap.error("--tflops and --bandwidth-* must be positive")
+    if args.profile is None and (args.gpu is not None or any(v is not None for v in figures)):
+        ap.error("--gpu, --tflops and --bandwidth-* go with --profile")
+    if args.profile is not None:
+        return profile_main(args, shlex.join(["python", "scripts/bench_costmodel.py", *argv]))
     load = os.getloadavg()[0]
     rows = calibrate(MODEL_CATALOG["llama-1-30b"], args.profiles, args.decode_context)
     table = calibration_table(rows)
