@@ -21,7 +21,7 @@ from statistics import median
 
 from helix.costmodel import analytic_layer_time_s
 from helix.errors import HelixUserError
-from helix.hardware import GpuKind, known_gpu_names, lookup_gpu
+from helix.hardware import GPU_CATALOG, GiB, GpuKind, known_gpu_names, lookup_gpu
 from helix.models import DTYPE_BYTES, ModelSpec
 from helix.profiles import MeasuredProfile, load_profile
 
@@ -100,30 +100,38 @@ def read_folder(folder: Path) -> ProfileFolder:
     return ProfileFolder(profile, model, dtype)
 
 
+def _names(device_name: str) -> set[str]:
+    """The words of a device name, and each two adjacent ones joined (``RTX 4090`` -> rtx4090)."""
+    words = [w for w in re.split(r"[\s_-]+", device_name.lower()) if w]
+    return set(words) | {a + b for a, b in zip(words, words[1:])}
+
+
 def _stand_in(name: str) -> Roofline | None:
-    """The stand-in entry for a device ``name`` mentions (``NVIDIA H200`` -> H100-80G, 4.8 TB/s)."""
-    squashed = re.sub(r"[\s_-]", "", name.lower())
+    """The stand-in entry for a device ``name`` names (``NVIDIA H200`` -> H100-80G, 4.8 TB/s)."""
     for key, (entry, figures, why) in STAND_INS.items():
-        if key.lower() in squashed:
+        if key.lower() in _names(name):
             return Roofline(dataclasses.replace(lookup_gpu(entry), **figures),
                             f"the catalog has no {key}: its {entry} entry with {why}")
     return None
 
 
 def _from_device_name(name: str) -> Roofline | None:
-    """The catalog kind a CUDA device name names, or its stand-in."""
-    from helix.commands.profile import gpu_label   # the label `helix profile` suggests
+    """The catalog kind a CUDA device name names (a whole word of it: ``L40S`` is no L4), the
+    one whose memory is closest to the size in the name when several share the family; or a
+    stand-in."""
     stand_in = _stand_in(name)
     if stand_in is not None:
         return stand_in
-    size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
-    label = gpu_label(name, float(size.group(1)) * 2**30 if size else 0.0)
-    kind = lookup_gpu(label)
-    if kind is None:
+    words = _names(name)
+    kinds = [k for k in GPU_CATALOG.values()
+             if k.name != "CPU" and k.name.split("-")[0].lower() in words]
+    if not kinds:
         return None
-    sized = "" if size else \
+    size = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    kind = min(kinds, key=lambda k: abs(k.vram_bytes - (float(size.group(1)) * GiB if size else 0)))
+    guessed = "" if size or len(kinds) == 1 else \
         " (the name gives no memory size: the smallest such entry; --gpu picks another)"
-    return Roofline(kind, f"catalog entry {kind.name}, from the profile's device {name!r}{sized}")
+    return Roofline(kind, f"catalog entry {kind.name}, from the profile's device {name!r}{guessed}")
 
 
 def choose_roofline(folder: ProfileFolder, gpu: str | None = None, tflops: float | None = None,

@@ -116,6 +116,24 @@ def test_h200_stands_in_as_h100_with_its_bandwidth_and_gpu_overrides(tmp_path,
     check_table(res.stdout, expected(model, a100, 2))
 
 
+@pytest.mark.parametrize("device_name, entry", [
+    ("NVIDIA A100-SXM4-80GB", "A100-80G"), ("NVIDIA A100-PCIE-40GB", "A100-40G"),
+    ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX4090"),
+    ("NVIDIA L40S", None),   # not an L4
+])
+def test_the_profiles_device_name_picks_the_catalog_kind(tmp_path, capsys, device_name, entry,
+                                                         benchmarks_unchanged):
+    model = MODEL_CATALOG["tiny-llama"]
+    folder = write(tmp_path / "p", model, "cuda", device_name, "float16")
+    code = bench_costmodel.main(["--profile", str(folder), "--no-append"])
+    out, err = capsys.readouterr()
+    if entry is None:
+        assert code == 2 and "not in the catalog: pass --gpu" in err
+    else:
+        assert code == 0 and f"catalog entry {entry}," in out
+        check_table(out, expected(model, lookup_gpu(entry), 2))
+
+
 def test_a_folder_without_model_metadata_is_one_line_of_error(tmp_path, capsys,
                                                               benchmarks_unchanged):
     folder = write_profile(tmp_path / "bare", PROMPT, DECODE, {"device": "cpu"})
