@@ -223,16 +223,30 @@ class _Timer:
         self._ids = itertools.count()
         self._held: list[list] = []
         self._forward_s = 0.0
-        forward = self.engine.model.forward
+        self._depth = 0
+        model = self.engine.model
+        model.forward = self._timed(model.forward)   # this engine's instances only
+        if self.engine.graphs is not None:   # plain decode steps replay a graph instead
+            self.engine.graphs.run = self._timed(self.engine.graphs.run)
 
-        def timed_forward(*args, **kwargs):
-            self._sync()
-            t0 = time.perf_counter()
-            out = forward(*args, **kwargs)
-            self._sync()
-            self._forward_s += time.perf_counter() - t0
+    def _timed(self, fn: Callable) -> Callable:
+        """``fn`` with its time added to the step's layer time (the outermost timed call only:
+        a graph's eager warm-up runs the model inside it; nothing is timed while a graph is
+        being captured, when no kernel runs)."""
+        def timed(*args, **kwargs):
+            if self._depth or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                return fn(*args, **kwargs)
+            self._depth += 1
+            try:
+                self._sync()
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                self._sync()
+                self._forward_s += time.perf_counter() - t0
+            finally:
+                self._depth -= 1
             return out
-        self.engine.model.forward = timed_forward   # this engine's instance only
+        return timed
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
