@@ -51,6 +51,8 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> list[SampledToken]:
         """One token per row; appends nothing to the states (the caller decides what is kept)."""
+        if all(_plain_greedy(st) for st in states):   # the common serving case: one argmax
+            return [SampledToken(t, float("nan")) for t in logits.argmax(dim=-1).tolist()]
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(
             s.params.logprobs is not None for s in states) else None
@@ -108,6 +110,15 @@ class Sampler:
             vals, ids = raw[row].topk(min(p.logprobs, raw.shape[-1]))
             top = tuple(zip(ids.tolist(), vals.tolist()))
         return SampledToken(tok, float(raw[row, tok]), top)
+
+
+def _plain_greedy(st: SamplingState) -> bool:
+    """Greedy, without logprobs, and nothing that would change the row's logits (no bias, no
+    penalties, no ``min_tokens`` ban left, no automaton): its token is the row's argmax."""
+    p = st.params
+    return (p.greedy and p.logprobs is None and not p.logit_bias and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty and st.guide is None
+            and len(st.output_token_ids) >= p.min_tokens)
 
 
 def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

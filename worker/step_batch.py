@@ -68,9 +68,8 @@ def build_step_batch(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlock
 def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
             device: torch.device, dtype: torch.dtype, kind: AttentionKind) -> StepBatch:
     bs = blocks.block_size_tokens
-    positions = torch.cat([torch.arange(s.start, s.end) for s in spans])
     tables = [blocks.block_table(s.request_id) for s in spans]
-    slots = torch.cat([_slots(t, s.start, s.end, bs) for t, s in zip(tables, spans)])
+    positions, slots = _positions_and_slots(spans, tables, bs, device)
     max_position = max(s.end for s in spans) - 1
     if kind.backend != "gather":
         # Rows that continue a request read the paged cache in place; a chunk that starts its
@@ -82,9 +81,8 @@ def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
                              triton_tiles=kind.backend == "triton", group=kind.group) if cont else None
         fresh = [_prefill_layout(tables[k], spans[k], bs, device)
                  for k in range(num_decodes, len(spans)) if spans[k].start == 0]
-        return StepBatch(positions=positions.to(device), slots=slots.to(device),
-                         num_decodes=num_decodes, decode_groups=[], prefills=fresh, paged=paged,
-                         max_position=max_position)
+        return StepBatch(positions=positions, slots=slots, num_decodes=num_decodes, decode_groups=[],
+                         prefills=fresh, paged=paged, max_position=max_position)
     lens = [s.end for s in spans[:num_decodes]]
     groups = []
     for rows in decode_groups(lens, bs):
@@ -96,9 +94,8 @@ def _layout(spans: Sequence[RowSpan], num_decodes: int, blocks: KVBlockManager,
                                   mask=None if dec_mask is None else dec_mask.to(device)))
     prefills = [_prefill_layout(t, s, bs, device)
                 for t, s in zip(tables[num_decodes:], spans[num_decodes:])]
-    return StepBatch(positions=positions.to(device), slots=slots.to(device),
-                     num_decodes=num_decodes, decode_groups=groups, prefills=prefills,
-                     max_position=max_position)
+    return StepBatch(positions=positions, slots=slots, num_decodes=num_decodes, decode_groups=groups,
+                     prefills=prefills, max_position=max_position)
 
 
 MAX_DECODE_GROUPS = 4
@@ -161,9 +158,23 @@ def _subset(spans: Sequence[RowSpan], num_decodes: int, keep: Sequence[int], blo
                                    kind))
 
 
-def _slots(table: Sequence[int], start: int, end: int, bs: int) -> torch.Tensor:
-    pos = torch.arange(start, end)
-    return torch.tensor(table, dtype=torch.long)[pos // bs] * bs + pos % bs
+def _positions_and_slots(spans: Sequence[RowSpan], tables: Sequence[Sequence[int]], bs: int,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's position and KV slot, built in plain Python (a decode row is two integers;
+    a tensor per span cost ~20 us each, milliseconds a step at a hundred decodes) and moved to
+    ``device`` in one copy."""
+    pos: list[int] = []
+    slots: list[int] = []
+    for s, table in zip(spans, tables):
+        if s.end - s.start == 1:
+            pos.append(s.start)
+            slots.append(table[s.start // bs] * bs + s.start % bs)
+        else:
+            rows = range(s.start, s.end)
+            pos.extend(rows)
+            slots.extend(table[p // bs] * bs + p % bs for p in rows)
+    both = torch.tensor([pos, slots], dtype=torch.long).to(device)
+    return both[0], both[1]
 
 
 def _decode_layout(tables: Sequence[Sequence[int]], context_lens: Sequence[int], bs: int,
