@@ -5,6 +5,10 @@
    vs median latency normalised by output length; throughput ratio at equal latency.
 2. Chunked prefill on/off: time between tokens of running decodes while 512-token prompts arrive.
 3. Tokens/s against ``transformers`` ``generate`` on the same weights, 1 and 32 concurrent requests.
+4. The roofline (``--roofline``): one layer's decode step of 32 sequences and a 512-token prompt
+   step (``helix profile``'s measurement, the model's shapes) as a fraction of this CPU's float32
+   GEMM peak measured in the same run (the fastest of ten 2048^3 products); each attention backend
+   the CPU can run side by side.
 
 Timing: the engine runs for real; a *virtual clock* advances by each step's measured CPU time (of this
 process: with one torch thread, what an idle core would take; see ``cpu_clock``) and jumps
@@ -16,6 +20,7 @@ oversubscribed cores makes multi-threaded numbers meaningless).
     python scripts/bench_engine.py            # full: 32 requests x 6 rates; about 2.5x the quick run
     python scripts/bench_engine.py --quick    # 20 requests x 4 rates: 7.5 min at load 3-5 on 2 cores
     python scripts/bench_engine.py --only-orca --orca-requests 48 --orca-rates 0.8,1.2   # a slice
+    python scripts/bench_engine.py --roofline --no-append                                 # 4. only
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
 from helix.net.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 8192
+HIDDEN_TO_INTER = 11   # intermediate = hidden * 11 / 4, as build_model
 
 
 def cpu_clock() -> float:
@@ -224,6 +230,59 @@ def bench_chunked(ckpt: Path, num_long: int, lines: list[str]) -> None:
         print(lines[-1], flush=True)
 
 
+# --- the roofline ----------------------------------------------------------------------------------
+def gemm_peak_flops(n: int = 2048, reps: int = 10) -> float:
+    """This process's float32 GEMM peak: the fastest of ``reps`` n^3 products (CPU seconds)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = cpu_clock()
+        a @ b
+        best = min(best, cpu_clock() - t0)
+    return 2 * n ** 3 / best
+
+
+def layer_flops(spec, tokens: int, mean_context: float) -> float:
+    """One layer's floating-point work: the four GEMMs over ``tokens`` rows and attention over
+    ``mean_context`` keys per row (QK^T and PV)."""
+    h, d, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    heads, kv = spec.num_heads, spec.num_kv_heads
+    gemm = 2 * tokens * (h * (heads + 2 * kv) * d + heads * d * h + 3 * h * inter)
+    return gemm + 4 * tokens * mean_context * heads * d
+
+
+def bench_roofline(lines: list[str], backends: list[str], reps: int = 5) -> None:
+    from helix.models import ModelSpec
+    from worker.profile import ProfileGrid, measure
+    spec = ModelSpec(name="bench-engine", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
+                     intermediate_size=512 * HIDDEN_TO_INTER // 4, vocab_size=VOCAB,
+                     max_position_embeddings=2048, rms_norm_eps=1e-5)
+    grid = ProfileGrid((512,), 512, (128, 512), (32,), reps=reps, layers=4)
+    peak = gemm_peak_flops()
+    lines += [f"This process's float32 GEMM peak: {peak / 1e9:.1f} GFLOP/s (fastest of ten 2048^3 "
+              "products, one thread). One layer of the model's shape; a decode point is 32 sequences "
+              "at the KV context given; prompt: one 512-token prompt.", "",
+              "| attention backend | step | layer ms | GFLOP/s | fraction of the GEMM peak |",
+              "|---|---|---|---|---|"]
+    for backend in backends:
+        os.environ["HELIX_ATTENTION"] = backend
+        try:
+            res = measure(spec, grid, "cpu", "float32")
+        finally:
+            del os.environ["HELIX_ATTENTION"]
+        for row in res.decode:
+            flops = layer_flops(spec, row.batch, row.context)
+            lines.append(f"| {backend} | decode, 32 seqs at context {row.context:g} | {row.seconds * 1e3:.3f} "
+                         f"| {flops / row.seconds / 1e9:.1f} | {flops / row.seconds / peak:.1%} |")
+            print(lines[-1], flush=True)
+        for row in res.prompt:
+            flops = layer_flops(spec, row.batch, row.context / 2)
+            lines.append(f"| {backend} | prompt, {row.batch:g} tokens | {row.seconds * 1e3:.3f} "
+                         f"| {flops / row.seconds / 1e9:.1f} | {flops / row.seconds / peak:.1%} |")
+            print(lines[-1], flush=True)
+
+
 # --- against transformers generate ---------------------------------------------------------------
 def hf_generate_tokens_per_s(model, reqs: list[Req]) -> float:
     """One ``generate`` call over all requests (left-padded); useful tokens = each request's own length."""
@@ -279,6 +338,9 @@ def main() -> None:
     ap.add_argument("--orca-rates", help="comma-separated rates of the Orca sweep, as fractions of "
                     "the iteration-level offline capacity")
     ap.add_argument("--only-orca", action="store_true", help="run only the Orca comparison")
+    ap.add_argument("--roofline", action="store_true",
+                    help="run only the roofline section (decode at 32 rows and a 512-token prompt "
+                    "against the measured GEMM peak, per attention backend)")
     ap.add_argument("--no-padded", dest="padded", action="store_false",
                     help="leave out request-level batching with prompts padded to the batch's longest "
                     "(FasterTransformer, Orca's baseline; run by default)")
@@ -293,6 +355,19 @@ def main() -> None:
              f"{args.threads} torch thread(s), times are CPU seconds of the process, load average "
              f"{os.getloadavg()[0]:.1f} at the start on a machine shared with other work). "
              "Model: random LLaMA, hidden 512, 8 layers, 8 heads / 4 KV heads, vocab 8192, float32.", ""]
+    if args.roofline:
+        from worker.attention import resolve_backend
+        backends = ["gather"]
+        if resolve_backend("auto", torch.device("cpu"), torch.float32) == "native":
+            backends.insert(0, "native")
+        lines += ["### Roofline: one layer against the GEMM peak", ""]
+        bench_roofline(lines, backends)
+        text = "\n".join(lines) + "\n"
+        print("\n" + text)
+        if not args.no_append:
+            with open(ROOT / "BENCHMARKS.md", "a") as f:
+                f.write("\n" + text)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp)
         model = build_model(ckpt, 512, 8)

@@ -57,14 +57,17 @@ int helix_paged_attention_f32(float *out, const float *q, const float *k_cache, 
                 int64_t nt = q_len - t0 < tile_tokens ? q_len - t0 : tile_tokens;
                 int64_t rows = nt * group;
                 int64_t keys = ctx0 + t0 + nt;           /* what the tile's last token sees */
-                /* pass 1: scores (row r = token t0 + r / group, head g * group + r % group) */
-                for (int64_t p = 0; p < keys; p++) {
-                    const float *k = kc + ((int64_t)table[p / block_size] * block_size + p % block_size) * head_dim;
+                /* pass 1: scores (row r = token t0 + r / group, head g * group + r % group),
+                 * block by block: no division per key */
+                for (int64_t b0 = 0; b0 < keys; b0 += block_size) {
+                    const float *kb = kc + (int64_t)table[b0 / block_size] * block_size * head_dim;
+                    int64_t nb = keys - b0 < block_size ? keys - b0 : block_size;
                     for (int64_t r = 0; r < rows; r++) {
-                        int64_t t = t0 + r / group;
-                        if (p > ctx0 + t) continue;
+                        int64_t t = t0 + r / group, limit = ctx0 + t + 1 - b0;   /* keys it sees here */
                         const float *qr = q + (q_starts[s] + t) * q_stride_t + (g * group + r % group) * q_stride_h;
-                        scores[r * longest + p] = dot(qr, k, head_dim) * scale;
+                        float *sr = scores + r * longest + b0;
+                        int64_t n = nb < limit ? nb : limit;
+                        for (int64_t j = 0; j < n; j++) sr[j] = dot(qr, kb + j * head_dim, head_dim) * scale;
                     }
                 }
                 /* softmax per row over its own keys */
@@ -79,15 +82,21 @@ int helix_paged_attention_f32(float *out, const float *q, const float *k_cache, 
                     float inv = 1.0f / sum;
                     for (int64_t p = 0; p < n; p++) sr[p] *= inv;
                 }
-                /* pass 2: values */
+                /* pass 2: values, block by block */
                 memset(acc, 0, sizeof(float) * (size_t)(rows * head_dim));
-                for (int64_t p = 0; p < keys; p++) {
-                    const float *v = vc + ((int64_t)table[p / block_size] * block_size + p % block_size) * head_dim;
+                for (int64_t b0 = 0; b0 < keys; b0 += block_size) {
+                    const float *vb = vc + (int64_t)table[b0 / block_size] * block_size * head_dim;
+                    int64_t nb = keys - b0 < block_size ? keys - b0 : block_size;
                     for (int64_t r = 0; r < rows; r++) {
-                        if (p > ctx0 + t0 + r / group) continue;
-                        float w = scores[r * longest + p], *a = acc + r * head_dim;
+                        int64_t limit = ctx0 + t0 + r / group + 1 - b0;
+                        int64_t n = nb < limit ? nb : limit;
+                        const float *pr = scores + r * longest + b0;
+                        float *a = acc + r * head_dim;
+                        for (int64_t j = 0; j < n; j++) {
+                            const float w = pr[j], *v = vb + j * head_dim;
 #pragma omp simd
-                        for (int64_t d = 0; d < head_dim; d++) a[d] += w * v[d];
+                            for (int64_t d = 0; d < head_dim; d++) a[d] += w * v[d];
+                        }
                     }
                 }
                 for (int64_t r = 0; r < rows; r++) {
