@@ -41,12 +41,21 @@ One step (``schedule``):
    this step is preempted (its blocks freed; it returns to the head of the waiting queue and later
    recomputes all its available tokens as a new prefill). The victim may be the request itself.
 
+Host cost. Besides the FCFS waiting queue and the running requests (admission order), the policy keeps
+the *ready* running requests in two queues ordered by admission, one of decodes and one of prefills, and
+moves a request between them only when its counters change (``add``, ``feed``, ``complete``, ``finish``,
+admission, preemption). A step therefore costs time in proportion to the requests it schedules, the
+ready requests it copies and the requests a call touched, not to every request resident: a pipeline
+stage holding thousands of requests of which a few are ready steps as fast as one holding a few.
+
 Admission (``add``) raises :class:`helix.errors.HelixUserError` when ``num_prompt_tokens +
 max_new_tokens`` exceeds the KV capacity of the whole pool: such a request could never finish.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
@@ -121,25 +130,50 @@ class _Req:
     num_available: int
     num_computed: int = 0
     num_preemptions: int = 0
-
-    @property
-    def decoding(self) -> bool:
-        return self.num_computed >= self.num_prompt_tokens
+    admission: int | None = None
+    """Sequence number of its admission to the running set; None while it waits."""
+    ready_in: _ReadyQueue | None = None
+    """The ready queue that holds it, None when it is not a ready running request."""
 
     @property
     def pending(self) -> int:
         return self.num_available - self.num_computed
 
 
+class _ReadyQueue:
+    """Running requests of one phase with inputs pending, oldest admission first.
+
+    Entries are ``(admission, request_id)``; admission numbers are unique, so ordering never compares
+    request ids (which need not be orderable)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, Hashable]] = []
+
+    def add(self, admission: int, request_id: Hashable) -> None:
+        insort(self.entries, (admission, request_id))
+
+    def discard(self, admission: int) -> None:
+        del self.entries[bisect_left(self.entries, (admission,))]
+
+
 class StepPolicy:
-    """Iteration-level scheduler over a :class:`KVBlockManager` (see the module docstring)."""
+    """Iteration-level scheduler over a :class:`KVBlockManager` (see the module docstring).
+
+    Every request is either waiting or running. The ready queues hold exactly the running requests
+    with ``num_available > num_computed``, decodes (``num_computed >= num_prompt_tokens``) in one and
+    prefills in the other; ``check_invariants`` verifies it."""
 
     def __init__(self, config: PolicyConfig, blocks: KVBlockManager) -> None:
         self.config = config
         self.blocks = blocks
         self._reqs: dict[Hashable, _Req] = {}
-        self._waiting: list[Hashable] = []   # FCFS; preempted requests go back to the front
-        self._running: list[Hashable] = []   # admission order (oldest first)
+        self._waiting: deque[Hashable] = deque()   # FCFS; preempted requests go back to the front
+        self._running: dict[Hashable, _Req] = {}  # admission order (oldest first)
+        self._ready_decodes = _ReadyQueue()
+        self._ready_prefills = _ReadyQueue()
+        self._num_admissions = 0
         self.num_preemptions_total = 0
 
     # --- requests in and out -------------------------------------------------------------------
@@ -163,17 +197,19 @@ class StepPolicy:
 
     def feed(self, request_id: Hashable, num_tokens: int = 1) -> None:
         """``num_tokens`` more inputs of ``request_id`` arrived (for ``self_feeding=False``)."""
-        self._reqs[request_id].num_available += num_tokens
+        req = self._reqs[request_id]
+        req.num_available += num_tokens
+        self._refresh(req)
 
     def finish(self, request_id: Hashable) -> None:
-        """Drop a request now (finished or aborted) and free its KV."""
-        if request_id not in self._reqs:
+        """Drop a request now (finished or aborted) and free its KV; unknown ids are ignored."""
+        req = self._reqs.pop(request_id, None)
+        if req is None:
             return
-        del self._reqs[request_id]
-        if request_id in self._running:
-            self._running.remove(request_id)
-        if request_id in self._waiting:
-            self._waiting.remove(request_id)
+        if req.admission is not None:
+            self._leave_running(req)
+        else:
+            self._waiting.remove(request_id)  # O(waiting): aborting a queued request is rare
         self.blocks.free(request_id)
 
     # --- the step ------------------------------------------------------------------------------
@@ -181,56 +217,62 @@ class StepPolicy:
         """Pick the work of the next step (see the module docstring for the rules)."""
         step = _StepBuilder(self.config)
         preempted: list[Hashable] = []
-        # One pass splits running requests into ready decodes and prefills (same order and result
-        # as filtering twice; a request only changes class here by being preempted, and preempted
-        # ones are skipped below). Pipeline stages hold many requests that are not ready, and the
-        # simulator calls this for every step of every node, so the scan is kept cheap.
         reqs = self._reqs
-        ready_decodes: list[Hashable] = []
-        prefilling: list[Hashable] = []
-        for r in self._running:
-            q = reqs[r]
-            if q.num_computed >= q.num_prompt_tokens:
-                if q.num_available > q.num_computed:
-                    ready_decodes.append(r)
-            else:
-                prefilling.append(r)
-        for rid in ready_decodes:
-            if rid in preempted or not step.room_for(1):
+        # Iterate over copies of the ready queues: preemptions below take requests out of them, and
+        # a request admitted in this step joins them but is not part of this step's decode/prefill
+        # passes. Room in a step only shrinks, so once it is gone the rest of a pass is skipped.
+        for _, rid in self._ready_decodes.entries.copy():
+            if rid in preempted:
                 continue
+            if not step.room_for(1):
+                break
             req = reqs[rid]
             if self._grow(rid, req.num_computed + 1, step, preempted):
                 step.decode(rid, req.num_computed)
-        for rid in prefilling:
-            if rid not in preempted:
-                self._schedule_prefill(rid, step, preempted, running=True)
+        for _, rid in self._ready_prefills.entries.copy():
+            if rid in preempted:
+                continue
+            if not step.room_for(1):
+                break
+            self._schedule_prefill(rid, step, preempted, running=True)
         while self._waiting and step.room_for(1):
             rid = self._waiting[0]
             if rid in preempted:
                 break  # just preempted: it must not take back the blocks it gave up in this step
             if not self._schedule_prefill(rid, step, preempted, running=False):
                 break  # strict FCFS: nobody overtakes the head of the queue
-            self._waiting.pop(0)
-            self._running.append(rid)
+            self._waiting.popleft()
+            self._admit(reqs[rid])
         return StepPlan(tuple(step.decode_ids), tuple(step.decode_positions), tuple(step.chunks),
                         tuple(preempted))
 
     def complete(self, plan: StepPlan, finished_ids: Iterable[Hashable] = ()) -> None:
         """Record that ``plan`` ran; ``finished_ids`` leave at once and free their KV."""
+        reqs = self._reqs
         for rid, pos in zip(plan.decode_ids, plan.decode_positions):
-            if rid in self._reqs:
-                self._reqs[rid].num_computed = pos + 1
+            req = reqs.get(rid)
+            if req is not None:
+                req.num_computed = pos + 1
         for chunk in plan.prefill_chunks:
-            if chunk.request_id in self._reqs:
-                self._reqs[chunk.request_id].num_computed = chunk.end
+            req = reqs.get(chunk.request_id)
+            if req is not None:
+                req.num_computed = chunk.end
         for rid in finished_ids:
             self.finish(rid)
-        if self.config.self_feeding:
-            touched = {*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)}
-            for rid in touched:
-                req = self._reqs.get(rid)
-                if req is not None and req.pending == 0:
-                    req.num_available += 1
+        self_feeding = self.config.self_feeding
+        ready_decodes = self._ready_decodes
+        # A request is in a plan once; were it there twice, the second visit would find it fed
+        # already, as a visit to the set of touched ids would.
+        for rid in (*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)):
+            req = reqs.get(rid)
+            if req is None:
+                continue
+            if self_feeding and req.num_available == req.num_computed:
+                req.num_available += 1
+            # A ready decode that stays ready (most steps of a self-feeding worker) stays put.
+            if req.ready_in is not ready_decodes or req.num_available <= req.num_computed \
+                    or req.num_computed < req.num_prompt_tokens:
+                self._refresh(req)
 
     # --- helpers --------------------------------------------------------------------------------
     def _schedule_prefill(self, rid: Hashable, step: "_StepBuilder", preempted: list[Hashable],
@@ -271,8 +313,8 @@ class StepPolicy:
         if self.blocks.capacity_of(rid) >= num_tokens:
             return True  # already covered (most decode steps): skip the allocator (simulator speed)
         while not self.blocks.can_allocate(rid, num_tokens):
-            victims = [r for r in self._running if r not in step.scheduled]
-            victim = victims[-1]  # rid itself is in victims, so the list is never empty
+            # The newest running request not in this step; rid itself qualifies, so there is one.
+            victim = next(r for r in reversed(self._running) if r not in step.scheduled)
             self._preempt(victim)
             preempted.append(victim)
             if victim == rid:
@@ -283,13 +325,64 @@ class StepPolicy:
     def _preempt(self, rid: Hashable) -> None:
         req = self._reqs[rid]
         self.blocks.free(rid)
-        self._running.remove(rid)
-        self._waiting.insert(0, rid)
+        self._leave_running(req)
+        self._waiting.appendleft(rid)
         # Recompute: everything whose input is known becomes prompt again.
         req.num_prompt_tokens = max(req.num_prompt_tokens, req.num_available)
         req.num_computed = 0
         req.num_preemptions += 1
         self.num_preemptions_total += 1
+
+    # --- the ready queues: every change to a running request's counters goes through _refresh -----
+    def _admit(self, req: _Req) -> None:
+        req.admission = self._num_admissions
+        self._num_admissions += 1
+        self._running[req.request_id] = req
+        self._refresh(req)
+
+    def _leave_running(self, req: _Req) -> None:
+        del self._running[req.request_id]
+        if req.ready_in is not None:
+            req.ready_in.discard(req.admission)
+            req.ready_in = None
+        req.admission = None
+
+    def _refresh(self, req: _Req) -> None:
+        """Move ``req`` to the ready queue its counters call for (or out of both)."""
+        if req.admission is None:
+            return  # waiting: in no ready queue
+        if req.num_available <= req.num_computed:
+            queue = None
+        elif req.num_computed >= req.num_prompt_tokens:
+            queue = self._ready_decodes
+        else:
+            queue = self._ready_prefills
+        if queue is not req.ready_in:
+            if req.ready_in is not None:
+                req.ready_in.discard(req.admission)
+            if queue is not None:
+                queue.add(req.admission, req.request_id)
+            req.ready_in = queue
+
+    def check_invariants(self) -> None:
+        """The ready queues hold exactly the ready running requests, in admission order; every
+        request waits or runs, not both (AssertionError otherwise). O(requests): for tests."""
+        assert set(self._waiting) | set(self._running) == set(self._reqs)
+        assert not set(self._waiting) & set(self._running)
+        assert len(self._waiting) + len(self._running) == len(self._reqs)
+        admissions = [q.admission for q in self._running.values()]
+        assert None not in admissions and admissions == sorted(admissions)
+        want_decodes, want_prefills = [], []
+        for rid, q in self._running.items():
+            if q.num_available > q.num_computed:
+                ready = want_decodes if q.num_computed >= q.num_prompt_tokens else want_prefills
+                ready.append((q.admission, rid))
+        assert self._ready_decodes.entries == want_decodes, (self._ready_decodes.entries,
+                                                             want_decodes)
+        assert self._ready_prefills.entries == want_prefills, (self._ready_prefills.entries,
+                                                               want_prefills)
+        for rid in self._waiting:
+            assert self._reqs[rid].admission is None and self._reqs[rid].ready_in is None
 
     # --- introspection (tests, metrics, the simulator) ------------------------------------------
     def has_work(self) -> bool:
