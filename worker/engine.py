@@ -300,7 +300,7 @@ class SliceEngine:
             self.adapters.release(req.adapter.name)
 
     def has_work(self) -> bool:
-        return (any(self.policy.num_available(r) > self.policy.num_computed(r) for r in self._reqs)
+        return (self.policy.has_ready()
                 or any(f.done() for f in self._compiling.values())
                 or any(i.new_request is not None and self.adapters.may_fit(i.new_request.adapter)
                        for i in self._task_held))

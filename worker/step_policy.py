@@ -385,6 +385,15 @@ class StepPolicy:
             assert self._reqs[rid].admission is None and self._reqs[rid].ready_in is None
 
     # --- introspection (tests, metrics, the simulator) ------------------------------------------
+    def has_ready(self) -> bool:
+        """True when some request has inputs whose KV is not computed yet (a step would run it,
+        KV allowing): the ready queues, and the waiting requests (few), are looked at, not every
+        resident request."""
+        if self._ready_decodes.entries or self._ready_prefills.entries:
+            return True
+        reqs = self._reqs
+        return any(reqs[r].pending > 0 for r in self._waiting)
+
     def has_work(self) -> bool:
         """True while any request is queued or running."""
         return bool(self._reqs)

@@ -236,6 +236,8 @@ def _assert_same_state(new: StepPolicy, ref: ReferenceStepPolicy) -> None:
     for r in ref._reqs:
         assert (new.num_computed(r), new.num_available(r), new.num_preemptions(r)) == \
             (ref.num_computed(r), ref.num_available(r), ref.num_preemptions(r)), r
+    # has_ready looks at the queues only; the full scan it stands for:
+    assert new.has_ready() == any(ref.num_available(r) > ref.num_computed(r) for r in ref._reqs)
     new.check_invariants()
 
 
