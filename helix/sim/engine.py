@@ -388,7 +388,7 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         plan = policy.schedule()
         # Whether another schedule() could find work without new inputs or freed KV: a step that
         # hit a limit, an unfinished prompt, a preemption or a blocked queue. Otherwise skip the
-        # policy's O(running) scan until inputs arrive (most steps of a pipeline stage end idle).
+        # policy's schedule() until inputs arrive (most steps of a pipeline stage end idle).
         config = policy.config
         w.maybe_ready = bool(plan.preempted_ids) or policy.num_waiting > 0 \
             or plan.num_seqs >= config.max_num_seqs \
