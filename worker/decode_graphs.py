@@ -68,6 +68,7 @@ class DecodeGraphs:
         self.out = torch.zeros_like(self.x)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._captured_rope = model.rope.cos   # graphs read this table; if it moves, recapture
         self.replays = 0
         """Steps run through a graph (or, with ``capture=False``, through the static buffers)."""
         # Host staging: one int64 array for positions and slots, one int32 for tables and lengths.
@@ -124,6 +125,9 @@ class DecodeGraphs:
         if not self.capture:
             self.out[:b] = self.model.forward(self.x[:b], self._batch(b))
         else:
+            if self.model.rope.cos is not self._captured_rope:   # an eager step grew the table
+                self._graphs.clear()
+                self._captured_rope = self.model.rope.cos
             graph = self._graphs.get(b)
             if graph is None:
                 graph = self._graphs[b] = self._capture(b)
