@@ -1,4 +1,5 @@
-/* Causal attention over a paged KV cache on the CPU, float32: the keys and values are read through
+/* The CPU engine's float32 kernels: causal attention over a paged KV cache, SiLU-mul, and
+ * rotary + KV store. Attention: the keys and values are read through
  * each sequence's block table, once per tile of query rows, and never copied out of the cache.
  *
  * Built by worker/native.py with the system C compiler (-O3 -march=native -ffast-math) and called
@@ -110,4 +111,45 @@ int helix_paged_attention_f32(float *out, const float *q, const float *k_cache, 
     free(scores);
     free(acc);
     return 0;
+}
+
+/* silu(gate) * up, row by row: gate_up [n, 2 * inter] (gate first; row stride in elements),
+ * out [n, inter] contiguous. */
+void helix_silu_mul_f32(float *out, const float *gate_up, int64_t n, int64_t inter, int64_t stride_in) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *g = gate_up + i * stride_in, *u = g + inter;
+        float *o = out + i * inter;
+#pragma omp simd
+        for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+/* HF's rotate-half rotary on the q and k heads of qkv [n, (heads + 2 kv_heads) * head_dim] (row
+ * stride in elements), in place, then the rotated k and the v of each token stored at its slot of
+ * one layer's cache [kv_heads, slots, head_dim]. cos/sin: [positions, head_dim] tables whose two
+ * halves are equal (HF's cat(freqs, freqs)). */
+void helix_rotary_store_f32(float *qkv, const int64_t *positions, const int64_t *slots,
+                            const float *cos_table, const float *sin_table, float *k_cache,
+                            float *v_cache, int64_t n, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, int64_t stride_t, int64_t kv_stride_h) {
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < n; t++) {
+        const float *c = cos_table + positions[t] * head_dim, *s = sin_table + positions[t] * head_dim;
+        float *row = qkv + t * stride_t;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *x = row + h * head_dim;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * c[i] - x2 * s[i];
+                x[i + half] = x2 * c[i + half] + x1 * s[i + half];
+            }
+        }
+        for (int64_t g = 0; g < kv_heads; g++) {
+            float *kd = k_cache + g * kv_stride_h + slots[t] * head_dim;
+            float *vd = v_cache + g * kv_stride_h + slots[t] * head_dim;
+            memcpy(kd, row + (heads + g) * head_dim, sizeof(float) * (size_t)head_dim);
+            memcpy(vd, row + (heads + kv_heads + g) * head_dim, sizeof(float) * (size_t)head_dim);
+        }
+    }
 }

@@ -15,7 +15,8 @@ The math is the Hugging Face ``LlamaForCausalLM`` forward: RMSNorm in float32, r
 ``down(silu(gate(x)) * up(x))``. q/k/v and gate/up projections are concatenated into one matrix each
 (one matmul instead of three / two; same dot products). On the ``triton`` backend a layer is ten
 kernels: RMSNorm, the QKV GEMM, rotary + KV store, attention, the O GEMM, add + RMSNorm, the
-gate-up GEMM, SiLU-mul, the down GEMM and the residual add (:mod:`worker.triton_ops`).
+gate-up GEMM, SiLU-mul, the down GEMM and the residual add (:mod:`worker.triton_ops`); on
+``native`` eleven (the add and its RMSNorm apart; :mod:`worker.native`).
 """
 
 from __future__ import annotations
@@ -200,13 +201,16 @@ class SliceModel:
         self._kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows_run = [0] * len(weights.layers)
         """Rows (tokens) each layer of the slice has processed so far: a work counter."""
-        self._ops = None
+        self._ops = None      # triton: every fused op
+        self._native = None   # native: the C kernels
         if backend == "triton":
             from worker import triton_ops
             self._ops = triton_ops
         elif backend == "native":
             from worker import native
             self._native = native.load()
+        self._fused = self._ops or self._native
+        """Where rotary + KV store and SiLU-mul run as one kernel each (None: PyTorch ops)."""
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """``[num_tokens]`` ids -> ``[num_tokens, hidden]`` (first slice only)."""
@@ -251,7 +255,7 @@ class SliceModel:
         return x if keep is None else x[keep]
 
     def _rope_of(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._ops is not None:   # the rotary kernel looks its positions up itself
+        if self._fused is not None:   # the rotary kernel looks its positions up itself
             return self.rope.cos, self.rope.sin
         return self.rope.lookup(batch.positions)
 
@@ -283,10 +287,10 @@ class SliceModel:
         h = self._norm(x, w.input_norm)
         qkv = add_task_terms(lin.qkv(h), h, tasks, i, "qkv")   # [n, (H + 2 KVH) d]
         q_end, k_end = spec.num_heads * d, (spec.num_heads + spec.num_kv_heads) * d
-        if self._ops is not None:
+        if self._fused is not None:
             qkv = qkv.contiguous()
-            self._ops.rotary_and_store(qkv, batch.positions, cos, sin, batch.slots, self.kv.keys[i],
-                                       self.kv.values[i], spec.num_heads, spec.num_kv_heads)
+            self._fused.rotary_and_store(qkv, batch.positions, cos, sin, batch.slots, self.kv.keys[i],
+                                         self.kv.values[i], spec.num_heads, spec.num_kv_heads)
             q = qkv[:, :q_end].view(n, spec.num_heads, d)
             k = qkv[:, q_end:k_end].view(n, spec.num_kv_heads, d)   # rotated too
             v = qkv[:, k_end:].view(n, spec.num_kv_heads, d)
@@ -302,8 +306,8 @@ class SliceModel:
             tasks = tasks and tasks.subset(keep)
         h, x = self._norm(add_task_terms(lin.o(attn), attn, tasks, i, "o"), w.post_norm, residual=x)
         gate_up = add_task_terms(lin.gate_up(h), h, tasks, i, "gate_up")   # [n, 2 inter]
-        if self._ops is not None:
-            act = self._ops.silu_mul(gate_up)
+        if self._fused is not None:
+            act = self._fused.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
@@ -323,8 +327,9 @@ class SliceModel:
                                           p.seq_lens, p.q_starts, p.q_lens, p.tile_seqs, p.tile_firsts,
                                           p.block_q, self.kv.block_size_tokens, self.scale)
             else:
-                self._native(out, q, self.kv.keys[i], self.kv.values[i], p.block_tables, p.seq_lens,
-                             p.q_starts, p.q_lens, self.kv.block_size_tokens, self.scale)
+                self._native.paged_attention(out, q, self.kv.keys[i], self.kv.values[i], p.block_tables,
+                                             p.seq_lens, p.q_starts, p.q_lens, self.kv.block_size_tokens,
+                                             self.scale)
         else:
             self._decode_groups_attention(i, q, batch, out)
         for c in batch.prefills:

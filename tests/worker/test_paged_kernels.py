@@ -74,8 +74,8 @@ def test_native_paged_attention_matches_sdpa(heads, kv_heads):
         pytest.skip("no C compiler here: the engine uses the gather backend")
     case = _case(heads, kv_heads, seed=heads)
     out = torch.full_like(case["q"], float("nan"))
-    lib(out, case["q"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
-        case["q_starts"], case["q_lens"], case["block_size"], case["scale"])
+    lib.paged_attention(out, case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
+                        case["seq_lens"], case["q_starts"], case["q_lens"], case["block_size"], case["scale"])
     torch.testing.assert_close(out, _reference(case), atol=2e-6, rtol=1e-5)
 
 
@@ -151,3 +151,29 @@ def test_engine_on_triton_kernels_matches_hf(tiny_ckpt, prompts, graphs):
     assert [got[i] for i in range(len(chosen))] == want
     if graphs == "eager":
         assert all(e.graphs.replays > 0 for e in engines)
+
+
+def test_native_rotary_store_and_silu_mul_match_pytorch():
+    lib = native.load()
+    if lib is None:
+        pytest.skip("no C compiler here: the engine uses the gather backend")
+    heads, kv_heads, d, n = 4, 2, 16, 5
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen)
+    positions = torch.tensor([3, 0, 17, 9, 30])
+    half = torch.randn(32, d // 2, generator=gen)
+    cos, sin = torch.cat([half.cos(), half.cos()], 1), torch.cat([half.sin(), half.sin()], 1)
+    slots = torch.tensor([5, 100, 7, 300, 41])
+    k_cache, v_cache = torch.zeros(kv_heads, 320, d), torch.zeros(kv_heads, 320, d)
+    out = qkv.clone()
+    lib.rotary_and_store(out, positions, cos, sin, slots, k_cache, v_cache, heads, kv_heads)
+    qk = apply_rotary(qkv[:, :(heads + kv_heads) * d].view(n, heads + kv_heads, d),
+                      cos[positions][:, None], sin[positions][:, None])
+    torch.testing.assert_close(out[:, :(heads + kv_heads) * d].view(n, heads + kv_heads, d), qk,
+                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k_cache[:, slots].transpose(0, 1), qk[:, heads:], atol=1e-6, rtol=1e-6)
+    v = qkv[:, (heads + kv_heads) * d:].view(n, kv_heads, d)
+    torch.testing.assert_close(v_cache[:, slots].transpose(0, 1), v, atol=0, rtol=0)
+    gate_up = torch.randn(3, 2 * 100, generator=gen)
+    torch.testing.assert_close(lib.silu_mul(gate_up), F.silu(gate_up[:, :100]) * gate_up[:, 100:],
+                               atol=1e-6, rtol=1e-5)
