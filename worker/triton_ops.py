@@ -64,8 +64,8 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     last = tl.minimum(ctx0 + first + BLOCK_Q, seq_len)   # keys the tile's last token sees
-    k_base = k_ptr + kvh * stride_kh
-    v_base = v_ptr + kvh * stride_kh
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh   # a layer's cache may pass 2^31 elements
+    v_base = v_ptr + kvh.to(tl.int64) * stride_kh
     for start in range(0, last, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < last
@@ -200,7 +200,7 @@ def _rotary_store_kernel(qkv_ptr, positions_ptr, cos_ptr, sin_ptr, slots_ptr, k_
     tl.store(base + i, y1)
     tl.store(base + HALF + i, y2)
     if h >= HEADS:
-        kvh = h - HEADS
+        kvh = (h - HEADS).to(tl.int64)
         slot = tl.load(slots_ptr + t).to(tl.int64)
         dst = k_cache_ptr + kvh * stride_kh + slot * stride_ks
         tl.store(dst + i, y1)
