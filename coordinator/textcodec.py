@@ -1,13 +1,11 @@
 """Text in and out of the coordinator: the checkpoint's tokenizer, chat template and stop strings.
 
 The tokenizer is ``tokenizer.json`` from the checkpoint folder, read with the ``tokenizers`` library;
-``tokenizer_config.json`` gives the BOS/EOS tokens and the chat template
-(Jinja, rendered in a sandbox with ``messages``, ``add_generation_prompt``, ``bos_token`` and
-``eos_token`` as in ``transformers``). Without a template we use :data:`DEFAULT_CHAT_TEMPLATE`:
-
-    <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n
-
-(one ``<|role|>`` line then the content per message, and an open assistant turn at the end).
+``tokenizer_config.json`` gives the BOS/EOS tokens. The chat template (Jinja, rendered with
+``messages``, ``add_generation_prompt``, ``bos_token`` and ``eos_token`` as in ``transformers``) is
+the checkpoint's own or the one ``helix serve --chat-template`` gives
+(:mod:`coordinator.chat_template`); without either, chat prompts are refused with a
+:class:`HelixUserError` that names the flag.
 
 :class:`Detokenizer` turns a growing list of output token ids into text deltas, holding back an
 incomplete UTF-8 sequence and any tail that could still become a stop string, so a streamed reply
@@ -25,15 +23,14 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
+from coordinator.chat_template import (DEFAULT_CHAT_TEMPLATE, ChatTemplate, checkpoint_chat_template,
+                                       missing_template_message)
 from helix.errors import HelixUserError
 from helix.tokens import piece_bytes, tokenizer_kind
 
-DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+__all__ = ["DEFAULT_CHAT_TEMPLATE", "Detokenizer", "TextCodec"]
 
 
 def _token_text(value) -> str | None:
@@ -45,7 +42,8 @@ def _token_text(value) -> str | None:
 class TextCodec:
     """Tokenizer, special tokens and chat template of one checkpoint folder."""
 
-    def __init__(self, ckpt_dir: str | Path) -> None:
+    def __init__(self, ckpt_dir: str | Path, chat_template: ChatTemplate | None = None) -> None:
+        """``chat_template``: one that replaces the checkpoint's (``--chat-template``)."""
         from tokenizers import Tokenizer
         path = Path(ckpt_dir)
         tok_file = path / "tokenizer.json"
@@ -64,8 +62,9 @@ class TextCodec:
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.eos_token_ids = self._eos_ids(model_cfg)
-        self.has_chat_template = bool(cfg.get("chat_template"))
-        self.chat_template: str = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self.ckpt_dir = path
+        self.chat_template: ChatTemplate | None = chat_template or checkpoint_chat_template(path, cfg)
+        """The template chat prompts are rendered with; None: chat requests are refused."""
         self.checkpoint_context_tokens = int(model_cfg.get("max_position_embeddings", 2048))
         """The model's own context (``max_position_embeddings``)."""
         self.max_context_tokens = self.checkpoint_context_tokens
@@ -134,40 +133,34 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def render_chat(self, messages: Sequence[dict]) -> str:
-        """The prompt text for ``messages`` (each ``{"role", "content"}``) with an open assistant turn."""
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-        # The environment transformers renders chat templates in: loop controls ({% break %}),
-        # a tojson that writes UTF-8 as is, raise_exception and strftime_now.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    def chat_template_line(self) -> str:
+        """Which chat template is served, for the start log."""
+        if self.chat_template is None:
+            return ("none: chat requests get HTTP 400 (the checkpoint has none; pass "
+                    "--chat-template FILE|STRING)")
+        return self.chat_template.source
 
-        def raise_exception(message):
-            raise TemplateError(message)
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (each ``{"role", "content"}``), with an open assistant
+        turn unless ``add_generation_prompt`` is false."""
+        if self.chat_template is None:
+            raise HelixUserError(missing_template_message(self.ckpt_dir))
+        return self.chat_template.render(messages, add_generation_prompt,
+                                         {"bos_token": self.bos_token or "",
+                                          "eos_token": self.eos_token or ""})
 
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                              sort_keys=sort_keys)
-
-        def strftime_now(fmt):
-            return datetime.now().strftime(fmt)
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = strftime_now
-        try:
-            return env.from_string(self.chat_template).render(
-                messages=list(messages), add_generation_prompt=True,
-                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except TemplateError as exc:
-            raise HelixUserError(f"chat template: {exc}") from None
+    @property
+    def chat_special_tokens(self) -> bool:
+        """Whether a rendered chat prompt gets the post-processor's special tokens
+        (:attr:`ChatTemplate.add_special_tokens`)."""
+        return self.chat_template is not None and self.chat_template.add_special_tokens
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """The chat prompt's ids. With the checkpoint's template, as ``apply_chat_template(...,
+        """The chat prompt's ids. With the model's template, as ``apply_chat_template(...,
         tokenize=True)`` and vLLM's chat API: the rendered text without special tokens (a template
         writes BOS itself where the model wants it). With :data:`DEFAULT_CHAT_TEMPLATE` (plain text,
         no BOS of its own) the post-processor decides, as for a completion."""
-        return self.encode(self.render_chat(messages), add_special_tokens=not self.has_chat_template)
+        return self.encode(self.render_chat(messages), add_special_tokens=self.chat_special_tokens)
 
 
 @dataclass

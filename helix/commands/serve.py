@@ -33,6 +33,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           request_body_timeout: float = typer.Option(30.0, min=0.001, help="seconds a client may take to send a request body (408 after)"),
           strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)"),
           keys: Optional[Path] = typer.Option(None, "--keys", help="folder made by `helix keys`: encrypt and authenticate the data plane (ZeroMQ CURVE) and the control plane (gRPC TLS + cluster token) between coordinator and workers; Ray workers get the keys from here, `helix worker` needs --keys too"),
+          chat_template: Optional[str] = typer.Option(None, "--chat-template", help="the chat template to render chat requests with, replacing the checkpoint's (as vLLM's --chat-template): a Jinja file, else the template itself as a string, or 'builtin' for Helix's plain '<|role|>' template (for random-weight demo checkpoints). Default: the checkpoint's chat_template.jinja, else tokenizer_config.json's chat_template (its 'default' when it lists named templates); a checkpoint with neither serves completions and answers chat requests with HTTP 400"),
           cluster: Optional[Path] = typer.Option(None, "--cluster", help="the cluster spec (YAML) the plan was made for: a `helix worker` of a node the plan lacks that registers while serving is checked against it (a spec node, or a new one with --gpu/--region), placed by a re-plan from the running placement and routed to once its slice is loaded; without it such a worker is refused")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
@@ -47,6 +48,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
         raise HelixUserError("--api-key must not be empty")
     if api_key_health and api_key is None:
         raise HelixUserError("--api-key-health needs --api-key")
+    from coordinator.chat_template import load_chat_template
+    template = load_chat_template(chat_template) if chat_template is not None else None
     from helix.net.keys import ClusterKeys
     cluster_keys = ClusterKeys.load(keys) if keys is not None else None
     joins = address or os.environ.get("RAY_ADDRESS")
@@ -74,7 +77,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
                                             admin_open=_loopback(host),
                                             max_body_bytes=max_request_bytes,
                                             body_timeout_s=request_body_timeout, strict=strict),
-                           keys=cluster_keys, cluster=_cluster(cluster))
+                           keys=cluster_keys, cluster=_cluster(cluster), chat_template=template)
     the_plan = Plan.load(plan)
     sock = bind_http(host, port)   # before any worker starts: a port in use fails in a second
     # Sweeps up every process this command started (a local Ray's included) once it exits, even

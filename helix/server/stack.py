@@ -17,6 +17,7 @@ from pathlib import Path
 from coordinator.grpc_api import CLIENT_METHODS, CoordinatorService, Registry
 from helix.server.launcher import LaunchConfig, RayLauncher
 from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
+from coordinator.chat_template import ChatTemplate
 from coordinator.textcodec import TextCodec
 from helix.errors import HelixUserError
 from helix.models import ModelSpec
@@ -58,6 +59,9 @@ class ServeOptions:
     keys: ClusterKeys | None = None
     """The cluster's keys (``--keys DIR``): CURVE on the data plane, TLS and the cluster token on
     the control plane (worker calls and registration), handed to the Ray workers; None: plain."""
+    chat_template: ChatTemplate | None = None
+    """The chat template that replaces the checkpoint's (``--chat-template``); None: the
+    checkpoint's own, and without one chat requests are refused (:mod:`coordinator.chat_template`)."""
 
 
 def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
@@ -109,7 +113,9 @@ class ServeStack:
         # Generate and Info are the client API: --api-key guards them, as it guards HTTP.
         self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port,
                                  keys=self.options.keys, open_methods=CLIENT_METHODS)
-        codec = TextCodec(self.model_path)   # fail fast on a checkpoint without a tokenizer
+        # Fails fast on a checkpoint without a tokenizer, or with a template that does not parse.
+        codec = TextCodec(self.model_path, self.options.chat_template)
+        self.progress(f"chat template: {codec.chat_template_line()}")
         if self.options.runtime.max_model_len is not None:   # and on a cap it cannot serve
             codec.cap_context(self.options.runtime.max_model_len)
         ray_nodes = [p.node for p in self.plan.placements if p.node not in self.options.external_nodes]

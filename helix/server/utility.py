@@ -62,10 +62,10 @@ def add_utility_routes(app: FastAPI, server) -> None:
         else:
             messages = [_message(m) for m in body.messages]
             server._check_texts([m["content"] for m in messages], "messages")
-            text = await asyncio.to_thread(codec.render_chat, messages)
-            # As the chat API encodes: no special tokens with the checkpoint's template, the
-            # post-processor's with the default one.
-            special = (not codec.has_chat_template) if body.add_special_tokens is None \
+            text = await asyncio.to_thread(codec.render_chat, messages, body.add_generation_prompt)
+            # As the chat API encodes: no special tokens with the model's template, the
+            # post-processor's with the built-in one.
+            special = codec.chat_special_tokens if body.add_special_tokens is None \
                 else body.add_special_tokens
             tokens = await asyncio.to_thread(codec.encode, text, special)
         return {"count": len(tokens), "max_model_len": codec.max_context_tokens, "tokens": tokens}

@@ -7,8 +7,10 @@ import shutil
 
 import pytest
 
+from coordinator.chat_template import load_chat_template
 from coordinator.textcodec import DEFAULT_CHAT_TEMPLATE, Detokenizer, TextCodec
 from helix.cli import main
+from helix.errors import HelixUserError
 from helix.commands.demo_checkpoint import CHAT_TEMPLATE, build_tokenizer
 
 
@@ -34,13 +36,17 @@ def test_no_bos_without_a_post_processor_and_chat_template_from_the_checkpoint(c
     assert c.eos_token_ids == (2,) and c.max_context_tokens == 512
 
 
-def test_default_chat_template_without_one_in_the_checkpoint(codec_dir, tmp_path):
+def test_builtin_chat_template_only_when_asked_for(codec_dir, tmp_path):
     shutil.copytree(codec_dir, tmp_path / "c")
     (tmp_path / "c" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
-    c = TextCodec(tmp_path / "c")
-    assert c.chat_template == DEFAULT_CHAT_TEMPLATE
-    text = c.render_chat([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
-    assert text == "<|system|>\nS\n<|user|>\nU\n<|assistant|>\n"
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    with pytest.raises(HelixUserError, match="--chat-template"):   # no silent fallback
+        TextCodec(tmp_path / "c").render_chat(msgs)
+    c = TextCodec(tmp_path / "c", load_chat_template("builtin"))
+    assert c.chat_template.text == DEFAULT_CHAT_TEMPLATE
+    assert c.render_chat(msgs) == "<|system|>\nS\n<|user|>\nU\n<|assistant|>\n"
+    # Plain text: the post-processor decides the special tokens, as for a completion.
+    assert c.encode_chat(msgs) == c.encode(c.render_chat(msgs))
 
 
 def test_streamed_text_never_shows_what_a_stop_string_cuts(codec_dir):
@@ -76,3 +82,7 @@ def test_serve_bad_inputs_are_one_line_errors(tmp_path, capsys, tiny_model):
     other.write_text((tmp_path / "plan.yaml").read_text().replace("num_layers: 8", "num_layers: 4"))
     assert main(["serve", str(other), "--model", str(ckpt)]) == 2
     assert "places 4 layers" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "plan.yaml"), "--model", str(ckpt),
+                 "--chat-template", str(tmp_path / "no-such.jinja")]) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template" in err and "no such file" in err and len(err.strip().splitlines()) == 1
