@@ -181,6 +181,11 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One message of a chat, as ``/v1/chat/completions`` and ``/tokenize`` take it. Only an
+    assistant message may have null (or no) content (an assistant turn that only made tool calls),
+    rendered as empty text; for any other role :func:`message_dicts` refuses it, as vLLM's request
+    schema does."""
+
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
@@ -192,6 +197,16 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """``{"role", "content"}`` of each message for the chat template; null content outside an
+    assistant message is a :class:`HelixUserError` (HTTP 400)."""
+    for i, m in enumerate(messages):
+        if m.content is None and m.role != "assistant":
+            raise HelixUserError(f"messages[{i}]: a {m.role} message needs 'content' (text or text "
+                                 f"parts); only an assistant message may have null content")
+    return [{"role": m.role, "content": m.text()} for m in messages]
 
 
 class ChatRequest(_Sampling):
@@ -213,4 +228,4 @@ class ChatRequest(_Sampling):
         return self.sampling(self.max_completion_tokens, n_logprobs, "max_completion_tokens")
 
     def message_dicts(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return message_dicts(self.messages)

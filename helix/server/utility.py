@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 from fastapi import FastAPI, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from helix.errors import HelixUserError
+from helix.server.schemas import ChatMessage, message_dicts
 
 
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: StrictStr | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] | None = None
+    """Checked and rendered as ``/v1/chat/completions`` does (:func:`message_dicts`)."""
     add_special_tokens: StrictBool | None = None
     """Default: true for a prompt (as a completion), false for messages (as a chat)."""
     add_generation_prompt: StrictBool = True
@@ -60,7 +61,7 @@ def add_utility_routes(app: FastAPI, server) -> None:
             special = True if body.add_special_tokens is None else body.add_special_tokens
             tokens = await asyncio.to_thread(codec.encode, body.prompt, special)
         else:
-            messages = [_message(m) for m in body.messages]
+            messages = message_dicts(body.messages)
             server._check_texts([m["content"] for m in messages], "messages")
             text = await asyncio.to_thread(codec.render_chat, messages, body.add_generation_prompt)
             # As the chat API encodes: no special tokens with the model's template, the
@@ -78,14 +79,3 @@ def add_utility_routes(app: FastAPI, server) -> None:
         if bad:
             raise HelixUserError(f"tokens must be ids in [0, {codec.vocab_size}), got {bad[:5]!r}")
         return {"prompt": await asyncio.to_thread(codec.decode, body.tokens)}
-
-
-def _message(m: dict) -> dict:
-    role, content = m.get("role"), m.get("content", "")
-    if not isinstance(role, str):
-        raise HelixUserError(f"messages: each needs a 'role' string, got {m!r:.80}")
-    if isinstance(content, list):   # OpenAI content parts: the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        raise HelixUserError(f"messages: 'content' must be text, got {content!r:.80}")
-    return {"role": role, "content": content}

@@ -121,6 +121,20 @@ def test_saved_checkpoint_chats_as_transformers(chat_ckpt):
         assert t.json()["tokens"] == input_ids(tok.apply_chat_template(
             MULTI_TURN, add_generation_prompt=False, tokenize=True))
 
+        # Null content: only an assistant turn may have it, and both routes agree.
+        user_null = [{"role": "user", "content": None}]
+        r, t = _chat(client, user_null), client.post("/tokenize", json={"messages": user_null})
+        assert r.status_code == t.status_code == 400
+        assert r.json()["error"]["message"] == t.json()["error"]["message"]
+        assert "messages[0]: a user message needs 'content'" in r.json()["error"]["message"]
+        turn = [MULTI_TURN[0], {"role": "assistant", "content": None}, MULTI_TURN[2]]
+        r, t = _chat(client, turn), client.post("/tokenize", json={"messages": turn})
+        assert r.status_code == t.status_code == 200, (r.text, t.text)
+        empty = [MULTI_TURN[0], {"role": "assistant", "content": ""}, MULTI_TURN[2]]
+        assert t.json()["tokens"] == input_ids(tok.apply_chat_template(
+            empty, add_generation_prompt=True, tokenize=True))
+        assert r.json()["usage"]["prompt_tokens"] == t.json()["count"]
+
 
 @pytest.fixture(scope="module")
 def bare_ckpt(tmp_path_factory):
