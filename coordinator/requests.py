@@ -50,6 +50,10 @@ class Done:
     """Set when the request failed because no pipeline can serve now (HTTP 503 with Retry-After)."""
     user_error: bool = False
     """The request failed by its own fault (a worker refused it as bad input): HTTP 400."""
+    stop_reason: str | int | None = None
+    """What stopped a ``stop`` finish, as vLLM reports it: the stop string that appeared, or the
+    ``stop_token_ids`` id that was sampled; None for EOS, a finished structured reply, a length
+    limit, an abort or an error."""
 
 
 Event = Delta | Done

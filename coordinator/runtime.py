@@ -378,14 +378,16 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         return cached
 
     def _end(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None,
-             user_error: bool = False) -> None:
+             user_error: bool = False, stop_reason: str | int | None = None) -> None:
         """Finish ``req`` (under the lock), then admit waiting requests."""
-        self._finish(req, reason, release_stages, error, user_error=user_error)
+        self._finish(req, reason, release_stages, error, user_error=user_error, stop_reason=stop_reason)
         self._admit_waiting()
 
     def _finish(self, req: LiveRequest, reason: str, release_stages: bool, error: str | None = None,
-                retry_after_s: int | None = None, user_error: bool = False) -> None:
-        """Finish ``req`` (under the lock): release KV, tell the caller."""
+                retry_after_s: int | None = None, user_error: bool = False,
+                stop_reason: str | int | None = None) -> None:
+        """Finish ``req`` (under the lock): release KV, tell the caller (``stop_reason``:
+        :attr:`Done.stop_reason`)."""
         req.done = True
         if reason in ("stop", "length"):
             self.output_length.observe(req.num_output_tokens)
@@ -394,7 +396,7 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         if req.pipeline is not None:
             self.scheduler.release(req.request_id)
         req.handle.push(Done(reason, len(req.prompt_token_ids), req.num_output_tokens, error,
-                             retry_after_s, user_error))
+                             retry_after_s, user_error, stop_reason))
         if req.pipeline is not None and release_stages:
             for node in dict.fromkeys(req.pipeline.nodes):
                 try:   # one stage we cannot reach must not keep the others' KV
@@ -466,10 +468,21 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         req.output_token_ids.append(ev.token.token_id)
         text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)
         req.handle.push(Delta((ev.token.token_id,), text, (ev.token,), ev.prompt_logprobs))
-        if ev.finish_reason is not None:
-            self._end(req, ev.finish_reason, release_stages=False)
-        elif req.detok.stopped:
-            self._end(req, "stop", release_stages=True)
+        if req.detok.stopped:
+            # A stop string ends it as "stop" even on the token that also hit a limit (as vLLM).
+            self._end(req, "stop", release_stages=ev.finish_reason is None,
+                      stop_reason=req.detok.stop_string)
+        elif ev.finish_reason is not None:
+            self._end(req, ev.finish_reason, release_stages=False,
+                      stop_reason=self._stop_token(req, ev) if ev.finish_reason == "stop" else None)
+
+    def _stop_token(self, req: LiveRequest, ev: TokenEvent) -> int | None:
+        """The ``stop_token_ids`` id that ended ``req``; None when it was EOS (checked first, as in
+        vLLM) or the structured reply's end."""
+        p, token_id = req.params, ev.token.token_id
+        if not p.ignore_eos and token_id in self.codec.eos_token_ids:
+            return None
+        return token_id if token_id in p.stop_token_ids else None
 
     @property
     def num_running(self) -> int:

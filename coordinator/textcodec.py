@@ -172,6 +172,8 @@ class Detokenizer:
     token_ids: list[int] | None = None
     sent_chars: int = 0
     stopped: bool = False
+    stop_string: str | None = None
+    """The stop string that ended the text (the first to appear; None: none did)."""
 
     def __post_init__(self) -> None:
         self.token_ids = []
@@ -182,9 +184,11 @@ class Detokenizer:
         is then cut before it, and the caller finishes the request)."""
         self.token_ids.append(token_id)
         text = self.codec.decode(self.token_ids)
-        cut = min((i for i in (text.find(s) for s in self.stop if s) if i >= 0), default=None)
-        if cut is not None:
+        found = [(i, k) for k, i in enumerate(text.find(s) if s else -1 for s in self.stop) if i >= 0]
+        if found:
+            cut, k = min(found)
             text, self.stopped, final = text[:cut], True, True
+            self.stop_string = self.stop[k]
         self.text = text
         visible = len(text) if final else self._safe_len(text)
         delta = text[self.sent_chars:visible] if visible > self.sent_chars else ""

@@ -14,6 +14,8 @@ queue is full, 504 (``timeout_error``) when the workers produce nothing for ``re
 mid-stream cancels its request (KV freed on every stage). ``n``, several prompts and ``echo``: one
 choice per sequence (:mod:`helix.server.choices`), streamed interleaved, each chunk naming its
 ``index``. Chat without ``max_tokens`` generates to the end of the context (vLLM's default).
+A finished choice (the finish chunk of a stream) carries vLLM's ``stop_reason``
+(:attr:`~coordinator.requests.Done.stop_reason`).
 """
 
 from __future__ import annotations
@@ -332,6 +334,8 @@ class OpenAIServer:
                 choice = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            if finish is not None:   # vLLM sends stop_reason with the finish only
+                choice["stop_reason"] = c.done.stop_reason if c.done is not None else None
             return _sse({**head, "choices": [choice], **use})
         try:
             if chat:

@@ -83,13 +83,14 @@ class Choice:
         if self.logprobs is not None:
             lp = joined(lp, self.logprobs.completion(self.tokens))
         return {"index": self.index, "text": (self.echo_text or "") + "".join(self.text),
-                "logprobs": lp, "finish_reason": self.done.finish_reason}
+                "logprobs": lp, "finish_reason": self.done.finish_reason,
+                "stop_reason": self.done.stop_reason}
 
     def chat(self) -> dict:
         """The finished choice of ``/v1/chat/completions``."""
         return {"index": self.index, "message": {"role": "assistant", "content": "".join(self.text)},
                 "logprobs": self.logprobs and self.logprobs.chat(self.tokens),
-                "finish_reason": self.done.finish_reason}
+                "finish_reason": self.done.finish_reason, "stop_reason": self.done.stop_reason}
 
 
 def usage(choices: Sequence[Choice]) -> dict:
