@@ -34,6 +34,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           strict: bool = typer.Option(False, "--strict", help="refuse unknown request fields with a 400 (default: ignore them with a logged warning, as vLLM)"),
           keys: Optional[Path] = typer.Option(None, "--keys", help="folder made by `helix keys`: encrypt and authenticate the data plane (ZeroMQ CURVE) and the control plane (gRPC TLS + cluster token) between coordinator and workers; Ray workers get the keys from here, `helix worker` needs --keys too"),
           chat_template: Optional[str] = typer.Option(None, "--chat-template", help="the chat template to render chat requests with, replacing the checkpoint's (as vLLM's --chat-template): a Jinja file, else the template itself as a string, or 'builtin' for Helix's plain '<|role|>' template (for random-weight demo checkpoints). Default: the checkpoint's chat_template.jinja, else tokenizer_config.json's chat_template (its 'default' when it lists named templates); a checkpoint with neither serves completions and answers chat requests with HTTP 400"),
+          worker_niceness: int = typer.Option(0, "--worker-niceness", min=0, max=19, help="nice levels below the coordinator's CPU priority (a joined cluster: below each raylet's) that Ray worker processes run at; Ray's own default is 15, which starves the workers on a shared machine: pass 15 to keep it"),
           cluster: Optional[Path] = typer.Option(None, "--cluster", help="the cluster spec (YAML) the plan was made for: a `helix worker` of a node the plan lacks that registers while serving is checked against it (a spec node, or a new one with --gpu/--region), placed by a re-plan from the running placement and routed to once its slice is loaded; without it such a worker is refused")) -> None:
     """Serve MODEL with the placement in PLAN: Ray workers, per-request pipelines, OpenAI API."""
     from helix.server.launcher import LaunchConfig
@@ -68,7 +69,8 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     options = ServeOptions(host=host, grpc_port=grpc_port, model_name=served_model_name,
                            external_nodes=tuple(external),
                            launch=LaunchConfig(address=address, bind_host=worker_host,
-                                               node_timeout_s=node_timeout),
+                                               node_timeout_s=node_timeout,
+                                               worker_niceness=worker_niceness),
                            runtime=RuntimeConfig(max_waiting_requests=max_waiting,
                                                  max_model_len=max_model_len,
                                                  task_placement=None if task_replicas is None else

@@ -10,6 +10,10 @@ so a worker that Ray restarts on a replacement machine binds that machine's), an
 and the other stages dial what it reports: no 127.0.0.1 assumed. A local Ray started here keeps
 workers on 127.0.0.1 (nothing exposed); ``LaunchConfig.bind_host`` overrides both.
 
+Priority: Ray starts worker processes 15 nice levels below their raylet; on a machine shared with
+other work they then get little CPU. The workers run at the raylet's priority instead (a local Ray's
+is ``helix serve``'s) unless :attr:`LaunchConfig.worker_niceness` asks for Ray's lower one.
+
 Every wait has a timeout; an actor that fails to start or a node resource that never appears is a
 :class:`~helix.errors.HelixUserError` naming the node.
 """
@@ -56,6 +60,16 @@ class LaunchConfig:
     """Times Ray restarts a worker whose process died (it then registers and rejoins)."""
     connect_timeout_s: float = 60.0
     """Longest wait for ``ray.init`` (joining a cluster, or starting a local Ray)."""
+    worker_niceness: int = 0
+    """How much lower than its raylet's CPU priority each worker process runs: the niceness Ray
+    adds when it starts a worker (its ``worker_niceness`` setting, read from ``RAY_worker_niceness``
+    in the worker's environment). Ray's own default is 15, which on a shared machine starves the
+    workers; 0 runs them at the priority of the raylet, which a local Ray inherits from
+    ``helix serve`` (``helix serve --worker-niceness``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker_niceness <= 19:
+            raise HelixUserError(f"--worker-niceness must be in [0, 19], got {self.worker_niceness}")
 
 
 class RayLauncher:
@@ -113,7 +127,7 @@ class RayLauncher:
             self._remote_cls = _ray_worker_class()
         self._actors[node] = self._remote_cls.options(
             name=f"helix-worker-{node}-{self._tag}", num_cpus=0, resources={node_resource(node): 1},
-            max_restarts=self.config.max_restarts).remote(
+            max_restarts=self.config.max_restarts, runtime_env=worker_runtime_env(self.config)).remote(
                 node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address,
                 keys)
 
@@ -194,6 +208,14 @@ class RayLauncher:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def worker_runtime_env(config: LaunchConfig) -> dict:
+    """The Ray runtime environment of every worker actor: its niceness
+    (:attr:`LaunchConfig.worker_niceness`). Given per actor, it holds for a local Ray and for a
+    cluster joined with ``--address`` alike (Ray merges these ``env_vars`` into the job's), as
+    Ray's own job supervisor sets it."""
+    return {"env_vars": {"RAY_worker_niceness": str(config.worker_niceness)}}
 
 
 def offered_resources(ray_nodes: list[dict]) -> dict[str, tuple[str, ...]]:

@@ -86,3 +86,6 @@ def test_serve_bad_inputs_are_one_line_errors(tmp_path, capsys, tiny_model):
                  "--chat-template", str(tmp_path / "no-such.jinja")]) == 2
     err = capsys.readouterr().err
     assert "--chat-template" in err and "no such file" in err and len(err.strip().splitlines()) == 1
+    assert main(["serve", str(tmp_path / "plan.yaml"), "--model", str(ckpt),
+                 "--worker-niceness", "20"]) == 2
+    assert "--worker-niceness" in capsys.readouterr().err
