@@ -100,21 +100,21 @@ def paged_layout(tables: list[tuple[int, ...]], seq_lens: list[int], q_starts: l
         block_q = query_tile(group, max(q_lens, default=1))
         tiles = attention_tiles(q_lens, block_q)
     num_tiles = len(tiles[0]) if tiles else 0
-    flat = np.zeros(num * width + 3 * num + 2 * num_tiles, dtype=np.int32)
+    # Every part starts 16-byte aligned (4 int32): Triton specialises pointer arguments on
+    # 16-byte alignment, so unaligned parts would compile new kernel variants step by step.
+    sizes = (num * width, num, num, num) + ((num_tiles, num_tiles) if tiles else ())
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + -(-size // 4) * 4)
+    flat = np.zeros(starts[-1], dtype=np.int32)
     grid = flat[:num * width].reshape(num, width)
     for s, (table, n) in enumerate(zip(tables, seq_lens)):
         used = -(-n // block_size)
         grid[s, :used] = table[:used]
-    at = num * width
-    for values in (seq_lens, q_starts, q_lens) + (tiles or ()):
+    for at, values in zip(starts[1:], (seq_lens, q_starts, q_lens) + (tiles or ())):
         flat[at:at + len(values)] = values
-        at += len(values)
     dev = torch.from_numpy(flat).to(device)
-    at = num * width
-    parts = []
-    for size in (num, num, num) + ((num_tiles, num_tiles) if tiles else ()):
-        parts.append(dev[at:at + size])
-        at += size
+    parts = [dev[at:at + size] for at, size in zip(starts[1:], sizes[1:])]
     return PagedLayout(dev[:num * width].view(num, width), *parts[:3],
                        tile_seqs=parts[3] if tiles else None, tile_firsts=parts[4] if tiles else None,
                        block_q=block_q)

@@ -135,6 +135,22 @@ class DecodeGraphs:
         self.model.rows_run = [c + n for c in counted]   # real rows only, replayed or not
         return self.out[:n]
 
+    def capture_all(self) -> None:
+        """Capture every bucket now, largest first (as nano-vllm), over an all-padding step, so no
+        serving step pays a capture (eager warm-up, synchronize, empty_cache, instantiate)."""
+        if not self.capture:
+            return
+        counted = list(self.model.rows_run)
+        self.x.zero_()
+        self.positions.zero_()
+        self.slots.fill_(self.scratch_block * self.block_size)
+        self.block_tables.fill_(self.scratch_block)
+        self.seq_lens.fill_(1)
+        for b in reversed(self.sizes):
+            if b not in self._graphs:
+                self._graphs[b] = self._capture(b)
+        self.model.rows_run = counted
+
     def _capture(self, b: int) -> "torch.cuda.CUDAGraph":
         """Capture bucket ``b`` (its buffers hold a real or padding step: the warm-up runs it
         eagerly first, which also compiles the Triton kernels outside the capture)."""

@@ -164,6 +164,7 @@ class SliceEngine:
             positions = min(spec.max_position_embeddings, self.blocks.capacity_tokens)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, positions,
                                        scratch_block=num_blocks, capture=graphs == "on")
+            self.graphs.capture_all()   # up front: no step pays a capture
         self.sampler = Sampler(config.eos_token_ids, self.device, config.seed)
         self._reqs: dict[Hashable, _Request] = {}
         self._failures: list[RequestFailure] = []

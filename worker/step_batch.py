@@ -173,8 +173,10 @@ def _positions_and_slots(spans: Sequence[RowSpan], tables: Sequence[Sequence[int
             rows = range(s.start, s.end)
             pos.extend(rows)
             slots.extend(table[p // bs] * bs + p % bs for p in rows)
-    both = torch.tensor([pos, slots], dtype=torch.long).to(device)
-    return both[0], both[1]
+    n = len(pos)
+    pad = [0] * (n % 2)          # both rows 16-byte aligned (Triton specialises on it)
+    both = torch.tensor([pos + pad, slots + pad], dtype=torch.long).to(device)
+    return both[0, :n], both[1, :n]
 
 
 def _decode_layout(tables: Sequence[Sequence[int]], context_lens: Sequence[int], bs: int,

@@ -30,7 +30,7 @@ def _pow2(n: int) -> int:
 
 
 # --- paged attention ------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])   # the step's block-table width: one variant
 def _paged_attention_kernel(
         out_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, q_starts_ptr, q_lens_ptr,
         tile_seq_ptr, tile_first_ptr, scale,
@@ -224,7 +224,8 @@ def rotary_and_store(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tens
     assert qkv.is_contiguous() and cos.stride(-1) == 1 and k_cache.stride(-1) == 1
     _rotary_store_kernel[(n, heads + kv_heads)](
         qkv, positions, cos, sin, slots, k_cache, v_cache, qkv.stride(0), cos.stride(0),
-        k_cache.stride(0), k_cache.stride(1), HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2)
+        k_cache.stride(0), k_cache.stride(1), HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2,
+        num_warps=1, enable_fp_fusion=False)   # HF rounds each product: no fma.rn.f16 contraction
 
 
 # --- SiLU(gate) * up ------------------------------------------------------------------------------
