@@ -44,6 +44,7 @@ from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.task_placement import PlacementConfig
 from coordinator.textcodec import Detokenizer, TextCodec
 from helix.errors import USER_FAILURE, HelixUserError
+from helix.gguf import checkpoint_folder
 from helix.plan import COORDINATOR, Plan
 from helix.serving import ServingLimits
 from helix.spec import WorkloadSpec
@@ -173,9 +174,9 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
             raise HelixUserError(f"engine option(s) {overridden} come from the plan's serving "
                                  f"section, not from the runtime config")
         self.plan = plan
-        self.model_path = model_path
+        self.model_path = str(checkpoint_folder(model_path))   # a GGUF's converted folder
         self.config = config
-        self.codec = codec or TextCodec(model_path)
+        self.codec = codec or TextCodec(self.model_path)
         if config.max_model_len is not None:
             self.codec.cap_context(config.max_model_len)
         self.observer = observer

@@ -197,7 +197,8 @@ MODEL_CATALOG: dict[str, ModelSpec] = {m.name: m for m in (
 
 
 def resolve_model(ref: str | Path, base_dir: Path | None = None) -> ModelSpec:
-    """A catalog name (case-insensitive), or a path to a checkpoint folder / ``config.json``.
+    """A catalog name (case-insensitive), or a path to a checkpoint folder / ``config.json``, or to a
+    GGUF file / a folder holding one (its shape from the file's metadata, :mod:`helix.gguf`).
 
     Relative paths are taken against ``base_dir`` (the spec file's folder) first, then the CWD.
     """
@@ -210,6 +211,10 @@ def resolve_model(ref: str | Path, base_dir: Path | None = None) -> ModelSpec:
         candidates.insert(0, base_dir / key)
     for cand in candidates:
         if cand.exists():
+            from helix.gguf import find_gguf, open_gguf
+            found = find_gguf(cand)
+            if found is not None:
+                return open_gguf(found).spec()
             return ModelSpec.from_pretrained_dir(cand)
     raise SpecError(f"model: unknown model {key!r}; known: {', '.join(MODEL_CATALOG)} "
-                    f"(or a path to a checkpoint folder with config.json)")
+                    f"(or a path to a checkpoint folder with config.json, or a GGUF file)")

@@ -7,7 +7,7 @@ value: ``nodes[3].gpu: unknown GPU 'A10O'; known: A100-40G, ...``.
 
 Example (see ``cluster_specs/`` for complete ones)::
 
-    model: llama-2-70b                 # catalog name, or a checkpoint folder / config.json path
+    model: llama-2-70b                 # catalog name, or a checkpoint folder / config.json / GGUF path
     coordinator: {region: us-east}
     workload: {mean_prompt_tokens: 763, mean_output_tokens: 232}
     regions:
@@ -228,7 +228,7 @@ class ClusterSpec(_Frozen):
     """A whole cluster: nodes, regions, links, model, workload. Build with :func:`load_cluster`."""
 
     model_ref: str = Field(alias="model")
-    """Catalog name or path to a Hugging Face checkpoint folder / config.json."""
+    """Catalog name or path to a Hugging Face checkpoint folder / config.json, or to a GGUF file."""
     dtype: str = "float16"
     coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from helix.errors import USER_FAILURE, HelixUserError
+from helix.gguf import checkpoint_folder
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
 from helix.serving import ServingSpec
@@ -185,7 +186,9 @@ class SliceEngine:
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, start: int, end: int,
                         config: EngineConfig = EngineConfig()) -> "SliceEngine":
-        """Load layers ``[start, end)`` of a HF checkpoint folder (only those tensors)."""
+        """Load layers ``[start, end)`` of a HF checkpoint folder or a GGUF file (only those
+        tensors)."""
+        ckpt_dir = checkpoint_folder(ckpt_dir)
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         weights, _ = load_slice(ckpt_dir, start, end, torch_dtype(config.dtype), device)
         engine = cls(weights, config)

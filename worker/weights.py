@@ -1,10 +1,15 @@
-"""Load only one slice's tensors from a Hugging Face safetensors checkpoint.
+"""Load only one slice's tensors from a Hugging Face safetensors checkpoint or a GGUF file.
 
 Reads ``config.json`` through :class:`helix.models.ModelSpec`, then ``model.safetensors`` or the shards
 named by ``model.safetensors.index.json``. The safetensors format is an 8-byte little-endian header
 length, a JSON header (name -> dtype, shape, byte offsets) and the raw data; we read the header and then
 exactly the byte ranges of the tensors the slice needs with ``os.pread``, so memory and I/O grow with the
 slice, not the model (``LoadReport.bytes_read`` counts every byte read, headers included).
+
+A GGUF file (or a folder holding one) is first given its converted folder
+(:func:`helix.gguf.checkpoint_folder`), whose ``model.gguf`` link is read through
+:class:`helix.gguf.GGUFFile`: each tensor the slice needs is dequantized to float32 and then cast to
+the serving dtype; ``bytes_read`` counts the file's header and those tensors' quantized bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 import torch
 
 from helix.errors import HelixUserError, SpecError
+from helix.gguf import GGUF_LINK, checkpoint_folder, open_gguf
 from helix.models import ModelSpec
 from worker.model import LayerWeights, SliceWeights
 
@@ -118,14 +124,33 @@ class _Reader:
         return torch.frombuffer(buf, dtype=_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
+class _GGUFReader:
+    """The :class:`_Reader` interface over a GGUF file, dequantizing each tensor read."""
+
+    def __init__(self, path: Path) -> None:
+        self.gguf = open_gguf(path)
+        self.bytes_read = self.gguf.header_bytes
+
+    def has(self, name: str) -> bool:
+        return self.gguf.has(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.gguf.shape(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        self.bytes_read += self.gguf.nbytes(name)
+        return torch.from_numpy(self.gguf.read(name))
+
+
 def load_slice(ckpt_dir: str | Path, start: int, end: int, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> tuple[SliceWeights, LoadReport]:
     """Weights of layers ``[start, end)`` (plus embedding / final norm / LM head where the slice needs
-    them) in ``dtype`` on ``device``. One clear error for a bad slice or a missing / mis-shaped tensor."""
-    ckpt = Path(ckpt_dir)
+    them) in ``dtype`` on ``device``, from a checkpoint folder or a GGUF file. One clear error for a
+    bad slice or a missing / mis-shaped tensor."""
+    ckpt = checkpoint_folder(ckpt_dir)
     spec = ModelSpec.from_pretrained_dir(ckpt)
     check_slice(spec, start, end)
-    reader = _Reader(ckpt)
+    reader = _GGUFReader(ckpt / GGUF_LINK) if (ckpt / GGUF_LINK).is_file() else _Reader(ckpt)
     shapes = expected_shapes(spec, start, end)
     if spec.tie_word_embeddings and not reader.has("lm_head.weight") and "lm_head.weight" in shapes:
         shapes["model.embed_tokens.weight"] = shapes.pop("lm_head.weight")

@@ -10,9 +10,9 @@ scaled up so greedy choices are well separated (float rounding between engines c
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from helix.cache import cache_dir
 from helix.models import MODEL_CATALOG
 
 TEXT = ("Helix serves one large language model over a cluster of mixed GPUs in several regions. "
@@ -28,9 +28,7 @@ _VERSION = "1"   # bump when the recipe changes, so cached folders are rebuilt
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("HELIX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "helix")
-    return Path(base) / f"tiny-llama-demo-v{_VERSION}"
+    return cache_dir() / f"tiny-llama-demo-v{_VERSION}"
 
 
 def build_tokenizer():

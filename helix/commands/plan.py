@@ -34,7 +34,7 @@ def plan_command(
                                             help="Most nodes a request passes (trades throughput for latency)."),
     no_partial: bool = typer.Option(False, "--no-partial-inference",
                                     help="Stages must meet exactly (no overlapping ranges)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Catalog name or checkpoint folder."),
+    model: Optional[str] = typer.Option(None, "--model", help="Catalog name, checkpoint folder or GGUF file."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write plan.yaml here."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     draw: Optional[Path] = typer.Option(

@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
 
 
 def profile_command(
-    model: str = typer.Argument(..., help="Catalog name (e.g. llama-2-7b) or checkpoint folder with "
-                                          "config.json. Weights are random: step times depend on "
+    model: str = typer.Argument(..., help="Catalog name (e.g. llama-2-7b), checkpoint folder with "
+                                          "config.json or GGUF file. Weights are random: step times depend on "
                                           "shapes and dtype, not on values."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Profile folder to write (default: "

@@ -15,7 +15,7 @@ from helix.errors import HelixUserError
 
 
 def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix plan`"),
-          model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint folder (safetensors + tokenizer.json)"),
+          model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint folder (safetensors + tokenizer.json), or a GGUF file (LLaMA-family, dequantized at load) or a folder holding one"),
           host: str = typer.Option("127.0.0.1", help="address the HTTP, gRPC and data-plane servers bind"),
           port: int = typer.Option(8000, help="HTTP port of the OpenAI-compatible API"),
           grpc_port: int = typer.Option(50051, help="coordinator gRPC port (Python client, `helix worker`)"),
@@ -100,7 +100,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
 
 def worker(coordinator: str = typer.Option(..., help="the coordinator's gRPC HOST:PORT"),
            node: str = typer.Option(..., help="this machine's node name in the plan"),
-           model: Path = typer.Option(..., "--model", help="checkpoint folder on this machine"),
+           model: Path = typer.Option(..., "--model", help="checkpoint folder or GGUF file on this machine"),
            host: str = typer.Option("127.0.0.1", help="address this worker binds (reachable by the others)"),
            data_port: int = typer.Option(0, help="ZeroMQ data-plane port (0 = any)"),
            control_port: int = typer.Option(0, help="gRPC control port (0 = any)"),

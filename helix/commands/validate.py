@@ -132,7 +132,7 @@ def validate(
         None, "--from-helix-ini", help="Read CLUSTER as the reference Helix INI format; this "
         "option names its machine_profile.ini."),
     model: Optional[str] = typer.Option(None, "--model", help="Override the spec's model: a "
-                                        "catalog name or a checkpoint folder."),
+                                        "catalog name, a checkpoint folder or a GGUF file."),
 ) -> None:
     """Check a cluster spec and print what each node can hold and how fast it runs.
 

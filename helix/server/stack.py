@@ -20,6 +20,7 @@ from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
 from coordinator.chat_template import ChatTemplate
 from coordinator.textcodec import TextCodec
 from helix.errors import HelixUserError
+from helix.gguf import checkpoint_folder
 from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.spec import ClusterSpec
@@ -65,13 +66,21 @@ class ServeOptions:
 
 
 def check_model_matches_plan(plan: Plan, model_path: str) -> ModelSpec:
-    if not Path(model_path).is_dir():
-        raise HelixUserError(f"--model {model_path!r}: no such checkpoint folder")
-    spec = ModelSpec.from_pretrained_dir(model_path)
+    """The model's shape, read from ``model_path`` (a checkpoint folder, a GGUF file or a folder
+    holding one); one clear error when there is none or its layers are not the plan's."""
+    if not Path(model_path).exists():
+        raise HelixUserError(f"--model {model_path!r}: no such checkpoint folder or GGUF file")
+    spec = ModelSpec.from_pretrained_dir(checkpoint_folder(model_path))
     if spec.num_layers != plan.num_layers:
         raise HelixUserError(f"the plan places {plan.num_layers} layers but {model_path!r} has "
                              f"{spec.num_layers}")
     return spec
+
+
+def _served_name(model_path: Path) -> str:
+    """The folder's name, or a GGUF file's without ``.gguf``."""
+    path = model_path.resolve()
+    return path.stem if path.is_file() and path.suffix.lower() == ".gguf" else path.name
 
 
 class ServeStack:
@@ -87,8 +96,9 @@ class ServeStack:
             raise HelixUserError(f"--external node(s) {sorted(unknown)} are not in the plan")
         self.plan = plan
         self.model_path = str(model_path)
+        """As given: each worker resolves it on its own machine (a GGUF to its converted folder)."""
         self.options = options
-        self.model_name = options.model_name or Path(model_path).resolve().name
+        self.model_name = options.model_name or _served_name(Path(model_path))
         self.metrics = ServingMetrics(self.model_name)
         self.registry = Registry()
         self.service = CoordinatorService(self.registry, self.model_name, options.http.api_key,
@@ -113,8 +123,9 @@ class ServeStack:
         # Generate and Info are the client API: --api-key guards them, as it guards HTTP.
         self.grpc = start_server([self.service.handler()], self.options.host, self.options.grpc_port,
                                  keys=self.options.keys, open_methods=CLIENT_METHODS)
-        # Fails fast on a checkpoint without a tokenizer, or with a template that does not parse.
-        codec = TextCodec(self.model_path, self.options.chat_template)
+        # Fails fast on a checkpoint without a tokenizer (a GGUF: its converted folder's), or with
+        # a template that does not parse.
+        codec = TextCodec(checkpoint_folder(self.model_path), self.options.chat_template)
         self.progress(f"chat template: {codec.chat_template_line()}")
         if self.options.runtime.max_model_len is not None:   # and on a cap it cannot serve
             codec.cap_context(self.options.runtime.max_model_len)
