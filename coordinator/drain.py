@@ -46,18 +46,25 @@ class NodeStatus:
 
     node: str
     state: str
-    """``ok``, ``suspect``, ``dead`` (health), ``draining`` (no new requests; some left) or
-    ``drained`` (empty: it may be stopped)."""
+    """``ok``, ``suspect``, ``dead`` (health), ``lost`` (dead, and its worker cannot be restarted),
+    ``draining`` (no new requests; some left) or ``drained`` (empty: it may be stopped)."""
     start: int
     end: int
     """The node's layers ``[start, end)`` in the plan."""
     requests: int
     """Requests whose pipeline crosses the node (the coordinator's count)."""
-    worker_requests: int
-    """Requests the node's worker held at its last stats poll."""
+    worker_requests: int | None
+    """Requests the node's worker held at its last stats poll; None while it does not answer
+    (suspect, dead, lost: that count is stale)."""
     kv_blocks_used: int
     draining_for_s: float | None
     """Seconds since the node was drained (None: it takes requests)."""
+    down_for_s: float | None = None
+    """Seconds since the node stopped answering (None: it answers)."""
+    restarts: int = 0
+    """Times a new process registered for it while serving."""
+    reason: str | None = None
+    """Why it is lost (None otherwise)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,13 +205,19 @@ class Draining:
         draining = node in self.drains or s.draining
         if draining and health is NodeState.OK:
             state = "drained" if requests == 0 and s.num_requests == 0 else "draining"
+        reason = self.lost.get(node) if health is not NodeState.OK else None
+        if reason is not None:
+            state = "lost"
         since = self.drains.since_s.get(node)
-        return NodeStatus(node, state, p.start, p.end, requests, s.num_requests, s.kv_blocks_used,
-                          None if not draining else (now - since if since is not None else 0.0))
+        down = self.health.down_since(node)
+        return NodeStatus(node, state, p.start, p.end, requests,
+                          s.num_requests if health is NodeState.OK else None, s.kv_blocks_used,
+                          None if not draining else (now - since if since is not None else 0.0),
+                          None if down is None else round(now - down, 1), self.restarts[node], reason)
 
     def node_states(self) -> dict[str, str]:
-        """Each node's state (``ok`` / ``suspect`` / ``dead``, or ``draining`` / ``drained``), for
-        /health and /metrics."""
+        """Each node's state (``ok`` / ``suspect`` / ``dead`` / ``lost``, or ``draining`` /
+        ``drained``), for /health and /metrics."""
         return {st.node: st.state for st in self.nodes_status()}
 
 

@@ -10,6 +10,9 @@ a test any numbers):
 - ``dead``: no answer for ``dead_after_s``, or ``dead_after_refusals`` polls in a row refused outright
   (nothing listens on its port: the process is gone). Its requests move to other pipelines. A dead
   node stays dead until it answers again.
+
+A node is *down* from the moment it leaves ``ok`` until it is ``ok`` again (:meth:`NodeHealth.down_since`);
+the transition back says how long that was (:attr:`Transition.down_s`, the time a restart took).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class Transition:
     node: str
     old: NodeState
     new: NodeState
+    down_s: float | None = None
+    """On a transition back to ``ok``: how long the node was down (None otherwise)."""
 
 
 class NodeHealth:
@@ -62,6 +67,7 @@ class NodeHealth:
         self._answered_s = dict.fromkeys(self._state, now_s)
         self._failed = dict.fromkeys(self._state, False)
         self._refusals = dict.fromkeys(self._state, 0)
+        self._down_since: dict[str, float] = {}
 
     def answered(self, node: str, now_s: float) -> None:
         self._answered_s[node] = now_s
@@ -80,8 +86,16 @@ class NodeHealth:
             new = self._derive(node, now_s, old)
             if new is not old:
                 self._state[node] = new
-                out.append(Transition(node, old, new))
+                out.append(self._went(node, old, new, now_s))
         return out
+
+    def _went(self, node: str, old: NodeState, new: NodeState, now_s: float) -> Transition:
+        """Book ``node``'s change of state at ``now_s`` (since when it is down)."""
+        if new is NodeState.OK:
+            since = self._down_since.pop(node, None)
+            return Transition(node, old, new, None if since is None else now_s - since)
+        self._down_since.setdefault(node, now_s)
+        return Transition(node, old, new)
 
     def _derive(self, node: str, now_s: float, old: NodeState) -> NodeState:
         silent_s = now_s - self._answered_s[node]
@@ -92,15 +106,15 @@ class NodeHealth:
             return NodeState.DEAD
         return NodeState.SUSPECT
 
-    def declare_dead(self, node: str) -> Transition | None:
-        """Mark ``node`` dead now (its process was replaced: a new one registered); the transition,
-        or None when it already was. It comes back when the new process answers a poll."""
+    def declare_dead(self, node: str, now_s: float) -> Transition | None:
+        """Mark ``node`` dead at ``now_s`` (its process was replaced: a new one registered); the
+        transition, or None when it already was. It comes back when the new process answers a poll."""
         old = self._state[node]
         if old is NodeState.DEAD:
             return None
         self._state[node] = NodeState.DEAD
         self._failed[node] = True
-        return Transition(node, old, NodeState.DEAD)
+        return self._went(node, old, NodeState.DEAD, now_s)
 
     def add(self, node: str, now_s: float) -> None:
         """A node that joined while serving (issue 16): ``ok``, as if it had just answered."""
@@ -108,14 +122,19 @@ class NodeHealth:
         self._answered_s[node] = now_s
         self._failed[node] = False
         self._refusals[node] = 0
+        self._down_since.pop(node, None)
 
     def remove(self, node: str) -> None:
         """A node that left the plan (issue 16): no longer tracked."""
-        for book in (self._state, self._answered_s, self._failed, self._refusals):
+        for book in (self._state, self._answered_s, self._failed, self._refusals, self._down_since):
             book.pop(node, None)
 
     def state(self, node: str) -> NodeState:
         return self._state[node]
+
+    def down_since(self, node: str) -> float | None:
+        """Since when ``node`` is not ``ok`` (the clock :meth:`update` was given); None while it is."""
+        return self._down_since.get(node)
 
     def states(self) -> dict[str, NodeState]:
         return dict(self._state)

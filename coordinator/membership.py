@@ -3,9 +3,17 @@
 A mixin of :class:`coordinator.runtime.Coordinator` (it reads and writes the coordinator's state
 under the coordinator's lock): the stats poller feeds :class:`coordinator.health.NodeHealth`, a
 suspect or dead node is masked in the scheduler's KV estimator, a dead node's requests move to
-another pipeline (:meth:`Membership._move`), a node that registers again rejoins
-(:meth:`Membership.rejoin`), and with no pipeline left requests wait a grace period, then fail
-(:class:`NoPipeline`, HTTP 503).
+another pipeline (:meth:`Membership._move`), a suspect node's too while another pipeline has room
+for them (a frozen node's streams need not wait until it is declared dead), a node that registers
+again rejoins (:meth:`Membership.rejoin`), and with no pipeline left requests wait a grace period,
+then fail (:class:`NoPipeline`, HTTP 503).
+
+Outages: each poll works out the share of the plan's capacity that the serving nodes carry
+(:class:`coordinator.capacity.Capacity`), which sizes the waiting queue
+(:class:`coordinator.admission.WaitingBound`); the time each dead node took to come back is the
+restart time the queue is sized for. A node whose worker cannot be restarted is *lost*
+(:meth:`Membership.mark_lost`, said by whoever restarts workers: ``helix.server.restarts``) until a
+new process for it registers. :meth:`Membership.health_report` says all of it for ``/health``.
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from coordinator.capacity import Capacity
 from coordinator.health import NodeState, Transition
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.requests import Done, LiveRequest
@@ -42,6 +53,25 @@ class NoPipeline(Exception):
 class Membership:
     """Worker health and failover for :class:`~coordinator.runtime.Coordinator` (see the module)."""
 
+    def _outages_init(self) -> None:
+        self.lost: dict[str, str] = {}
+        """Nodes whose worker cannot be restarted now, and why (until a new process registers)."""
+        self.restarts: Counter[str] = Counter()
+        """Times a new process registered for each node while serving (a restart)."""
+        self.capacity_fraction = 1.0
+        """The share of the plan's capacity the serving nodes carry (at the last poll)."""
+        self._capacity: Capacity | None = None
+
+    def mark_lost(self, node: str, reason: str) -> None:
+        """``node``'s worker cannot be restarted (its machine is gone, or it fails to start): it is
+        reported ``lost`` with ``reason`` until a new process for it registers. Unknown nodes (one
+        that left the plan) are ignored."""
+        with self._lock:
+            if node not in self.workers or self.lost.get(node) == reason:
+                return
+            self.lost[node] = reason
+        log.error("coordinator: node %s is lost: %s", node, reason)
+
     def rejoin(self, w: WorkerHandle) -> None:
         """A worker for a plan node registered again (restarted by hand, or by Ray, at new
         addresses): load its slice, tell every peer where it is now; the next stats polls bring it
@@ -56,7 +86,9 @@ class Membership:
         with self._lock:
             # A new process replaces the node: whatever the old one held is gone with it (it may
             # still look alive: restarted before it was declared dead). Its requests move first.
-            t = self.health.declare_dead(w.node)
+            self.restarts[w.node] += 1
+            self.lost.pop(w.node, None)
+            t = self.health.declare_dead(w.node, time.monotonic())
             if t is not None:
                 self._on_transition(t)
                 self._reflow()
@@ -108,7 +140,9 @@ class Membership:
             if any(NodeState.DEAD in (t.old, t.new) for t in changes):
                 self._reflow()
             self._observe_kv([n for n in nodes if n in self.clients], self.scheduler.kv)
+            self._move_off_suspects()
             self._update_route(now)
+            self._update_capacity(now)
             self._admit_waiting()   # usage may have dropped with no request ending
 
     def _poll_one(self, node: str, timeout_s: float) -> WorkerStats | bool:
@@ -146,7 +180,10 @@ class Membership:
                       if not r.done and r.pipeline is not None and t.node in r.pipeline.nodes]
             for req in moving:
                 self._move(req, t.node)
-        elif t.old is NodeState.DEAD:
+        elif t.new is NodeState.OK:
+            self.lost.pop(t.node, None)
+            if t.old is NodeState.DEAD and t.down_s is not None:
+                self.waiting_bound.restarted(t.down_s)   # what the waiting queue is sized for
             orphans = self._orphans.pop(t.node, set())
             if orphans:   # the node kept KV of requests that moved away: free it
                 try:
@@ -154,12 +191,42 @@ class Membership:
                 except Exception:
                     log.exception("coordinator: releasing moved requests on %s failed", t.node)
 
-    def _move(self, req: LiveRequest, dead: str | None) -> None:
+    def _move_off_suspects(self) -> None:
+        """Move the requests crossing a suspect node (silent: frozen, overloaded or cut off) to
+        pipelines without it, as long as one has room now (under the lock); the others stay where
+        they are, for the node may answer again and continue them. The node is masked already."""
+        suspects = {n for n, s in self.health.states().items() if s is NodeState.SUSPECT}
+        if not suspects:
+            return
+        stuck = [r for r in self._live.values()
+                 if not r.done and r.pipeline is not None and not suspects.isdisjoint(r.pipeline.nodes)]
+        moved = 0
+        for req in stuck:
+            old_id = req.request_id
+            req.request_id = self._next_id   # the id _move gives it, so the reservation is its own
+            pipeline = self._schedule(req, len(req.dispatch_token_ids()),
+                                      req.dispatch_params().max_tokens)
+            req.request_id = old_id
+            if pipeline is None:
+                break   # no room: later polls try again
+            self._move(req, next(n for n in req.pipeline.nodes if n in suspects), queue=False)
+            moved += 1
+            try:
+                self._try_dispatch(req, pipeline)
+            except Exception:   # the send failed: it waits, first in line, as a dead node's do
+                log.exception("coordinator: dispatching moved request %d failed", req.request_id)
+                self._waiting.appendleft(req)
+        if moved:
+            log.warning("coordinator: %d of %d request(s) moved off suspect node(s) %s", moved,
+                        len(stuck), ", ".join(sorted(suspects)))
+
+    def _move(self, req: LiveRequest, dead: str | None, queue: bool = True) -> None:
         """``req``'s pipeline lost ``dead`` (None: none lost, a drained node gives its requests away):
         free it on the other stages (and on ``dead`` once it answers again) and start it again, under a
         new id, on another pipeline from its prompt and the tokens it already streamed (the caller
         sees a pause). Greedy output is unchanged; presence / frequency penalties then also count the
-        earlier output as prompt, and a seeded draw restarts its generator."""
+        earlier output as prompt, and a seeded draw restarts its generator. ``queue`` False: the
+        caller dispatches it (a pipeline is reserved for its new id) instead of queueing it."""
         old_id = req.request_id
         self.scheduler.release(old_id)
         for node in dict.fromkeys(req.pipeline.nodes):
@@ -179,8 +246,8 @@ class Membership:
         req.moves += 1
         self.requests_moved += 1
         self.moved_prefill_tokens += len(req.dispatch_token_ids())
-        # It was admitted before: it goes ahead of requests that never started.
-        self._waiting.appendleft(req)
+        if queue:   # it was admitted before: it goes ahead of requests that never started
+            self._waiting.appendleft(req)
 
     def _observe_kv(self, nodes, kv) -> None:
         """Feed ``kv`` each node's KV use from its last stats (under the lock); a node that is not
@@ -206,6 +273,61 @@ class Membership:
             while self._waiting:
                 self._finish(self._waiting.popleft(), "error", release_stages=False, error=message,
                              retry_after_s=self.config.retry_after_s)
+
+    # --- capacity, the waiting queue, outages -------------------------------------------------------
+    def _update_capacity(self, now: float) -> None:
+        """The share of the plan's capacity the serving nodes carry now (under the lock)."""
+        if self._capacity is None or self._capacity.plan is not self.plan:
+            self._capacity = Capacity(self.plan)
+        fraction = self._capacity.fraction(self._usable())
+        if fraction != self.capacity_fraction:
+            log.warning("coordinator: %.0f %% of the plan's capacity serves", 100 * fraction)
+        self.capacity_fraction = fraction
+        self.waiting_bound.serving(now, fraction)
+
+    def queue_limit(self) -> int:
+        """How many new requests may wait for a pipeline now."""
+        return self.waiting_bound.limit(time.monotonic(), self.capacity_fraction)
+
+    def _check_queue(self) -> None:
+        """Raise :class:`~coordinator.runtime.QueueFull` when as many new requests wait as the
+        bound allows (under the lock). Moved requests (admitted before) do not count."""
+        from coordinator.runtime import QueueFull
+        now = time.monotonic()
+        limit = self.waiting_bound.limit(now, self.capacity_fraction)
+        if len(self._waiting) < limit:
+            return
+        fresh = sum(1 for r in self._waiting if not r.moves)
+        if fresh >= limit:
+            retry_s = self.waiting_bound.retry_after_s(now, self.capacity_fraction, fresh)
+            raise QueueFull(retry_s, f"{fresh} requests wait; {100 * self.capacity_fraction:.0f} % "
+                                     f"of the plan's capacity serves")
+
+    def health_report(self) -> dict:
+        """What ``/health`` says beside its status: the share of the plan's capacity that serves
+        (and its tokens/s), every node's state, the nodes that are down (since when, for how long,
+        and why when lost), and the waiting queue against its bound."""
+        states = self.node_states()
+        with self._lock:
+            now, wall = time.monotonic(), time.time()
+            capacity = self._capacity or Capacity(self.plan)
+            down = {}
+            for node in self.workers:
+                since = self.health.down_since(node)
+                if since is None:
+                    continue
+                at = datetime.fromtimestamp(wall - (now - since), timezone.utc)
+                down[node] = {"state": states[node], "since": at.isoformat(timespec="seconds"),
+                              "for_s": round(now - since, 1), "restarts": self.restarts[node]}
+                if node in self.lost:
+                    down[node]["reason"] = self.lost[node]
+            fraction = self.capacity_fraction
+            return {"capacity_fraction": round(fraction, 4),
+                    "capacity_tokens_per_s": round(fraction * capacity.full_tokens_per_s, 1),
+                    "plan_tokens_per_s": round(capacity.full_tokens_per_s, 1),
+                    "nodes": states, "down": down,
+                    "waiting": {"requests": len(self._waiting), "limit": self.queue_limit(),
+                                "wait_s": round(self.waiting_bound.wait_s, 1)}}
 
     def _check_route(self) -> None:
         """Refuse a new request once no pipeline has been left for the whole grace period."""

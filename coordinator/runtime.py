@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.adapters import Adapters
+from coordinator.admission import WaitingBound
 from coordinator.drain import DrainBook, Draining
 from coordinator.health import HealthConfig, NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
@@ -74,9 +75,19 @@ class WorkerHandle:
 class RuntimeConfig:
     """How the live coordinator runs."""
 
-    max_waiting_requests: int = 64
-    """Requests that may wait for a pipeline; one more is refused (HTTP 503 with Retry-After)."""
+    max_waiting_requests: int | None = None
+    """New requests that may wait for a pipeline; one more is refused (HTTP 503 with Retry-After).
+    None: as many as the capacity still serving completes in ``max_queue_wait_s``
+    (:mod:`coordinator.admission`). Requests that moved off a node (admitted before) never count."""
+    min_waiting_requests: int = 64
+    """With ``max_waiting_requests`` None: at least this many may wait."""
+    max_queue_wait_s: float | None = None
+    """With ``max_waiting_requests`` None: the wait the queue is sized for; None: 1.5 x the time a
+    worker restart takes (measured as nodes come back; ``expected_restart_s`` until then)."""
+    expected_restart_s: float = 10.0
+    """Seconds a worker restart is assumed to take until one is measured."""
     retry_after_s: int = 1
+    """Retry-After when no pipeline is left, and for a full queue of fixed size."""
     stats_interval_s: float = 0.25
     request_timeout_s: float = 60.0
     """A request with no output for this long is cancelled."""
@@ -131,8 +142,9 @@ def check_serving(plan: Plan) -> ServingLimits:
 class QueueFull(Exception):
     """Every pipeline is masked and the waiting queue is full."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"server busy: the request queue is full; retry after {retry_after_s} s")
+    def __init__(self, retry_after_s: int, detail: str = "") -> None:
+        super().__init__(f"server busy: the request queue is full{f' ({detail})' if detail else ''}; "
+                         f"retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -215,6 +227,11 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         self.requests_moved = 0
         self.moved_prefill_tokens = 0
         """Tokens prefilled again because their request moved off a dead node."""
+        self.waiting_bound = WaitingBound(config.max_waiting_requests, config.min_waiting_requests,
+                                          config.max_queue_wait_s, config.expected_restart_s,
+                                          default_retry_s=config.retry_after_s)
+        """How many new requests may wait (coordinator.admission)."""
+        self._outages_init()   # lost nodes, restarts, the capacity serving (coordinator.membership)
 
     # --- workers ----------------------------------------------------------------------------------
     def attach(self, workers: Sequence[WorkerHandle]) -> None:
@@ -288,8 +305,8 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
                               adapter=adapter)
             # FIFO: a newcomer never overtakes requests already waiting for a pipeline.
             if self._waiting or not self._try_dispatch(req):
-                if len(self._waiting) >= self.config.max_waiting_requests and not sibling:
-                    raise QueueFull(self.config.retry_after_s)
+                if not sibling:
+                    self._check_queue()   # QueueFull past the bound (coordinator.membership)
                 self._waiting.append(req)
             self._live[rid] = req
         return handle
@@ -304,13 +321,12 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
                 self._waiting.remove(req)
             self._end(req, "abort", release_stages=True)
 
-    def _try_dispatch(self, req: LiveRequest) -> bool:
-        """Reserve a pipeline for ``req`` and send it to the first stage; False when every pipeline
-        is masked. A send that raises undoes the reservation, then re-raises."""
+    def _try_dispatch(self, req: LiveRequest, pipeline=None) -> bool:
+        """Reserve a pipeline for ``req`` (or take ``pipeline``, reserved for it already) and send it
+        to the first stage; False when every pipeline is masked. A send that raises undoes the
+        reservation, then re-raises."""
         ids, params = req.dispatch_token_ids(), req.dispatch_params()
-        # KV for the expected output, not for max_tokens (which may be the whole context).
-        info = RequestInfo(req.request_id, len(ids), self.output_length.reservation(params.max_tokens))
-        pipeline = self.scheduler.schedule(info, self.task_nodes(req.adapter))
+        pipeline = pipeline or self._schedule(req, len(ids), params.max_tokens)
         if pipeline is None:
             return False
         try:
@@ -327,6 +343,13 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         req.dispatched_s = req.dispatched_s or time.perf_counter()
         self.pipeline_counts[pipeline.nodes] += 1
         return True
+
+    def _schedule(self, req: LiveRequest, num_tokens: int, max_tokens: int):
+        """A pipeline reserved for ``req`` under its current id (``num_tokens`` to prefill, at most
+        ``max_tokens`` to generate), or None when every one is masked."""
+        # KV for the expected output, not for max_tokens (which may be the whole context).
+        info = RequestInfo(req.request_id, num_tokens, self.output_length.reservation(max_tokens))
+        return self.scheduler.schedule(info, self.task_nodes(req.adapter))
 
     def _admit_waiting(self) -> None:
         """Dispatch waiting requests, oldest first, while a pipeline has room (under the lock).
@@ -392,6 +415,7 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         req.done = True
         if reason in ("stop", "length"):
             self.output_length.observe(req.num_output_tokens)
+            self.waiting_bound.completed(time.monotonic())
         self._live.pop(req.request_id, None)
         self._alias.pop(req.handle.request_id, None)
         if req.pipeline is not None:

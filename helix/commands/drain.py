@@ -45,8 +45,16 @@ class AdminClient:
 
 
 def _line(s: dict) -> str:
-    left = max(s["requests"], s["worker_requests"])
-    return f"{s['node']} [{s['start']}, {s['end']}): {s['state']}, {left} request(s) left"
+    """One node's status; a node that does not answer counts the coordinator's view of its
+    requests (its worker's last report is stale)."""
+    theirs = s.get("worker_requests")
+    left = s["requests"] if theirs is None else max(s["requests"], theirs)
+    line = f"{s['node']} [{s['start']}, {s['end']}): {s['state']}, {left} request(s) left"
+    if s.get("down_for_s") is not None:
+        line += f", down for {s['down_for_s']:.0f} s"
+    if s.get("restarts"):
+        line += f", restarted {s['restarts']} time(s)"
+    return line + (f": {s['reason']}" if s.get("reason") else "")
 
 
 def drain(node: str = typer.Argument(..., help="the plan node to drain"),

@@ -22,7 +22,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
           address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"),
           external: list[str] = typer.Option([], "--external", help="plan node served by `helix worker` instead of Ray (repeatable)"),
           served_model_name: Optional[str] = typer.Option(None, help="model name in the API (default: the folder name)"),
-          max_waiting: int = typer.Option(64, min=0, help="requests that may wait for a pipeline before 503"),
+          max_waiting: Optional[int] = typer.Option(None, min=0, help="requests that may wait for a pipeline before 503 (default: as many as the capacity still serving completes in 1.5x the time a worker restart takes, at least 64)"),
           max_model_len: Optional[int] = typer.Option(None, min=1, help="most prompt + output tokens per request (as vLLM's --max-model-len; default and upper limit: the checkpoint's max_position_embeddings)"),
           task_replicas: Optional[int] = typer.Option(None, min=1, help="hold each fine-tuned task (load_lora_adapter) on this many of the plan's pipelines at first, route its requests only there, and move tasks from busy pipelines to idle ones as their load changes (default: every worker holds every task)"),
           worker_host: Optional[str] = typer.Option(None, help="address every Ray worker binds (default: the address Ray reports for the worker's node when joining a cluster with --address / RAY_ADDRESS; 127.0.0.1 with a local Ray)"),

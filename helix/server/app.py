@@ -4,7 +4,10 @@
 ``data: [DONE]``; ``stream_options.include_usage`` adds a final usage chunk, and
 ``continuous_usage_stats`` the running counts to every chunk, as vLLM does), ``GET /v1/models``,
 ``GET /health`` (200 only when every stage of some pipeline answers and stepped recently, or a
-one-token probe passes now; 503 at once when no pipeline's workers answer),
+one-token probe passes now; 503 at once when no pipeline's workers answer; the body's ``status`` is
+``ok``, ``degraded`` while some node is down or part of the plan's capacity does not serve, or
+``unhealthy``, beside :meth:`~coordinator.membership.Membership.health_report`: the capacity
+fraction, each node's state, the nodes down since when and why, the waiting queue and its bound),
 ``GET /metrics`` (Prometheus). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
 "code"}}``: 400 for bad input, 404 for an unknown model or path, 503 with ``Retry-After`` when the
 queue is full, 504 (``timeout_error``) when the workers produce nothing for ``request_timeout_s``,
@@ -405,8 +408,10 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     @app.get("/health")
     def health():
         ok = coordinator.healthy()
-        return JSONResponse({"status": "ok" if ok else "unhealthy", "nodes": coordinator.node_states()},
-                            status_code=200 if ok else 503)
+        report = coordinator.health_report()
+        status = "unhealthy" if not ok else "degraded" if report["down"] or \
+            report["capacity_fraction"] < 1 else "ok"
+        return JSONResponse({"status": status, **report}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     def metrics_text():

@@ -16,7 +16,7 @@ _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5
 # vLLM's request-length buckets (build_1_2_5_buckets), to a million tokens.
 _TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-_NODE_STATES = ("ok", "suspect", "dead", "draining", "drained")
+_NODE_STATES = ("ok", "suspect", "dead", "lost", "draining", "drained")
 
 
 class ServingMetrics:
@@ -65,8 +65,15 @@ class ServingMetrics:
                               "no series for a node that does not answer (suspect, dead).",
                               m + ["node"], registry=r)
         self.node_state = Gauge("helix:node_state", "1 for each node's current health state "
-                                "(ok, suspect, dead, draining, drained), 0 for the others.",
+                                "(ok, suspect, dead, lost, draining, drained), 0 for the others.",
                                 m + ["node", "state"], registry=r)
+        self.node_restarts = Gauge("helix:node_restarts", "Times a new worker process registered for "
+                                   "each node while serving (since start).", m + ["node"], registry=r)
+        self.capacity = gauge("helix:cluster_capacity_fraction", "Share of the plan's capacity (its "
+                              "max flow) that the serving nodes carry, 0..1.")
+        self.waiting_limit = gauge("helix:num_requests_waiting_limit", "New requests that may wait "
+                                   "for a pipeline now (sized from the restart time and the "
+                                   "capacity serving).")
         self._preemptions_seen: dict[str, int] = {}
         # Each worker's cache of fine-tuned tasks made ready from disk (worker.adapter_cache).
         self.adapter_cache = Gauge("helix:adapter_cache", "Per node: the adapter cache's hits, misses "
@@ -132,6 +139,9 @@ class ServingMetrics:
         for node, state in states.items():
             for name in _NODE_STATES:
                 self.node_state.labels(m, node, name).set(1.0 if state == name else 0.0)
+            self.node_restarts.labels(m, node).set(coordinator.restarts[node])
+        self.capacity.set(coordinator.capacity_fraction)
+        self.waiting_limit.set(coordinator.queue_limit())
         self._adapter_caches(dict(coordinator.stats))
         self.requests_moved.set(coordinator.requests_moved)
         self.moved_prefill_tokens.set(coordinator.moved_prefill_tokens)

@@ -39,6 +39,25 @@ def two_stage_plan(kv_tokens: int = BRANCHING_KV_TOKENS, nodes: tuple[str, str] 
     return with_kv(plan, kv_tokens)
 
 
+def parallel_plan(kv_tokens: int = BRANCHING_KV_TOKENS) -> Plan:
+    """Two pipelines sharing no node, as ``helix plan`` places cluster_specs/local3.yaml: cpu-0
+    holds the whole model [0,8) and carries two thirds of the flow; cpu-2 [0,4) -> cpu-1 [4,8)
+    the other third. With the flow graph's capacities (each node's own flow)."""
+    plan = Plan(model="tiny-llama", num_layers=8,
+                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
+                            NodePlacement("cpu-2", 0, 4)),
+                arc_flows=(ArcFlow("coordinator", "cpu-0", 200.0), ArcFlow("coordinator", "cpu-2", 100.0),
+                           ArcFlow("cpu-2", "cpu-1", 100.0), ArcFlow("cpu-0", "coordinator", 200.0),
+                           ArcFlow("cpu-1", "coordinator", 100.0)),
+                max_flow_tokens_per_s=300.0, method="test")
+    big = 1e6
+    table = {"nodes": {"cpu-0": 200.0, "cpu-1": 100.0, "cpu-2": 100.0},
+             "arcs": [["coordinator", "cpu-0", big], ["coordinator", "cpu-2", big],
+                      ["cpu-2", "cpu-1", big], ["cpu-0", "coordinator", big],
+                      ["cpu-1", "coordinator", big]]}
+    return dataclasses.replace(with_kv(plan, kv_tokens), extras={"flow_capacities": table})
+
+
 def with_capacities(plan: Plan) -> Plan:
     """The branching plan with the flow graph's capacities, as ``helix plan`` writes them: cpu-1 could
     carry 250 tokens/s where the plan sends it 200."""

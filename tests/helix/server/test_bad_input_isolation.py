@@ -306,11 +306,11 @@ def test_grpc_full_queue_and_failed_request_keep_their_status(stack, monkeypatch
         assert exc.value.code.name == "INVALID_ARGUMENT" and "outside the vocabulary" in exc.value.details
         coord.limits = real
         monkeypatch.setattr(coord, "poll_stats", lambda: None)   # no poll may unmask the nodes
-        with coord._lock:   # every node full, the queue (64 places) full
+        with coord._lock:   # every node full, the queue full (its bound)
             for n in coord.stats:
                 coord.scheduler.kv.observe(n, 10 * coord.stats[n].kv_capacity_token_layers)
             waiting = [coord.submit([1, 5], SamplingParams(max_tokens=2))
-                       for _ in range(coord.config.max_waiting_requests)]
+                       for _ in range(coord.queue_limit())]
         with pytest.raises(ControlError) as exc:
             list(client.stream("Generate", {"prompt": "Helix"}, timeout_s=20))
         assert exc.value.code.name == "RESOURCE_EXHAUSTED" and "queue is full" in exc.value.details
