@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from coordinator.health import NodeState
 from coordinator.pipeline import Topology
 from coordinator.reflow import rebuilt
 from helix.errors import HelixUserError
@@ -257,12 +258,16 @@ class Reshaping:
         return Step(node, was, new, forced, t1 - t0, time.monotonic() - t1)
 
     def _wait_empty(self, node: str, deadline: float, retiring: bool = False) -> None:
-        """Until no request crosses ``node`` and its worker, polled after that, holds none."""
+        """Until no request crosses ``node`` and its worker, polled after that, holds none (a dead
+        node: until no request crosses it)."""
         clear_s = None
         while True:
             with self._lock:
                 ours = self._requests_by_node()[node]
                 theirs = self.stats[node].num_requests
+                dead = self.health.state(node) is NodeState.DEAD
+            if ours == 0 and dead:
+                return   # a dead node's requests moved; its last report is stale
             if ours == 0 and clear_s is None:
                 clear_s = time.monotonic()
             if ours == 0 and theirs == 0:

@@ -17,6 +17,11 @@ it at once (the worker hears a one-line error and exits) and places it in the ba
   other slices drain-first, and switches routing; kept: the node stays registered but idle
   (:attr:`Elastic.joins` says why).
 
+A node whose worker cannot be restarted (:mod:`helix.server.restarts`) is a departure to the same
+trigger (:meth:`Elastic.node_lost`): a re-plan without it is considered at once, and an adopted one
+is applied (the lost node leaves the plan; a worker of it that comes up later joins as a new node
+does). One that comes back while still in the plan is present again (:meth:`Elastic.node_back`).
+
 The same trigger re-plans when the workload's mix drifts (:meth:`Elastic.watch`): the requests
 the coordinator completes (:class:`ObservedMix`, its observer) feed the trigger's window, a thread
 asks it every ``poll_s`` whether a re-plan is due (drift beyond its band, enough requests, not too
@@ -155,6 +160,34 @@ class Elastic:
                     self.trigger.plan = self.coordinator.plan
             return summary
 
+    # --- departures ---------------------------------------------------------------------------------
+    def node_lost(self, node: str, wait: bool = False) -> None:
+        """``node`` cannot be restarted: the trigger counts it as gone and a re-plan is considered
+        in the background (``wait``: here, before returning). Without a spec: nothing to plan."""
+        self._membership(node, "node_left", wait)
+
+    def node_back(self, node: str, wait: bool = False) -> None:
+        """``node``, lost before, serves again in the running plan: the trigger counts it present.
+        (A node the plan dropped meanwhile comes back by joining.)"""
+        if node in self.coordinator.workers:
+            self._membership(node, "node_joined", wait)
+
+    def _membership(self, node: str, change: str, wait: bool) -> None:
+        if self.trigger is None:
+            return
+
+        def run():
+            try:
+                with self._lock:
+                    getattr(self.trigger, change)(self._now(), node)
+                self.poll()
+            except Exception:   # the node stays as it is; the next poll may re-plan
+                log.exception("re-plan after %s %s failed", change, node)
+        if wait:
+            run()
+        else:
+            threading.Thread(target=run, name=f"helix-replan-{node}", daemon=True).start()
+
     def close(self) -> None:
         self._stop.set()
         if self._watcher is not None:
@@ -259,7 +292,8 @@ class RayJoins:
         """Start the workers of new nodes now; their names."""
         spec = self.elastic.spec
         known = {n.name for n in spec.nodes} if spec is not None else set()
-        new = sorted(self.launcher.offered() - set(self.elastic.coordinator.workers) - self.started)
+        new = sorted(self.launcher.offered() - set(self.elastic.coordinator.workers) - self.started
+                     - set(self.launcher.supervised()))   # a lost node's actor waits for it already
         for node in new:
             if node not in known:
                 if node not in self._ignored:

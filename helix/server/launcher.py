@@ -16,6 +16,12 @@ is ``helix serve``'s) unless :attr:`LaunchConfig.worker_niceness` asks for Ray's
 
 Every wait has a timeout; an actor that fails to start or a node resource that never appears is a
 :class:`~helix.errors.HelixUserError` naming the node.
+
+Restarts: Ray does not restart the actors (``max_restarts=0``); :class:`helix.server.restarts.Supervisor`
+watches them (:meth:`RayLauncher.check`) and starts a new one for a worker that died
+(:meth:`RayLauncher.respawn`), paced by a back-off and never capped by a count, so a worker comes
+back as long as a machine offering its resource does. Each new actor registers with the
+coordinator, which makes the node rejoin.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 
 from coordinator.runtime import WorkerHandle
 from helix.errors import HelixUserError
+from helix.server.restarts import RestartPolicy, WorkerProbe
 
 log = logging.getLogger("helix.launcher")
 
@@ -56,8 +63,8 @@ class LaunchConfig:
     bind_host: str | None = None
     """Address every worker binds. None: the address Ray reports for the worker's node when joining
     a cluster (each machine its own), 127.0.0.1 with a local Ray started here."""
-    max_restarts: int = 3
-    """Times Ray restarts a worker whose process died (it then registers and rejoins)."""
+    restarts: RestartPolicy = RestartPolicy()
+    """How a worker whose process died is started again (it then registers and rejoins)."""
     connect_timeout_s: float = 60.0
     """Longest wait for ``ray.init`` (joining a cluster, or starting a local Ray)."""
     worker_niceness: int = 0
@@ -80,6 +87,10 @@ class RayLauncher:
         self.config = config
         self.progress = progress or log.info
         self._actors: dict[str, object] = {}
+        self._ready: dict[str, object] = {}   # node -> its actor's first addresses() call
+        self._probe: dict[str, object] = {}   # node -> the liveness call in flight, once it is up
+        self._spawned: dict[str, tuple] = {}  # node -> the arguments it was started with
+        self._incarnation: dict[str, int] = {}
         self._remote_cls = None
         self._tag = uuid.uuid4().hex[:8]   # several serves may share one Ray cluster
         self._started_ray = False
@@ -101,7 +112,7 @@ class RayLauncher:
         self.progress(f"Ray ready ({time.monotonic() - t0:.1f} s); starting workers {', '.join(nodes)}")
         for node in nodes:
             self.spawn(node, model_path, coordinator_address, keys)
-        pending = {self._actors[node].addresses.remote(): node for node in nodes}
+        pending = {self._ready[node]: node for node in nodes}
         addresses: dict[str, dict] = {}
         deadline = time.monotonic() + self.config.start_timeout_s
         while pending:   # in the order they come up, each reported as it does
@@ -125,11 +136,48 @@ class RayLauncher:
         connected); with ``coordinator_address`` it registers there once up."""
         if self._remote_cls is None:
             self._remote_cls = _ray_worker_class()
-        self._actors[node] = self._remote_cls.options(
-            name=f"helix-worker-{node}-{self._tag}", num_cpus=0, resources={node_resource(node): 1},
-            max_restarts=self.config.max_restarts, runtime_env=worker_runtime_env(self.config)).remote(
+        k = self._incarnation[node] = self._incarnation.get(node, -1) + 1
+        # One name per incarnation: the dead actor's name may not be free yet.
+        actor = self._remote_cls.options(
+            name=f"helix-worker-{node}-{self._tag}" + (f"-{k}" if k else ""), num_cpus=0,
+            resources={node_resource(node): 1}, max_restarts=0,
+            runtime_env=worker_runtime_env(self.config)).remote(
                 node, model_path, self.config.bind_host, self.config.torch_threads, coordinator_address,
                 keys)
+        self._actors[node] = actor
+        self._ready[node] = actor.addresses.remote()
+        self._probe.pop(node, None)
+        self._spawned[node] = (model_path, coordinator_address, keys)
+
+    def respawn(self, node: str) -> None:
+        """Start a new worker actor for ``node`` with the arguments of its last one (the last one
+        died; the new one registers and the node rejoins)."""
+        self.spawn(node, *self._spawned[node])
+
+    def supervised(self) -> list[str]:
+        """The nodes this launcher started a worker for."""
+        return list(self._actors)
+
+    def check(self, node: str) -> tuple[WorkerProbe, str]:
+        """``node``'s worker now, without waiting: up (it answered a call), starting (its actor is
+        not up yet: being created, or no Ray node offers its resource), silent (up before, and its
+        last call is unanswered: busy or frozen) or dead (its process is gone; with Ray's reason)."""
+        import ray
+        up = node in self._probe
+        ref = self._probe[node] if up else self._ready[node]
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return (WorkerProbe.SILENT if up else WorkerProbe.STARTING), ""
+        try:
+            ray.get(ref, timeout=1.0)
+        except ray.exceptions.ActorUnavailableError:
+            return WorkerProbe.SILENT, ""
+        except ray.exceptions.RayActorError as exc:
+            return WorkerProbe.DEAD, _last_line(exc)
+        except ray.exceptions.GetTimeoutError:
+            return WorkerProbe.SILENT, ""
+        self._probe[node] = self._actors[node].pid.remote()
+        return WorkerProbe.UP, ""
 
     def offered(self) -> set[str]:
         """Node names whose ``helix_node:<name>`` a live Ray node offers now (empty without Ray)."""
@@ -205,6 +253,8 @@ class RayLauncher:
             except Exception as exc:  # already dead: nothing to free
                 log.debug("kill failed: %s", exc)
         self._actors.clear()
+        self._ready.clear()
+        self._probe.clear()
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

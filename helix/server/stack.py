@@ -3,6 +3,8 @@
 1. the coordinator's gRPC service (worker registration, native client API);
 2. one worker per plan node: Ray actors (:mod:`helix.server.launcher`), and/or external workers that
    register over gRPC (``helix worker``); nodes that register later join (:mod:`helix.server.elastic`);
+   Ray workers that die are started again, and those that cannot be are reported lost
+   (:mod:`helix.server.restarts`);
 3. the live coordinator: configure slices and peers (a worker that cannot load its slice stops
    everything with the node's name and the reason), build the scheduler;
 4. the OpenAI-compatible HTTP app.
@@ -29,6 +31,7 @@ from helix.server.app import create_app
 from helix.server.elastic import Elastic, ObservedMix, RayJoins
 from helix.server.guard import HttpOptions
 from helix.server.metrics import ServingMetrics
+from helix.server.restarts import Supervisor
 from helix.net.control import ControlServer, start_server
 from helix.net.keys import ClusterKeys
 
@@ -109,6 +112,7 @@ class ServeStack:
         self.coordinator: Coordinator | None = None
         self.elastic: Elastic | None = None
         self.ray_joins: RayJoins | None = None
+        self.supervisor: Supervisor | None = None
         self.app = None
 
     def start(self) -> "ServeStack":
@@ -145,6 +149,9 @@ class ServeStack:
         if self.options.cluster is not None and self.options.replan_poll_s is not None:
             self.coordinator.observer = ObservedMix(self.metrics, self.elastic)   # the mix's drift
             self.elastic.watch(self.options.replan_poll_s)
+        if ray_nodes:   # dead Ray workers start again; those that cannot are lost
+            self.supervisor = Supervisor(self.launcher, self.launcher.config.restarts,
+                                         on_lost=self._node_lost, on_back=self.elastic.node_back)
         if ray_nodes and self.options.cluster is not None:   # Ray nodes that appear later join
             self.ray_joins = RayJoins(self.elastic, self.launcher, self.model_path, self.grpc.address,
                                       self.options.keys)
@@ -152,11 +159,19 @@ class ServeStack:
         self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
         add_join_routes(self.app, self.elastic)
 
+    def _node_lost(self, node: str, reason: str) -> None:
+        """A node whose worker cannot be restarted: reported lost, and gone to the re-plan trigger."""
+        self.coordinator.mark_lost(node, reason)
+        self.elastic.node_lost(node)
+
     @property
     def grpc_address(self) -> str:
         return self.grpc.address
 
     def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.close()
+            self.supervisor = None
         if self.ray_joins is not None:
             self.ray_joins.close()
             self.ray_joins = None

@@ -10,8 +10,9 @@ from tests.conftest import REPO_ROOT
 LOCAL3 = REPO_ROOT / "cluster_specs" / "local3.yaml"
 
 
-def plan_without(spec, node: str, base_dir: Path = LOCAL3.parent):
-    """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node``."""
+def plan_without(spec, node: str | None, base_dir: Path = LOCAL3.parent):
+    """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node`` (None:
+    every node)."""
     from helix.spec import parse_cluster
     from planner import predicted
     from planner.build import build_problem, with_serving

@@ -7,8 +7,11 @@ worker runs on the Ray node that declared its resource (the node id, asked insid
 and reports that node's address, the pipelines (cpu-0 -> cpu-1 | cpu-2) answer exactly as the
 single-node stack and as ``transformers``; a plan node nobody offers fails within the node
 timeout, named, with the ``ray start`` line to run and the cluster's real head address (from the
-launcher and from the real CLI); and when a worker's machine is replaced by another offering its
-resource, Ray restarts the worker there and it rejoins from the new machine's address.
+launcher and from the real CLI); a worker killed five times comes back and serves each time (the
+launcher's supervisor starts a new actor, paced by a short back-off: no restart count caps it); and
+when a worker's machine is gone the node is reported lost (``/health``, ``/metrics``, ``helix
+nodes``) until another machine offering its resource joins, where the worker starts and rejoins
+from the new machine's address.
 
 The cluster writes its address file into a temp dir of its own (``RAY_TMPDIR``), so a plain
 ``ray.init()`` elsewhere on this machine never joins it.
@@ -16,21 +19,27 @@ The cluster writes its address file into a temp dir of its own (``RAY_TMPDIR``),
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
 import pytest
 
+from helix.cli import main
 from helix.client import Client
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient
+from helix.server.http import HttpThread
 from helix.server.launcher import LaunchConfig, RayLauncher, _check_coordinator_reachable
+from helix.server.restarts import RestartPolicy
 from helix.server.stack import ServeOptions, ServeStack
 
 from tests.builders.cli import run_helix
 from tests.builders.ray_cluster import ray_cluster
 from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, two_stage_plan
 from tests.builders.stack import local_stack
+from tests.builders.traffic import VIA_2, until
 
 ray = pytest.importorskip("ray")
 
@@ -41,6 +50,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300),
 #: Plan node -> the address of the Ray node that offers it; cpu-0 is on the head (this machine's).
 NODE_IPS = {"cpu-1": "127.0.0.2", "cpu-2": "127.0.0.3"}
 MAX_TOKENS = 8
+#: Restarts paced for a test: a short back-off, lost after 5 s without a worker coming up.
+RESTARTS = RestartPolicy(backoff_initial_s=0.2, backoff_max_s=1.0, lost_after_s=5.0, interval_s=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +88,8 @@ def stack(cluster, tiny_model):
     """``helix serve --address`` in this process (the launcher the CLI uses) on the cluster."""
     c, _ = cluster
     options = ServeOptions(model_name="tiny", launch=LaunchConfig(address=c.address,
-                                                                  node_timeout_s=30))
+                                                                  node_timeout_s=30,
+                                                                  restarts=RESTARTS))
     s = ServeStack(branching_plan(), str(tiny_model[0]), options).start()
     try:
         yield s
@@ -155,17 +167,54 @@ def test_a_loopback_coordinator_is_refused_when_a_worker_is_on_another_machine()
     assert "cpu-0" not in str(err.value)
 
 
-def test_a_worker_whose_machine_is_replaced_rejoins_from_the_new_machines_address(
-        cluster, stack, prompts, tiny_model):
-    """cpu-2's machine leaves and another (127.0.0.4) offering helix_node:cpu-2 has joined: Ray
-    restarts the worker there, it binds and registers that machine's address (asked inside the
-    actor, not the launcher's old answer), the coordinator routes to it again and the outputs stay
-    transformers'. Last in the module: it removes a node."""
+def test_a_worker_killed_five_times_comes_back_and_serves_each_time(stack, prompts, tiny_model):
+    coord = stack.coordinator
+    want = [hf_greedy(tiny_model[1], ids, MAX_TOKENS) for ids in prompts]
+    for k in range(1, 6):
+        old = stack.launcher.worker_pid("cpu-2")
+        os.kill(old, signal.SIGKILL)
+        until(lambda: coord.restarts["cpu-2"] == k and coord.node_states()["cpu-2"] == "ok", 120,
+              f"cpu-2 back after kill {k}")
+        assert stack.launcher.worker_pid("cpu-2") != old
+        before = coord.pipeline_counts[VIA_2]
+        assert _generate(stack.grpc_address, prompts) == want
+        assert coord.pipeline_counts[VIA_2] > before, k   # the new process serves
+    assert stack.supervisor.books["cpu-2"].restarts == 5
+
+
+def test_a_worker_whose_machine_is_gone_is_lost_until_a_new_machine_offers_it(
+        cluster, stack, prompts, tiny_model, capsys):
+    """cpu-2's machine leaves: its worker cannot be restarted, so cpu-2 is reported lost (health
+    stays 200 on cpu-0 -> cpu-1, with two thirds of the capacity); another machine (127.0.0.4)
+    offering helix_node:cpu-2 joins: the waiting worker starts there, binds and registers that
+    machine's address (asked inside the actor, not the launcher's old answer), the coordinator
+    routes to it again and the outputs stay transformers'. Last in the module: it removes a node."""
+    import httpx
     c, ray_nodes = cluster
     _, model = tiny_model
     coord = stack.coordinator
+    want = [hf_greedy(model, ids, MAX_TOKENS) for ids in prompts]
+    http = HttpThread(stack.app)
+    try:
+        c.remove_node(ray_nodes.pop("cpu-2"))
+        until(lambda: coord.node_states()["cpu-2"] == "lost", 90, "cpu-2 reported lost")
+        h = httpx.get(http.url + "/health", timeout=30)
+        body = h.json()
+        assert h.status_code == 200 and body["status"] == "degraded", body
+        assert body["nodes"]["cpu-2"] == "lost"
+        assert body["capacity_fraction"] == pytest.approx(2 / 3, abs=1e-3)
+        assert "its machine is gone" in body["down"]["cpu-2"]["reason"], body
+        metrics = httpx.get(http.url + "/metrics", timeout=10).text
+        assert 'helix:node_state{model_name="tiny",node="cpu-2",state="lost"} 1.0' in metrics
+        assert 'helix:cluster_capacity_fraction{model_name="tiny"} 0.66' in metrics
+        capsys.readouterr()
+        assert main(["nodes", "--server", http.url]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cpu-2"))
+        assert "lost, 0 request(s) left" in line and "its machine is gone" in line, line
+        assert _generate(stack.grpc_address, prompts) == want   # cpu-0 -> cpu-1 serves meanwhile
+    finally:
+        http.stop()
     spare = c.add_node(num_cpus=0, node_ip_address="127.0.0.4", resources={"helix_node:cpu-2": 1})
-    c.remove_node(ray_nodes.pop("cpu-2"))
     deadline = time.monotonic() + 120
     while coord.node_states()["cpu-2"] != "ok" or \
             _host(coord.workers["cpu-2"].data_address) != "127.0.0.4":
@@ -173,6 +222,6 @@ def test_a_worker_whose_machine_is_replaced_rejoins_from_the_new_machines_addres
         time.sleep(0.2)
     assert ray.get(_actor("cpu-2").__ray_call__.remote(_node_id), timeout=30) == spare.node_id
     before = coord.pipeline_counts[("cpu-0", "cpu-2")]
-    assert _generate(stack.grpc_address, prompts) == [hf_greedy(model, ids, MAX_TOKENS)
-                                                      for ids in prompts]
+    assert _generate(stack.grpc_address, prompts) == want
     assert coord.pipeline_counts[("cpu-0", "cpu-2")] > before
+    assert "cpu-2" not in coord.lost and coord.capacity_fraction == 1.0
