@@ -17,6 +17,10 @@ within seconds although the node was back 7 s later. So the bound is a *wait*:
   (fewer wait, more are refused) when the cluster was not full;
 - ``floor``: at least this many may wait (start-up, a quiet server: nothing measured yet).
 
+The rate is an estimate, and the machine may slow down under it: so a new request is also refused
+once the oldest new request waiting has waited longer than ``wait_s`` (:meth:`WaitingBound.overdue`:
+the queue is not draining within its bound, whatever the estimate says).
+
 A request past the limit is refused (HTTP 503) with ``Retry-After`` the time the queue needs at
 ``rate_now`` to come back under its limit (at least 1 s, at most ``wait_s``). A configured fixed
 limit replaces all this (``RuntimeConfig.max_waiting_requests``; ``Retry-After`` is then the
@@ -97,6 +101,11 @@ class WaitingBound:
             return self.fixed
         rate = self.rate_per_s(now_s, fraction)
         return max(self.floor, math.ceil(rate * self.wait_s) if rate else 0)
+
+    def overdue(self, oldest_wait_s: float) -> bool:
+        """Whether a queue whose oldest new request has waited ``oldest_wait_s`` is past its bound
+        (never with a fixed limit)."""
+        return self.fixed is None and oldest_wait_s > self.wait_s
 
     def retry_after_s(self, now_s: float, fraction: float, waiting: int) -> int:
         """Seconds a refused client should wait: until ``waiting`` is back under the limit."""

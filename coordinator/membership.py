@@ -291,17 +291,21 @@ class Membership:
 
     def _check_queue(self) -> None:
         """Raise :class:`~coordinator.runtime.QueueFull` when as many new requests wait as the
-        bound allows (under the lock). Moved requests (admitted before) do not count."""
+        bound allows, or the oldest has waited past it (under the lock). Moved requests (admitted
+        before) do not count."""
         from coordinator.runtime import QueueFull
-        now = time.monotonic()
-        limit = self.waiting_bound.limit(now, self.capacity_fraction)
-        if len(self._waiting) < limit:
+        now, bound = time.monotonic(), self.waiting_bound
+        limit = bound.limit(now, self.capacity_fraction)
+        oldest = next((r for r in self._waiting if not r.moves), None)
+        waited_s = 0.0 if oldest is None else time.perf_counter() - oldest.arrival_s
+        if len(self._waiting) < limit and not bound.overdue(waited_s):
             return
         fresh = sum(1 for r in self._waiting if not r.moves)
-        if fresh >= limit:
-            retry_s = self.waiting_bound.retry_after_s(now, self.capacity_fraction, fresh)
-            raise QueueFull(retry_s, f"{fresh} requests wait; {100 * self.capacity_fraction:.0f} % "
-                                     f"of the plan's capacity serves")
+        if fresh < limit and not bound.overdue(waited_s):
+            return
+        raise QueueFull(bound.retry_after_s(now, self.capacity_fraction, fresh),
+                        f"{fresh} new requests wait, the oldest for {waited_s:.0f} s; "
+                        f"{100 * self.capacity_fraction:.0f} % of the plan's capacity serves")
 
     def health_report(self) -> dict:
         """What ``/health`` says beside its status: the share of the plan's capacity that serves

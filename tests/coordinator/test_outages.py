@@ -78,3 +78,5 @@ def test_the_wait_follows_measured_restarts_and_a_fixed_size_wins():
     fixed = WaitingBound(fixed=3, default_retry_s=1)
     _steady(fixed, 10, per_s=50)
     assert fixed.limit(10.0, 0.1) == 3 and fixed.retry_after_s(10.0, 0.1, 500) == 1
+    # A queue whose oldest new request waited past the bound refuses more, whatever the rate says.
+    assert bound.overdue(8.3) and not bound.overdue(8.0) and not fixed.overdue(1e9)

@@ -306,7 +306,9 @@ def test_grpc_full_queue_and_failed_request_keep_their_status(stack, monkeypatch
         assert exc.value.code.name == "INVALID_ARGUMENT" and "outside the vocabulary" in exc.value.details
         coord.limits = real
         monkeypatch.setattr(coord, "poll_stats", lambda: None)   # no poll may unmask the nodes
-        with coord._lock:   # every node full, the queue full (its bound)
+        # The bound follows the measured rate, which moves as time passes: pinned here.
+        monkeypatch.setattr(coord.waiting_bound, "fixed", 64)
+        with coord._lock:   # every node full, the queue (64 places) full
             for n in coord.stats:
                 coord.scheduler.kv.observe(n, 10 * coord.stats[n].kv_capacity_token_layers)
             waiting = [coord.submit([1, 5], SamplingParams(max_tokens=2))

@@ -3,8 +3,8 @@ stack (real workers, coordinator, HTTP) on two pipelines sharing no node, as the
 (cpu-0 whole with two thirds of the flow; cpu-2 -> cpu-1 the rest): cpu-0's worker is shut down
 mid-generation. Its requests move (admitted before: never refused, whatever the queue's bound),
 ``/health`` stays 200 and says a third of the capacity serves and since when cpu-0 is down, as do
-``/metrics`` and ``helix nodes``; new requests wait up to the queue's bound and only past it get
-503 with Retry-After."""
+``/metrics`` and ``helix nodes``; new requests wait up to the queue's bound and only past it (too
+many waiting, or the oldest waiting too long) get 503 with Retry-After."""
 
 from __future__ import annotations
 
@@ -86,6 +86,13 @@ def test_losing_the_biggest_node_moves_its_requests_and_the_queue_refuses_only_p
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full", r.text
         assert int(r.headers["Retry-After"]) >= 1
         assert "queue is full" in r.json()["error"]["message"]
+        # Fewer wait than the bound allows, but the oldest has waited past the wait it is sized
+        # for (0.01 s here): the queue is not draining in time, so a newcomer is refused too.
+        for h in fresh[:2]:
+            h.cancel()
+        time.sleep(0.05)
+        with pytest.raises(QueueFull, match="2 new requests wait, the oldest for"):
+            coord.submit(list(prompts[1]), params)
         coord.undrain("cpu-2")
         for h in running + fresh:   # all that waited are served once a pipeline is back
             assert list(h.events(timeout_s=60))[-1].error is None
