@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 SECTION = "## Chaos: faults under load (`scripts/bench_chaos.py`)"
 FAIL_KINDS = ("http_503", "http_other", "error_event", "timeout")
+KINDS = ("kill -9", "SIGSTOP", "3 x kill -9", "link cut")
 FAULT_NOTE = "default health settings (suspect 2 s, dead 10 s or 2 refused polls) and restarts"
 
 
@@ -468,19 +469,29 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", type=lambda v: [k.strip() for k in v.split(",")],
-                    default=["kill -9", "SIGSTOP", "3 x kill -9", "link cut"],
+                    default=list(KINDS),
                     help="the faults to inject, in turn (comma-separated; default all four)")
     ap.add_argument("--no-netns", action="store_true", help="no link cut (no network namespace)")
     ap.add_argument("--no-append", action="store_true", help="do not append to BENCHMARKS.md")
     ap.add_argument("--verbose", action="store_true", help="print the coordinator's view every 5 s")
     args = ap.parse_args()
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        ap.error(f"--kinds: unknown fault(s) {unknown}; known: {', '.join(KINDS)}")
     import logging
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(message)s")
     from helix.commands.demo import plan_local3
     from helix.commands.demo_checkpoint import ensure_tiny_checkpoint
     load0 = os.getloadavg()[0]
-    ckpt = ensure_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="helix-bench-chaos-")))
-    plan = plan_local3()
+    scratch = Path(tempfile.mkdtemp(prefix="helix-bench-chaos-"))
+    try:
+        run(args, ensure_tiny_checkpoint(scratch), plan_local3(), load0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(args, ckpt: Path, plan, load0: float) -> None:
+    """The benchmark (see the module) on checkpoint ``ckpt`` with ``plan``."""
     netns = None
     if not args.no_netns and netns_available():
         try:
@@ -489,8 +500,9 @@ def main() -> None:
             print(f"no network namespace ({exc}): no link cut", flush=True)
     netns_note = ("Link cut: cpu-1 in a network namespace, its veth down." if netns else
                   "No link cut (no network namespace here).")
-    cluster = Cluster(ckpt, plan, netns)
+    cluster = None
     try:
+        cluster = Cluster(ckpt, plan, netns)
         url = cluster.http.url
         if args.rate is None:
             print(f"serving at {url}; measuring capacity for {args.calibrate:.0f} s", flush=True)
@@ -498,9 +510,6 @@ def main() -> None:
             rate = args.load * capacity
         else:
             capacity, rate = None, args.rate
-        unknown = sorted(set(args.kinds) - {"kill -9", "SIGSTOP", "3 x kill -9", "link cut"})
-        if unknown:
-            raise SystemExit(f"--kinds: unknown fault(s) {unknown}")
         kinds = [k for k in args.kinds if k != "link cut" or netns]
         rss0 = rss(cluster)
         faults: list[Fault] = []
@@ -519,7 +528,8 @@ def main() -> None:
         chaos.join(timeout=300)
         rss1 = rss(cluster)
     finally:
-        cluster.close()
+        if cluster is not None:
+            cluster.close()
         if netns is not None:
             netns.close()
     table = report(records, faults, t0, args.duration, capacity, rate, rss0, rss1, netns_note)
