@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from coordinator.stalls import StallConfig
 
 
 class NodeState(str, enum.Enum):
@@ -40,6 +42,9 @@ class HealthConfig:
     """Polls in a row refused outright (connection refused: the process is gone) that make it dead."""
     no_route_grace_s: float = 10.0
     """With no pipeline left, requests wait this long (a restart may be under way), then fail (503)."""
+    stall: StallConfig = field(default_factory=StallConfig)
+    """When a pipeline whose output stopped sends its nodes no new requests, before any poll
+    times out (:mod:`coordinator.stalls`)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.suspect_after_s <= self.dead_after_s:

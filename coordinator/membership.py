@@ -29,6 +29,7 @@ from coordinator.capacity import Capacity
 from coordinator.health import NodeState, Transition
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.requests import Done, LiveRequest
+from coordinator.stalls import StallWatch
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.sampling import SamplingParams
@@ -61,6 +62,15 @@ class Membership:
         self.capacity_fraction = 1.0
         """The share of the plan's capacity the serving nodes carry (at the last poll)."""
         self._capacity: Capacity | None = None
+        self.stalls = StallWatch(self.config.health.stall)
+        self.stalled: set[str] = set()
+        """Nodes on pipelines whose output stopped (and on none still sending): no new requests
+        until output resumes (:mod:`coordinator.stalls`)."""
+        self._stalls_checked_s = 0.0
+        self.stalls_total: Counter[str] = Counter()
+        """Times each node was found stalled."""
+        self.stalled_at: dict[str, float] = {}
+        """When (``time.monotonic()``) each node was last found stalled."""
 
     def mark_lost(self, node: str, reason: str) -> None:
         """``node``'s worker cannot be restarted (its machine is gone, or it fails to start): it is
@@ -251,12 +261,54 @@ class Membership:
 
     def _observe_kv(self, nodes, kv) -> None:
         """Feed ``kv`` each node's KV use from its last stats (under the lock); a node that is not
-        ok, drains or has no slice counts as full twice over, so nothing is routed to it."""
+        ok, drains, stalls or has no slice counts as full twice over, so nothing is routed to it."""
         draining = self.draining_nodes()
         for node in nodes:
             s = self.stats[node]
-            usable = self.health.state(node) is NodeState.OK and node not in draining and s.configured
+            usable = (self.health.state(node) is NodeState.OK and node not in draining
+                      and node not in self.stalled and s.configured)
             kv.observe(node, s.kv_used_token_layers if usable else 2 * s.kv_capacity_token_layers)
+
+    def check_stalls(self, interval_s: float = 0.05) -> None:
+        """Every ``interval_s`` at most: the nodes of pipelines whose output stopped get no new
+        requests, as long as the other nodes still form a pipeline (a lone pipeline that is slow
+        is better than none); when output resumes they get requests again."""
+        now = time.perf_counter()
+        if now - self._stalls_checked_s < interval_s or self.scheduler is None:
+            return
+        self._stalls_checked_s = now
+        with self._lock:
+            since: dict[tuple[str, ...], float] = {}
+            for r in self._live.values():
+                if not r.done and r.pipeline is not None and r.dispatched_s is not None:
+                    nodes = r.pipeline.nodes
+                    since[nodes] = min(since.get(nodes, r.dispatched_s), r.dispatched_s)
+            culprits = self.stalls.stalled_nodes(since, now)
+            if culprits and not self._has_pipeline(self._usable() - culprits):
+                # Blame only the nodes no other pipeline goes through (a shared first stage of an
+                # idle pipeline is not exonerated by output; it is by the plan's other routes).
+                stalled = set(self.stalls.stalled(since, now))
+                shared = {n for p in self.pipeline_counts if p not in stalled for n in p}
+                culprits -= shared
+                if culprits and not self._has_pipeline(self._usable() - culprits):
+                    culprits = set()
+            if culprits == self.stalled:
+                return
+            for node in culprits - self.stalled:
+                self.stalls_total[node] += 1
+                self.stalled_at[node] = time.monotonic()
+            if culprits - self.stalled:
+                log.warning("coordinator: no output from pipeline(s) through %s for %s: no new "
+                            "requests there until it resumes", ", ".join(sorted(culprits - self.stalled)),
+                            ", ".join(f"{self.stalls.limit_s(p):.2f} s" for p in since
+                                      if set(p) & (culprits - self.stalled)))
+            resumed = self.stalled - culprits
+            if resumed:
+                log.warning("coordinator: output from %s again", ", ".join(sorted(resumed)))
+            self.stalled = culprits
+            self._observe_kv([n for n in self.clients if n in self.stats], self.scheduler.kv)
+            if resumed:
+                self._admit_waiting()
 
     def _update_route(self, now: float) -> None:
         """Track since when no pipeline of usable nodes exists; past the grace, fail what waits
@@ -329,7 +381,7 @@ class Membership:
             return {"capacity_fraction": round(fraction, 4),
                     "capacity_tokens_per_s": round(fraction * capacity.full_tokens_per_s, 1),
                     "plan_tokens_per_s": round(capacity.full_tokens_per_s, 1),
-                    "nodes": states, "down": down,
+                    "nodes": states, "down": down, "stalled": sorted(self.stalled),
                     "waiting": {"requests": len(self._waiting), "limit": self.queue_limit(),
                                 "wait_s": round(self.waiting_bound.wait_s, 1)}}
 

@@ -452,6 +452,10 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
                 self._on_message(msg)
             except Exception:
                 log.exception("coordinator: handling %s failed", type(msg).__name__)
+            try:
+                self.check_stalls()   # pipelines that stopped sending: no new requests there
+            except Exception:
+                log.exception("coordinator: stall check failed")
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, TokenBatch):
@@ -489,6 +493,8 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
                 self.observer.next_token(now - req.last_token_s)
         req.first_token_s = req.first_token_s or now
         req.last_token_s = now
+        if req.pipeline is not None:
+            self.stalls.output(req.pipeline.nodes, now)
         req.num_output_tokens += 1
         req.output_token_ids.append(ev.token.token_id)
         text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)
