@@ -19,8 +19,9 @@ process: Ray workers (restarted by the launcher's supervisor), the coordinator, 
 Reported: per minute, requests by outcome (served; HTTP 503; other HTTP errors; a stream's error
 event; timeouts and broken connections), TTFT p50 / p99 and decode tokens/s; per fault, the time to
 recovery (from the fault until every node is ok and the plan's whole capacity serves again, as the
-coordinator sees it, polled every 0.2 s); the RSS of this process (coordinator, HTTP, load) and of
-the workers at the start and the end. A table is printed and, unless ``--no-append``, appended to
+coordinator sees it, polled every 0.2 s); the RSS of this process (coordinator, HTTP; the load runs
+elsewhere) and of the workers at the start and at the end of the load (sampled while it runs, before
+the load's records come back here). A table is printed and, unless ``--no-append``, appended to
 BENCHMARKS.md. The load runs in a process of its own (its timing does not wait on the server's
 threads for Python's GIL); the first minute includes its start (a second or so).
 
@@ -236,13 +237,18 @@ async def one_request(client, url: str, rec: Record, k: int, max_tokens: int) ->
         rec.end_s = time.monotonic()
 
 
-def in_process(fn, *args):
+def in_process(fn, *args, while_waiting=None):
     """``fn(*args)`` in a process of its own (spawned): the load's timing must not wait on the
-    server's threads for Python's GIL, nor theirs on it."""
+    server's threads for Python's GIL, nor theirs on it. ``while_waiting`` is called every 0.5 s
+    until it returns (before its result, which may be large, is unpickled here)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+        future = pool.submit(fn, *args)
+        while while_waiting is not None and not future.done():
+            while_waiting()
+            time.sleep(0.5)
+        return future.result()
 
 
 def closed_loop(url: str, concurrency: int, seconds: float, max_tokens: int) -> float:
@@ -522,11 +528,15 @@ def run(args, ckpt: Path, plan, load0: float) -> None:
         chaos.start()
         if args.verbose:
             threading.Thread(target=monitor, args=(cluster, stop, t0, 5.0), daemon=True).start()
+        # The server's RSS at the end of the load: sampled while it runs, so the last sample comes
+        # before this process holds the load's records (tens of MB for a long run).
+        last = [rss0]
         records = [Record(*t) for t in in_process(open_loop, url, rate, args.duration,
-                                                   args.max_tokens, args.seed)]
+                                                   args.max_tokens, args.seed,
+                                                   while_waiting=lambda: last.__setitem__(0, rss(cluster)))]
         stop.set()
         chaos.join(timeout=300)
-        rss1 = rss(cluster)
+        rss1 = last[0]
     finally:
         if cluster is not None:
             cluster.close()
