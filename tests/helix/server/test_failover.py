@@ -137,8 +137,9 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
 def test_frozen_node_gets_no_new_requests_and_its_requests_move_once_suspect(tiny_model, plan3,
                                                                           reference):
     """A frozen node's streams move once it is suspect (another pipeline has room), long before it
-    could be declared dead; when it answers again it frees what they held there and serves."""
-    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=60.0))
+    could be declared dead; when it answers again it frees what they held there and serves. Its
+    pipeline's tokens stop first: it gets no new requests (stalled) before a stats poll times out."""
+    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=2.0, dead_after_s=60.0))
     prompts = list(reference)
     try:
         coord = cluster.coord
@@ -147,6 +148,10 @@ def test_frozen_node_gets_no_new_requests_and_its_requests_move_once_suspect(tin
         cluster.procs[0].send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
+        # Seen on the data plane first (10 token gaps, >= 0.5 s; the poll waits 2 s):
+        assert coord.stalls_total["cpu-2"] >= 1
+        assert coord.stalled_at["cpu-2"] < coord.health.down_since("cpu-2")
+        assert coord.stalls_total["cpu-0"] == coord.stalls_total["cpu-1"] == 0   # cpu-0 -> cpu-1 sent on
         until(lambda: coord.requests_moved >= 1, 5, "cpu-2's requests moving")
         assert time.monotonic() - frozen < 6 and coord.node_states()["cpu-2"] == "suspect"
         finish(stuck, prompts, reference)   # moved while suspect: every one ends, unchanged
@@ -160,31 +165,6 @@ def test_frozen_node_gets_no_new_requests_and_its_requests_move_once_suspect(tin
         until(lambda: coord.stats["cpu-2"].num_requests == 0, 10, "cpu-2 freed the moved requests")
         finish(submit_all(coord, prompts, 24), prompts, reference)
         assert coord.pipeline_counts[VIA_2] > before   # back in routing, same process
-    finally:
-        cluster.close()
-
-
-def test_a_stalled_pipeline_gets_no_new_requests_before_its_node_turns_suspect(tiny_model, plan3,
-                                                                              reference):
-    """The data plane shows a frozen node first: its pipeline's tokens stop, so the node gets no new
-    requests (stalled) before a stats poll times out and makes it suspect; nothing is lost."""
-    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=60.0))
-    prompts = list(reference)
-    try:
-        coord = cluster.coord
-        stuck = submit_all(coord, prompts, 16)
-        until(lambda: _early_on(coord, "cpu-2"), 60, "a request starting to generate through cpu-2")
-        cluster.procs[0].send_signal(signal.SIGSTOP)
-        until(lambda: coord.stalls_total["cpu-2"] >= 1, 10, "cpu-2 found stalled")
-        until(lambda: coord.node_states()["cpu-2"] == "suspect", 10, "cpu-2 suspect")
-        assert coord.stalled_at["cpu-2"] < coord.health.down_since("cpu-2")   # the stall came first
-        assert coord.stalls_total["cpu-0"] == coord.stalls_total["cpu-1"] == 0   # cpu-0 -> cpu-1 sent on
-        finish(stuck, prompts, reference)
-        cluster.procs[0].send_signal(signal.SIGCONT)
-        until(lambda: coord.node_states()["cpu-2"] == "ok", 10, "cpu-2 answers again")
-        before = coord.pipeline_counts[VIA_2]
-        finish(submit_all(coord, prompts, 24), prompts, reference)
-        assert coord.pipeline_counts[VIA_2] > before and not coord.stalled
     finally:
         cluster.close()
 
