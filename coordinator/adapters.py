@@ -1,4 +1,4 @@
-"""Fine-tuned tasks served beside the base model (issue 17): load and unload them on every worker.
+"""Fine-tuned tasks served beside the base model: load and unload them on every worker.
 
 A mixin of :class:`coordinator.runtime.Coordinator`. Loading tells every worker of the plan to read
 its slice's part of the task (control call ``LoadAdapter``; the path is read on the worker's

@@ -1,4 +1,4 @@
-"""Draining a node (issue 16): out of routing at once, its requests finish where they are (or move),
+"""Draining a node: out of routing at once, its requests finish where they are (or move),
 and it reports when it is empty and may be stopped; ``undrain`` puts it back.
 
 A mixin of :class:`coordinator.runtime.Coordinator` (its state is read and written under the

@@ -122,7 +122,7 @@ class NodeHealth:
         return self._went(node, old, NodeState.DEAD, now_s)
 
     def add(self, node: str, now_s: float) -> None:
-        """A node that joined while serving (issue 16): ``ok``, as if it had just answered."""
+        """A node that joined while serving: ``ok``, as if it had just answered."""
         self._state[node] = NodeState.OK
         self._answered_s[node] = now_s
         self._failed[node] = False
@@ -130,7 +130,7 @@ class NodeHealth:
         self._down_since.pop(node, None)
 
     def remove(self, node: str) -> None:
-        """A node that left the plan (issue 16): no longer tracked."""
+        """A node that left the plan: no longer tracked."""
         for book in (self._state, self._answered_s, self._failed, self._refusals, self._down_since):
             book.pop(node, None)
 

@@ -1,4 +1,4 @@
-"""Applying a new plan to a running coordinator (issue 16 items 1 and 4): nodes join, slices move,
+"""Applying a new plan to a running coordinator: nodes join, slices move,
 no request is dropped.
 
 A mixin of :class:`coordinator.runtime.Coordinator` (its state is read and written under the

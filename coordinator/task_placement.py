@@ -1,4 +1,4 @@
-"""Which replicas hold which fine-tuned task, and when to move them (issue 17, item 4).
+"""Which replicas hold which fine-tuned task, and when to move them.
 
 A *replica* is one of the plan's pipelines (:func:`helix.pipelines.enumerate_pipelines`: a
 source-to-sink path with the share of requests the max-flow solution sends it). A task is *placed*

@@ -1,4 +1,4 @@
-"""Re-planning a cluster that changed: is a new placement worth the layers it moves? (issue 16)
+"""Re-planning a cluster that changed: is a new placement worth the layers it moves?
 
 A running cluster has a placement; nodes join or leave, or the workload's mix moves the node
 capacities. :func:`decide` weighs the placement the planner proposes against the one running:

@@ -1,4 +1,4 @@
-"""When to re-plan a running cluster (issue 16 item 3): the policy the simulator and the live
+"""When to re-plan a running cluster: the policy the simulator and the live
 launcher drive with their own clocks.
 
 A :class:`ReplanTrigger` is fed what the coordinator sees, with the time passed in:

@@ -1,4 +1,4 @@
-"""Drain benchmark (issue 16): what draining a node costs users, live and in the simulator.
+"""Drain benchmark: what draining a node costs users, live and in the simulator.
 
 Live: the in-process stack (tests.builders.stack: three WorkerServers, the coordinator, the HTTP
 API) serving the demo's tiny checkpoint on the branching plan (cpu-0 -> cpu-1 or cpu-0 -> cpu-2). A

@@ -1,4 +1,4 @@
-"""Elastic-cluster benchmark (issue 16): what joins, drains and re-plans cost, and how often the
+"""Elastic-cluster benchmark: what joins, drains and re-plans cost, and how often the
 re-plan trigger fires.
 
 Two parts, kept apart:

@@ -1,4 +1,4 @@
-"""Worker engine benchmarks (issue 5), all on this CPU, side by side in one run.
+"""Worker engine benchmarks, all on this CPU, side by side in one run.
 
 1. Orca's comparison: iteration-level vs request-level batching on a random LLaMA (hidden 512,
    8 layers), prompts ~U(32, 512), outputs ~U(1, 128), Poisson arrivals at increasing rates; throughput
@@ -363,7 +363,7 @@ def main() -> None:
                          text=True).stdout.strip() or platform.processor()
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     cmd = " ".join(["python scripts/bench_engine.py", *sys.argv[1:]])
-    lines = ["## Worker engine (issue 5)", "",
+    lines = ["## Worker engine", "",
              f"`{cmd}` on {date.today()} ({nproc} cores, {cpu}, torch {torch.__version__}, "
              f"{args.threads} torch thread(s), times are CPU seconds of the process, load average "
              f"{os.getloadavg()[0]:.1f} at the start on a machine shared with other work). "

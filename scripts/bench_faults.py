@@ -1,4 +1,4 @@
-"""Failure benchmark for ``helix serve`` (issue 13): what a worker's death or freeze costs users.
+"""Failure benchmark for ``helix serve``: what a worker's death or freeze costs users.
 
 The live stack in this process (coordinator, cpu-0 and cpu-1 as in-process workers) with cpu-2 a
 ``helix worker`` subprocess, serving the demo's tiny checkpoint on the branching plan (pipelines

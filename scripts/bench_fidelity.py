@@ -1,4 +1,4 @@
-"""Plan vs simulator (issue 12): does ``helix plan``'s prediction hold in ``helix simulate``?
+"""Plan vs simulator: does ``helix plan``'s prediction hold in ``helix simulate``?
 
 For each case (LLaMA-2 70B on single24, geo24, hetero42; LLaMA-1 30B on single24):
 

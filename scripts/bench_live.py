@@ -54,7 +54,7 @@ DECODE_SEQS = "1,2,3,4,8,16,32"
 one CPU thread a decode step of 2 or 3 costs more than one of 4 (small-llama, context 128: 1.5, 2.4,
 3.0, 2.3 ms a layer for 1-4; MKL's 2- and 3-row products cost 2x and 3x one row, 4 rows less than
 3): with only 1 and 4 measured the simulator charged 2-3-decode steps 0.65x what they take, its
-TPOT p50 0.70x the live one (issue 12)."""
+TPOT p50 0.70x the live one."""
 LOADS_SEEN: list[float] = []
 """The machine's 1-minute load average as each live run starts (other processes' share)."""
 

@@ -11,7 +11,7 @@ LLaMA-1 30B under our cost model, then the reference artifact's published cases
 to a table on stdout and into this script's section of BENCHMARKS.md (replaced on each run).
 HiGHS runs with one thread so that runs on the shared 2-core machine stay comparable.
 
-``--scale`` (issue 15): synthetic clusters from scripts/gen_cluster.py (N nodes in 5 regions, seed
+``--scale``: synthetic clusters from scripts/gen_cluster.py (N nodes in 5 regions, seed
 0, LLaMA-2 70B), each size planned in a fresh process (so its peak RSS is its own) with the milp
 method, a 300 s limit and a 3 % gap target unless given; the table goes to its own section of
 BENCHMARKS.md, after the planner section.
@@ -292,7 +292,7 @@ placement change: the estimate reads per-layer latencies that concurrent cost-mo
 tree changed during this run.
 
 Cost-model clusters re-run on 2026-11-25 (load 2.6) after the layer-time model that charges
-decode attention and GQA's KV re-reads (issue 12 item 6): every T(k) fell 7-44 %, so their max
+decode attention and GQA's KV re-reads: every T(k) fell 7-44 %, so their max
 flows fell (single24 70B 11,838 -> 9,162; hetero42 20,184 -> 16,239) and their gaps moved:
 single24 2.9 -> 2.5 % (70B) and 11.1 -> 2.4 % (30B), geo24 4.1 -> 5.1 % (70B) and 25.0 -> 3.2 %
 (30B), hetero42 4.5 -> 4.2 % and 7.9 -> 7.3 %, hetero210 1.5 -> 0.26 % (now in 0.3 s: the warm
@@ -491,7 +491,7 @@ def write_scale_section(rows: list[dict], args, loads: list[float]) -> None:
     machine = f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
     command = "python scripts/bench_planner.py " + " ".join(sys.argv[1:])
     big = [r for r in rows if r["nodes"] >= 1000]
-    verdict = [f"Target (issue 15): 1,000 nodes in 5 regions planned in <= 300 s within 3 % of a "
+    verdict = [f"Target: 1,000 nodes in 5 regions planned in <= 300 s within 3 % of a "
                f"proven bound: {r['total_s']:.0f} s with the prediction ({r['build_s'] + r['solve_s']:.0f} "
                f"s without), gap {r['gap']:.2%}, peak {r['peak_rss_mib']:,.0f} MiB "
                f"({'met' if r['total_s'] <= 300 and r['gap'] <= 0.03 else 'NOT met'})."

@@ -1,4 +1,4 @@
-"""Runtime benchmarks for ``helix serve`` (issue 6); prints tables and appends them to BENCHMARKS.md.
+"""Runtime benchmarks for ``helix serve``; prints tables and appends them to BENCHMARKS.md.
 
 1. Data plane: activation frames/s and GB/s between two processes through ``helix.net.data_plane``
    (``helix.net.wire`` messages built from and decoded back to ``InputBatch``/``StageInput``/tensors) vs raw

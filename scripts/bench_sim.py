@@ -1,4 +1,4 @@
-"""Benchmarks of ``helix simulate`` (issue 4); appends its tables to BENCHMARKS.md.
+"""Benchmarks of ``helix simulate``; appends its tables to BENCHMARKS.md.
 
 1. Speed: single24 + LLaMA-2 70B, offline, 600 simulated seconds, Helix placement + scheduler:
    simulated seconds per wall second (target >= 20) and peak memory.

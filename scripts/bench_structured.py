@@ -1,4 +1,4 @@
-"""Structured output benchmark (issue 14): what building a token automaton costs, and masking.
+"""Structured output benchmark: what building a token automaton costs, and masking.
 
 For each tokenizer and each ``response_format`` it times what the last stage does before a guided
 request is admitted (``worker.guided``): the vocabulary (every token's bytes, once per engine) and

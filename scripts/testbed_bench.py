@@ -1,4 +1,4 @@
-"""``geo_testbed.py --bench`` (issue 15 item 3): the planner's placement vs Swarm's on the testbed.
+"""``geo_testbed.py --bench``: the planner's placement vs Swarm's on the testbed.
 
 For each method, ``helix plan`` places the tiny model on a spec that describes the testbed (three
 regions, one CPU node each, the testbed's latencies and tbf rate between them, the coordinator in

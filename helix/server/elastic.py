@@ -1,4 +1,4 @@
-"""Nodes that join a running ``helix serve`` (issue 16 item 1): checked against the cluster spec,
+"""Nodes that join a running ``helix serve``: checked against the cluster spec,
 placed by a re-plan, routed to once their slice is loaded.
 
 A worker whose node the plan lacks registers (``helix worker --coordinator ... --node NAME --gpu

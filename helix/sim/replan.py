@@ -1,4 +1,4 @@
-"""Re-planning during a simulation (issue 16 item 5): the live system's policy object,
+"""Re-planning during a simulation: the live system's policy object,
 :class:`planner.trigger.ReplanTrigger`, driven by the simulated clock.
 
 With ``SimConfig.replan`` (``helix simulate --replan``) the simulator tells the trigger what the

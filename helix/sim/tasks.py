@@ -1,4 +1,4 @@
-"""Many fine-tuned tasks in the simulator (issue 17): a per-task workload mix, each step charged its
+"""Many fine-tuned tasks in the simulator: a per-task workload mix, each step charged its
 adapter terms, and the tasks placed across the plan's pipelines by the live coordinator's policy.
 
 - :class:`TaskMix` says how many tasks the requests name and how skewed their popularity is

@@ -1,4 +1,4 @@
-"""Elastic-cluster builders (issue 16): ``helix plan``'s plan of a spec less some node, so that the
+"""Elastic-cluster builders: ``helix plan``'s plan of a spec less some node, so that the
 node can join the running stack."""
 
 from __future__ import annotations

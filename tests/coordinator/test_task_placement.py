@@ -1,4 +1,4 @@
-"""Placing fine-tuned tasks across the plan's pipelines (issue 17, item 4): the pure policy
+"""Placing fine-tuned tasks across the plan's pipelines: the pure policy
 (:mod:`coordinator.task_placement`) and the scheduler's routing over the nodes that hold a task."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The coordinator tokenizes and detokenizes exactly as ``transformers`` does (issue 14, item 1), on
+"""The coordinator tokenizes and detokenizes exactly as ``transformers`` does, on
 tokenizer shapes these tests build: Llama-style (BOS from the post-processor, a template writing
 BOS), byte-level BPE with a ``bos_token`` but no post-processor, a post-processor BOS with
 ``add_bos_token: false`` in the config, and a template writing BOS beside a BOS post-processor."""

@@ -1,5 +1,5 @@
 """``helix --help`` and every command's ``--help``: flags show as flags (no ``<bool>``), and every
-option says what it does (issue 14)."""
+option says what it does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Re-planning a changed cluster (issue 16): the moves a proposal needs, what they cost, and
+"""Re-planning a changed cluster: the moves a proposal needs, what they cost, and
 whether it pays; ``helix plan --from running.yaml`` as the dry run."""
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""When to re-plan (issue 16 item 3): membership changes, workload drift past a band, the decision's
+"""When to re-plan: membership changes, workload drift past a band, the decision's
 margin, a minimum interval; deterministic for a clock passed in."""
 
 import pytest

@@ -74,7 +74,7 @@ def test_bad_arguments_are_one_line_errors():
 
 
 def test_a_generated_300_node_cluster_plans_within_the_gap_target():
-    """Planning at scale (issue 15): a 300-node, 5-region cluster from the generator gets a plan
+    """Planning at scale: a 300-node, 5-region cluster from the generator gets a plan
     within 3 % of a proven bound, its flow verified, long before the time limit."""
     from planner import solve
     from planner.build import build_problem

@@ -1,4 +1,4 @@
-"""scripts/geo_testbed.py (issue 15 item 2): emulated regions with real delay, opt-in.
+"""scripts/geo_testbed.py: emulated regions with real delay, opt-in.
 
 A benchmark harness, not CI: these tests run only with HELIX_RUN_TESTBED=1, as root, where network
 namespaces, veths, tbf and /dev/net/tun work; otherwise they skip, saying why. Checked: the

@@ -1,4 +1,4 @@
-"""Structured output on the engine (issue 14): the last stage samples only what keeps the reply a
+"""Structured output on the engine: the last stage samples only what keeps the reply a
 prefix of its regex and stops once it is complete; a request moved to another pipeline resumes its
 automaton from the tokens it had; a compiling regex holds only its own request; a regex that cannot
 be built fails only its request. The demo checkpoint (random weights, its real tokenizer)."""

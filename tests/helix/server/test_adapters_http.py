@@ -1,4 +1,4 @@
-"""Fine-tuned tasks over the OpenAI API (issue 17): load / unload with vLLM's routes, requests naming
+"""Fine-tuned tasks over the OpenAI API: load / unload with vLLM's routes, requests naming
 a task in ``model``, against ``transformers`` with the task merged in. Three real workers (ZeroMQ,
 gRPC control), the coordinator and uvicorn in this process."""
 

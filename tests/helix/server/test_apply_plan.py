@@ -1,4 +1,4 @@
-"""Applying a new plan to a live stack (issue 16 item 4): drain-first per node, routing switched at
+"""Applying a new plan to a live stack: drain-first per node, routing switched at
 once, requests in flight finish on their pipelines. Real workers, ZeroMQ, gRPC and HTTP in this
 process (tests.builders.stack), the tiny model, greedy outputs checked against ``transformers``."""
 

@@ -1,4 +1,4 @@
-"""Draining a node of a live stack (issue 16 item 2): real HTTP, gRPC, ZeroMQ and workers in this
+"""Draining a node of a live stack: real HTTP, gRPC, ZeroMQ and workers in this
 process (tests.builders.stack), the tiny model, greedy outputs checked against ``transformers``.
 
 The branching plan: cpu-0 [0,4) -> cpu-1 [2,8) or cpu-2 [4,8). cpu-0 alone holds layers 0-1 (it

@@ -1,4 +1,4 @@
-"""Workers die and freeze while requests run (issue 13): the coordinator notices, routes around the
+"""Workers die and freeze while requests run: the coordinator notices, routes around the
 node, moves the requests that crossed it to a surviving pipeline, and takes the node back when it
 returns. Real processes: cpu-2 is a ``helix worker`` subprocess that the test kills (SIGKILL) or freezes
 (SIGSTOP); cpu-0 and cpu-1 are WorkerServers in this process; the plan's pipelines are cpu-0 -> cpu-1

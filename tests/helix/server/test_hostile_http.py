@@ -1,4 +1,4 @@
-"""Hostile and broken HTTP input (issue 13, item 5) against the real stack in this process (three
+"""Hostile and broken HTTP input against the real stack in this process (three
 WorkerServers, the Coordinator, uvicorn): no 5xx, ever; a good request still answers afterwards.
 
 Raw sockets send what no HTTP client library would (short bodies, invalid UTF-8, lying

@@ -1,4 +1,4 @@
-"""A node joins a live stack under load (issue 16 item 1): a real ``helix worker`` process registers
+"""A node joins a live stack under load: a real ``helix worker`` process registers
 for a node the plan lacks, the cluster spec vouches for it, a re-plan gives it a slice, and traffic
 reaches it with no request failed. The stack runs in this process (tests.builders.stack) on a plan
 made by the planner for cluster_specs/local3.yaml without cpu-2; greedy outputs are checked against

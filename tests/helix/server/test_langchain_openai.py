@@ -1,4 +1,4 @@
-"""LangChain's OpenAI integration against a live Helix server (issue 14): ``ChatOpenAI`` invoke and
+"""LangChain's OpenAI integration against a live Helix server: ``ChatOpenAI`` invoke and
 stream, and ``OpenAI.batch``, which packs the prompts into one ``/v1/completions`` request (a list
 of prompts: one choice each, in order). Skipped when ``langchain-openai`` is not installed."""
 

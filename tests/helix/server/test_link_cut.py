@@ -1,4 +1,4 @@
-"""A lost link (issue 13): cpu-2 runs as a ``helix worker`` inside a network namespace this test
+"""A lost link: cpu-2 runs as a ``helix worker`` inside a network namespace this test
 creates, joined to this one by a veth pair; setting the veth down cuts it off like a region's link
 going away (no process dies, polls just time out). Its requests move once it is suspect and finish
 elsewhere; when the link comes back (it was declared dead meanwhile) the same process answers again

@@ -1,4 +1,4 @@
-"""``helix serve --address`` on a real multi-node Ray cluster on this machine (issue 15, item 1).
+"""``helix serve --address`` on a real multi-node Ray cluster on this machine.
 
 Three Ray nodes (``ray.cluster_utils.Cluster``): the head on this machine's own address and two more
 on 127.0.0.2 and 127.0.0.3 (all of 127/8 is loopback on Linux, so each node has an address of its own,

@@ -1,4 +1,4 @@
-"""``n``, ``logit_bias`` and ``echo`` on the live OpenAI API (issue 14), as vLLM answers them: the
+"""``n``, ``logit_bias`` and ``echo`` on the live OpenAI API, as vLLM answers them: the
 ``openai`` client where it can say it, raw HTTP for streams. Echo's prompt logprobs against
 ``transformers``' ``log_softmax`` over the same prompt; three real workers, the coordinator and
 uvicorn in this process."""

@@ -1,4 +1,4 @@
-"""The OpenAI / vLLM surface (issue 14): harmless unknown fields are ignored (``--strict`` refuses
+"""The OpenAI / vLLM surface: harmless unknown fields are ignored (``--strict`` refuses
 them), a list of prompts gets one choice each, tools and an unknown ``response_format`` type are a
 400 naming the field (structured output itself: ``test_structured_output``), and vLLM's routes
 (``/v1/models/{id}``, ``/version``, ``/ping``, ``/tokenize``, ``/detokenize``) answer as vLLM's do.

@@ -1,4 +1,4 @@
-"""What the OpenAI API serves equals ``transformers`` end to end, tokenizer included (issue 14, item 1):
+"""What the OpenAI API serves equals ``transformers`` end to end, tokenizer included:
 the demo checkpoint's byte-level tokenizer adds no BOS (no post-processor), so the oracle tokenizes
 with ``AutoTokenizer``, generates greedily and decodes with it; the served text must be the same, for
 completions and chat. Three real workers, the coordinator and uvicorn in this process."""

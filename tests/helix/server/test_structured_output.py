@@ -1,4 +1,4 @@
-"""Structured output over the OpenAI API (issue 14): ``response_format`` ``json_schema`` and
+"""Structured output over the OpenAI API: ``response_format`` ``json_schema`` and
 ``json_object`` on /v1/chat/completions and /v1/completions, streamed and not, greedy and sampled
 with seeds; the reply parses and validates against its schema (``jsonschema`` when installed). Bad
 or unsupported schemas are a 400 naming the problem. The real ``openai`` client and raw HTTP against

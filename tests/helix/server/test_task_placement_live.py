@@ -1,4 +1,4 @@
-"""Fine-tuned tasks placed on some pipelines of the live system (issue 17, item 4): the coordinator
+"""Fine-tuned tasks placed on some pipelines of the live system: the coordinator
 loads a task only on the nodes of its replicas, routes its requests only there, replicates a hot
 task onto the idle pipeline over the control plane (the workers really load it) and unloads a
 migrated task where it left. Three real workers (ZeroMQ, gRPC control), the coordinator and its

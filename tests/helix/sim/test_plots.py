@@ -1,4 +1,4 @@
-"""``helix simulate --plot`` figures people can read (issue 14): latency CDF tick labels in plain
+"""``helix simulate --plot`` figures people can read: latency CDF tick labels in plain
 seconds that do not overlap, utilization bars grouped and coloured by GPU kind, throughput with a
 smoothed line over the per-bucket one."""
 

@@ -1,4 +1,4 @@
-"""Many fine-tuned tasks in the simulator (issue 17): the adapter terms each step pays (against a
+"""Many fine-tuned tasks in the simulator: the adapter terms each step pays (against a
 step computed by hand), the per-task workload mix, and task placement driven by the coordinator's
 policy."""
 
