@@ -283,11 +283,11 @@ class Membership:
                 if not r.done and r.pipeline is not None and r.dispatched_s is not None:
                     nodes = r.pipeline.nodes
                     since[nodes] = min(since.get(nodes, r.dispatched_s), r.dispatched_s)
-            culprits = self.stalls.stalled_nodes(since, now)
+            stalled = set(self.stalls.stalled(since, now))
+            culprits = self.stalls.culprits(stalled, now)
             if culprits and not self._has_pipeline(self._usable() - culprits):
                 # Blame only the nodes no other pipeline goes through (a shared first stage of an
                 # idle pipeline is not exonerated by output; it is by the plan's other routes).
-                stalled = set(self.stalls.stalled(since, now))
                 shared = {n for p in self.pipeline_counts if p not in stalled for n in p}
                 culprits -= shared
                 if culprits and not self._has_pipeline(self._usable() - culprits):

@@ -80,9 +80,13 @@ class StallWatch:
         return [p for p, last in self._last.items()
                 if (limit := self.limit_s(p)) is not None and now_s - last <= limit]
 
+    def culprits(self, stalled: Iterable[Pipeline], now_s: float) -> set[str]:
+        """The likely culprits of ``stalled`` pipelines: their nodes on no pipeline still sending."""
+        return _nodes(stalled) - _nodes(self.sending(now_s))
+
     def stalled_nodes(self, in_flight_since: Mapping[Pipeline, float], now_s: float) -> set[str]:
-        """The likely culprits: the nodes on stalled pipelines and on none still sending."""
-        return _nodes(self.stalled(in_flight_since, now_s)) - _nodes(self.sending(now_s))
+        """:meth:`culprits` of the pipelines :meth:`stalled` finds."""
+        return self.culprits(self.stalled(in_flight_since, now_s), now_s)
 
 
 def _nodes(pipelines: Iterable[Pipeline]) -> set[str]:

@@ -398,7 +398,6 @@ def measure_last_stage(spec: ModelSpec, grid: ProfileGrid, dev: torch.device, dt
     middle stage's cost (sampling, LM head; and embedding when it is also the first stage).
     Decode points of one context share one prefill: the sequences are released, largest batch
     first, down to each point's count."""
-    points = grid.decode_points()
     # Tokens a held request samples: one in every timed step, and one per step of the prompts.
     steps = (grid.reps + 1) * len(grid.decode_seqs) + 2 + \
         max(grid.decode_seqs, default=0) * max(grid.decode_contexts, default=0) // grid.step_tokens
