@@ -5,7 +5,7 @@ under llama.cpp's names. :class:`GGUFFile` (the ``gguf`` package's reader undern
 
 - the Hugging Face ``config.json`` fields the metadata implies, as ``transformers``' GGUF loader maps
   them (``llama.block_count`` -> ``num_hidden_layers``, ...; no ``output.weight`` means tied
-  embeddings), and so the :class:`~helix.models.ModelSpec`;
+  embeddings), from which :func:`helix.models.resolve_model` builds the model's shape;
 - any tensor by its Hugging Face name, dequantized to float32 on demand, so a worker reads only its
   slice. llama.cpp's converter reorders the rows of ``q_proj`` and ``k_proj`` within each head
   (pairs of rotary dimensions interleaved rather than split in halves); :meth:`GGUFFile.read`
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from helix.errors import SpecError
-from helix.models import ModelSpec
+from helix.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 #: The link to the GGUF inside a converted folder; the worker reads tensors through it.
 GGUF_LINK = "model.gguf"
@@ -179,10 +179,6 @@ class GGUFFile:
                 cfg[{"padding": "pad", "unknown": "unk"}.get(key, key) + "_token_id"] = token_id
         return cfg
 
-    def spec(self, name: str | None = None) -> ModelSpec:
-        """The model's shape (named ``name``, default the file's stem)."""
-        return ModelSpec.from_hf_config(self.config, name=name or self.path.stem)
-
     # --- tensors ----------------------------------------------------------------------------------
     def has(self, hf_name: str) -> bool:
         return gguf_name(hf_name) in self._tensors
@@ -278,7 +274,6 @@ def checkpoint_folder(path: str | Path) -> Path:
 def write_folder(g: GGUFFile, folder: Path) -> None:
     """Write ``config.json``, the tokenizer files, ``chat_template.jinja`` (when the file has a
     template) and the ``model.gguf`` link into ``folder``."""
-    from helix.gguf_tokenizer import build_tokenizer, tokenizer_config
     (folder / "config.json").write_text(json.dumps(g.config, indent=1))
     build_tokenizer(g).save(str(folder / "tokenizer.json"))
     tok_cfg = tokenizer_config(g)

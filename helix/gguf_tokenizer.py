@@ -19,13 +19,19 @@ sentencepiece file that does not say adds BOS, as llama.cpp does).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from helix.errors import SpecError
 from helix.tokens import byte_of_char
 
-if TYPE_CHECKING:
-    from helix.gguf import GGUFFile
+
+class GGUFFields(Protocol):
+    """What the tokenizer reads of a GGUF file (:class:`helix.gguf.GGUFFile` is one)."""
+
+    path: Path
+
+    def field(self, key: str, default: Any = None) -> Any: ...
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -44,12 +50,12 @@ PRE_TOKENIZER_SPLITS = {
 }
 
 
-def _field_list(g: "GGUFFile", key: str) -> list:
+def _field_list(g: GGUFFields, key: str) -> list:
     value = g.field(key)
     return list(value) if value is not None else []
 
 
-def build_tokenizer(g: "GGUFFile"):
+def build_tokenizer(g: GGUFFields):
     """The ``tokenizers.Tokenizer`` the file describes (see the module doc)."""
     kind = g.field("tokenizer.ggml.model")
     tokens = _field_list(g, "tokenizer.ggml.tokens")
@@ -67,7 +73,7 @@ def build_tokenizer(g: "GGUFFile"):
     return tok
 
 
-def _byte_level(g: "GGUFFile", tokens: list[str]):
+def _byte_level(g: GGUFFields, tokens: list[str]):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     alphabet = byte_of_char()
     char_of = {b: c for c, b in alphabet.items()}
@@ -88,7 +94,7 @@ def _byte_level(g: "GGUFFile", tokens: list[str]):
     return tok
 
 
-def _sentencepiece(g: "GGUFFile", tokens: list[str]):
+def _sentencepiece(g: GGUFFields, tokens: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ")) for m in _field_list(g, "tokenizer.ggml.merges")]
@@ -118,7 +124,7 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
     return [(left, right) for left, right, _ in found]
 
 
-def _add_special_tokens(g: "GGUFFile", tok, tokens: list[str], byte_level: bool) -> None:
+def _add_special_tokens(g: GGUFFields, tok, tokens: list[str], byte_level: bool) -> None:
     from tokenizers import AddedToken
     types = _field_list(g, "tokenizer.ggml.token_type")
     alphabet = byte_of_char().keys()
@@ -135,20 +141,20 @@ def _add_special_tokens(g: "GGUFFile", tok, tokens: list[str], byte_level: bool)
         tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
 
-def _special_token_ids(g: "GGUFFile") -> dict[str, int]:
+def _special_token_ids(g: GGUFFields) -> dict[str, int]:
     names = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
     ids = {name: g.field(f"tokenizer.ggml.{key}_token_id") for name, key in names.items()}
     return {name: int(i) for name, i in ids.items() if i is not None}
 
 
-def _adds(g: "GGUFFile") -> tuple[bool, bool]:
+def _adds(g: GGUFFields) -> tuple[bool, bool]:
     """(add BOS, add EOS) per the file; a sentencepiece file that does not say adds BOS."""
     bos_default = g.field("tokenizer.ggml.model") == "llama"
     return (bool(g.field("tokenizer.ggml.add_bos_token", bos_default)),
             bool(g.field("tokenizer.ggml.add_eos_token", False)))
 
 
-def _post_processor(g: "GGUFFile", tokens: list[str]):
+def _post_processor(g: GGUFFields, tokens: list[str]):
     from tokenizers import processors
     ids = _special_token_ids(g)
     add_bos, add_eos = _adds(g)
@@ -161,7 +167,7 @@ def _post_processor(g: "GGUFFile", tokens: list[str]):
                                          special_tokens=[t for t in (bos, eos) if t])
 
 
-def tokenizer_config(g: "GGUFFile") -> dict[str, Any]:
+def tokenizer_config(g: GGUFFields) -> dict[str, Any]:
     """``tokenizer_config.json``: the special tokens' text, whether BOS/EOS are added, and the chat
     template (``tokenizer.chat_template``) when the file has one."""
     tokens = _field_list(g, "tokenizer.ggml.tokens")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helix.errors import SpecError
+from helix.gguf import find_gguf, open_gguf
 
 #: Architectures whose decoder layer is the LLaMA block (RMSNorm, RoPE, GQA, SwiGLU, no biases).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -211,10 +212,9 @@ def resolve_model(ref: str | Path, base_dir: Path | None = None) -> ModelSpec:
         candidates.insert(0, base_dir / key)
     for cand in candidates:
         if cand.exists():
-            from helix.gguf import find_gguf, open_gguf
             found = find_gguf(cand)
             if found is not None:
-                return open_gguf(found).spec()
+                return ModelSpec.from_hf_config(open_gguf(found).config, name=found.stem)
             return ModelSpec.from_pretrained_dir(cand)
     raise SpecError(f"model: unknown model {key!r}; known: {', '.join(MODEL_CATALOG)} "
                     f"(or a path to a checkpoint folder with config.json, or a GGUF file)")
