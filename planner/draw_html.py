@@ -13,8 +13,8 @@ from html import escape
 from pathlib import Path
 
 from helix.plan import Plan
-from planner.draw import (CROSS_REGION, Layout, gpu_colours, layout, rate_label, summary,
-                          title)
+from planner.draw_layout import (CROSS_REGION, Layout, gpu_colours, layout, rate_label, summary,
+                                 title)
 from planner.problem import PlacementProblem
 
 ROW_PX = 22

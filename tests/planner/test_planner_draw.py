@@ -14,7 +14,8 @@ from PIL import Image
 
 from helix.serving import ServingLimits
 from planner import solve
-from planner.draw import MIN_SHARE, draw_plan, layout, plan_figure
+from planner.draw import draw_plan, plan_figure
+from planner.draw_layout import MIN_SHARE, layout
 from tests.builders.problems import make_node, make_problem
 
 
