@@ -114,3 +114,12 @@ class WaitingBound:
             return self.default_retry_s
         excess = waiting - self.limit(now_s, fraction) + 1
         return int(min(max(1, math.ceil(self.wait_s)), max(1, math.ceil(excess / rate))))
+
+
+class QueueFull(Exception):
+    """Every pipeline is masked and the waiting queue is full."""
+
+    def __init__(self, retry_after_s: int, detail: str = "") -> None:
+        super().__init__(f"server busy: the request queue is full{f' ({detail})' if detail else ''}; "
+                         f"retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s

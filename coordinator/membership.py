@@ -23,22 +23,20 @@ import math
 import time
 from collections import Counter
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
+from coordinator.admission import QueueFull
 from coordinator.capacity import Capacity
 from coordinator.health import NodeState, Transition
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.requests import Done, LiveRequest
 from coordinator.stalls import StallWatch
+from coordinator.workers import WorkerHandle
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.sampling import SamplingParams
 from helix.net.stats import WorkerStats
 from helix.net.wire import Release
 from helix.plan import COORDINATOR
-
-if TYPE_CHECKING:
-    from coordinator.runtime import WorkerHandle
 
 log = logging.getLogger("helix.coordinator")
 
@@ -345,7 +343,6 @@ class Membership:
         """Raise :class:`~coordinator.runtime.QueueFull` when as many new requests wait as the
         bound allows, or the oldest has waited past it (under the lock). Moved requests (admitted
         before) do not count."""
-        from coordinator.runtime import QueueFull
         now, bound = time.monotonic(), self.waiting_bound
         limit = bound.limit(now, self.capacity_fraction)
         oldest = next((r for r in self._waiting if not r.moves), None)

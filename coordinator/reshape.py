@@ -34,18 +34,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from coordinator.health import NodeState
 from coordinator.pipeline import Topology
 from coordinator.reflow import rebuilt
+from coordinator.workers import WorkerHandle, check_serving, engine_options
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.stats import WorkerStats
 from helix.plan import COORDINATOR, NodePlacement, Plan
-
-if TYPE_CHECKING:
-    from coordinator.runtime import WorkerHandle
 
 log = logging.getLogger("helix.coordinator")
 
@@ -164,7 +161,6 @@ class Reshaping:
             self._apply_lock.release()
 
     def _check_plan(self, plan: Plan, joining: Sequence[WorkerHandle]) -> None:
-        from coordinator.runtime import check_serving
         if plan.num_layers != self.plan.num_layers:
             raise HelixUserError(f"the new plan places {plan.num_layers} layers; the served model "
                                  f"has {self.plan.num_layers}")
@@ -286,7 +282,6 @@ class Reshaping:
             time.sleep(min(0.05, self.config.stats_interval_s))
 
     def _load_slice(self, node: str, rng: Range, plan: Plan, client: ControlClient) -> dict:
-        from coordinator.runtime import engine_options
         engine = {**self._engine, **engine_options(plan.serving, node)}
         try:
             return client.call("Configure", {"start": rng[0], "end": rng[1], "engine": engine},

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.adapters import Adapters
-from coordinator.admission import WaitingBound
+from coordinator.admission import QueueFull, WaitingBound
 from coordinator.drain import DrainBook, Draining
 from coordinator.health import HealthConfig, NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
@@ -44,10 +44,10 @@ from coordinator.requests import (Delta, Done, LiveRequest, RequestHandle, Reque
 from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.task_placement import PlacementConfig
 from coordinator.textcodec import Detokenizer, TextCodec
+from coordinator.workers import PLAN_ENGINE_OPTIONS, WorkerHandle, check_serving, engine_options
 from helix.errors import USER_FAILURE, HelixUserError
 from helix.gguf import checkpoint_folder
 from helix.plan import COORDINATOR, Plan
-from helix.serving import ServingLimits
 from helix.spec import WorkloadSpec
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.io_types import NewRequest, StageInput
@@ -60,15 +60,6 @@ from helix.net.wire import Failures, Hop, InputBatch, Release, Route, TokenBatch
 log = logging.getLogger("helix.coordinator")
 
 __all__ = ["Coordinator", "NoPipeline", "QueueFull", "RuntimeConfig", "WorkerHandle"]
-
-
-@dataclass(frozen=True)
-class WorkerHandle:
-    """Where one worker listens."""
-
-    node: str
-    control_address: str
-    data_address: str
 
 
 @dataclass(frozen=True)
@@ -107,45 +98,7 @@ class RuntimeConfig:
     (:mod:`coordinator.task_placement`); None: every worker holds every task."""
     engine: dict = field(default_factory=dict)
     """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
-    plan's serving limits (:data:`PLAN_ENGINE_OPTIONS`) are not among them."""
-
-
-#: Engine options the plan's serving limits set (see :func:`engine_options`).
-PLAN_ENGINE_OPTIONS = ("dtype", "block_size_tokens", "num_kv_blocks", "max_num_seqs",
-                       "max_num_batched_tokens", "chunked_prefill", "adapter_cache_bytes")
-
-
-def engine_options(serving: ServingLimits, node: str) -> dict:
-    """What ``node``'s engine runs with, from the plan: its dtype, its KV pool (the plan's figure in
-    whole blocks), the batch limit and the step's token budget (chunked prefill or not), as the
-    planner and the simulator assumed, and its adapter cache's budget."""
-    return {"dtype": serving.dtype, "block_size_tokens": serving.block_size_tokens,
-            "num_kv_blocks": serving.kv_blocks(node), "max_num_seqs": serving.max_batch_seqs,
-            "max_num_batched_tokens": serving.step_tokens,
-            "chunked_prefill": serving.chunk_tokens > 0,
-            "adapter_cache_bytes": serving.adapter_cache_bytes}
-
-
-def check_serving(plan: Plan) -> ServingLimits:
-    """The plan's serving limits, or a one-line error when it lacks them (or a node's pool)."""
-    serving = plan.serving
-    if serving is None:
-        raise HelixUserError("the plan has no serving section (dtype, KV pools, batch limits): "
-                             "write it with `helix plan CLUSTER -o plan.yaml`")
-    for p in plan.placements:
-        if p.num_layers > 0 and serving.kv_capacity_tokens.get(p.node, 0) < serving.block_size_tokens:
-            raise HelixUserError(f"the plan's serving section gives node {p.node!r} no KV pool of a "
-                                 f"block or more: re-run `helix plan`")
-    return serving
-
-
-class QueueFull(Exception):
-    """Every pipeline is masked and the waiting queue is full."""
-
-    def __init__(self, retry_after_s: int, detail: str = "") -> None:
-        super().__init__(f"server busy: the request queue is full{f' ({detail})' if detail else ''}; "
-                         f"retry after {retry_after_s} s")
-        self.retry_after_s = retry_after_s
+    plan's serving limits (:data:`coordinator.workers.PLAN_ENGINE_OPTIONS`) are not among them."""
 
 
 class Observer(Protocol):
