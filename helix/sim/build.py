@@ -146,6 +146,11 @@ def build_simulator(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest,
     if config.replan is not None:   # the live re-plan policy on the simulated clock
         from planner.trigger import ReplanTrigger
         joining = {j.node for j in config.joins}
+        def workers_of(new_spec: ClusterSpec, new_plan: Plan) -> dict[str, SimWorker]:
+            cost = CostModel.for_cluster(new_spec)
+            return build_workers(new_spec, new_plan, cost, config,
+                                 serving_limits(new_spec, new_plan, cost))
         made.enable_replan(ReplanTrigger(spec, flow_plan, config.replan.trigger,
-                                         present={n.name for n in spec.nodes} - joining))
+                                         present={n.name for n in spec.nodes} - joining),
+                           workers_of)
     return made

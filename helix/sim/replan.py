@@ -29,11 +29,17 @@ solves within its gap the run is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from helix.plan import Plan
 from helix.sim.events import NO_EVENTS, Event, LayersLoaded, NodeAppears, ReplanPoll
+from helix.sim.worker import SimWorker
+from helix.spec import ClusterSpec
 from planner.trigger import Replan, ReplanTrigger, TriggerConfig
+
+#: Makes the simulated workers of a plan (``helix.sim.build`` binds its config and cost model).
+WorkerBuilder = Callable[[ClusterSpec, Plan], dict[str, SimWorker]]
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,11 @@ class ReplanHandlers:
         """What each re-plan considered (:meth:`planner.trigger.Replan.summary` plus the switch)."""
         self._switch: _Switch | None = None
 
-    def enable_replan(self, trigger: ReplanTrigger) -> None:
-        """Drive ``trigger`` (``build_simulator`` makes it from the spec and the plan)."""
+    def enable_replan(self, trigger: ReplanTrigger, build_workers: WorkerBuilder) -> None:
+        """Drive ``trigger`` (``build_simulator`` makes it from the spec and the plan);
+        ``build_workers`` makes the simulated workers of a new plan."""
         self.trigger = trigger
+        self._build_workers = build_workers
         self.handlers.update({ReplanPoll: self.on_replan_poll, NodeAppears: self.on_node_appears,
                               LayersLoaded: self.on_layers_loaded})
 
@@ -161,14 +169,10 @@ class ReplanHandlers:
 
     def _finish(self, now_s: float) -> list[Event]:
         """Every moved node has loaded: the new plan's workers, KV pools and flows take over."""
-        from helix.costmodel import CostModel
-        from helix.sim.build import build_workers
-        from planner.build import serving_limits
         switch, self._switch = self._switch, None
         replan = switch.replan
         plan, spec = replan.plan, replan.spec
-        cost = CostModel.for_cluster(spec)
-        fresh = build_workers(spec, plan, cost, self.config, serving_limits(spec, plan, cost))
+        fresh = self._build_workers(spec, plan)
         changed = {m.node for m in replan.decision.moves}
         kv = self.scheduler.kv
         sizes = {}
