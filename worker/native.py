@@ -31,7 +31,11 @@ import torch
 log = logging.getLogger("helix.native")
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC", "-std=c11")
+# -ffast-math's reassociation (vectorized reductions) without -ffast-math itself: linked into a
+# shared object, -ffast-math brings crtfastmath.o, whose constructor turns on flush-to-zero for the
+# whole process that loads it (subnormal floats become 0 in every later computation).
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp-simd", "-shared", "-fPIC", "-std=c11")
 
 _lock = threading.Lock()
 _loaded: dict[str, "NativeKernels | None"] = {}

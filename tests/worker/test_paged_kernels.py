@@ -9,6 +9,8 @@ is built with the machine's compiler.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton_ops is imported anywhere in this process
 
@@ -18,6 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from worker import native  # noqa: E402
 from worker.rope import apply_rotary  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
 
 pytest.importorskip("triton", reason="needs triton (installed by [dev])")
 from worker import triton_ops  # noqa: E402
@@ -65,6 +68,18 @@ def _reference(case) -> torch.Tensor:
                                            enable_gqa=True)
         out[first:first + t] = o[0].transpose(0, 1)
     return out
+
+
+def test_loading_the_native_kernels_keeps_subnormal_floats():
+    """The shared object must not switch the loading process to flush-to-zero (as -ffast-math's
+    crtfastmath.o does): checked in a fresh interpreter, the smallest double times one stays > 0."""
+    code = ("from worker import native\nlib = native.load()\n"
+            "print('none' if lib is None else repr(5e-324 * float(__import__('sys').argv[1])))")
+    out = subprocess.run([sys.executable, "-c", code, "1.0"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO_ROOT, check=True).stdout.strip()
+    if out == "none":
+        pytest.skip("no C compiler here: the engine uses the gather backend")
+    assert float(out) > 0, "loading the native kernels turned on flush-to-zero"
 
 
 @pytest.mark.parametrize("heads,kv_heads", HEAD_SHAPES)
