@@ -23,6 +23,9 @@
    from the worker's own counters.
 
     python scripts/bench_adapters.py [--no-write] [--part all|memory|throughput|cache]
+
+Each part rewrites its own block of BENCHMARKS.md (``bench_adapters-memory``, ``-throughput``,
+``-cache``), so a run of one part leaves the others' figures as they are.
 """
 
 from __future__ import annotations
@@ -40,15 +43,22 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.models import ModelSpec, resolve_model  # noqa: E402
-from helix.net.sampling import SamplingParams  # noqa: E402
-from worker.adapters import (TARGETS, BiasTerm, BottleneckTerm, LoRATerm, sparse_term,  # noqa: E402
-                             target_shape, term_bytes)
-from worker.engine import EngineConfig, SliceEngine  # noqa: E402
-from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
-from worker.model import LayerWeights, SliceWeights  # noqa: E402
+from helix.models import ModelSpec, resolve_model
+from helix.net.sampling import SamplingParams
+from worker.adapters import (
+    TARGETS,
+    BiasTerm,
+    BottleneckTerm,
+    LoRATerm,
+    sparse_term,
+    target_shape,
+    term_bytes,
+)
+from worker.engine import EngineConfig, SliceEngine
+from worker.local_pipeline import LocalPipeline, Prompt
+from worker.model import LayerWeights, SliceWeights
 
-SECTION = "## Batched adapters (`scripts/bench_adapters.py`, issue 17)"
+HEADING = "## Batched adapters (`scripts/bench_adapters.py`)"
 BUDGET_BYTES = 80 * 10**9
 N_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 128, 32, 32
 
@@ -247,43 +257,41 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--part", choices=("all", "memory", "throughput", "cache"), default="all",
                     help="which measurement to run (default: all three)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
-    parts = []
+    parts = {}
     if args.part in ("all", "memory"):
         mem = _table(("kind", "MiB per task", "merged copies that fit", "tasks that fit beside one base",
                       "more tasks"), memory_rows())
         base_gb = resolve_model('llama-2-7b').total_params * 2 / 1e9
-        parts.append(f"Memory: LLaMA-2 7B in float16 ({base_gb:.1f} GB) on an 80 GB budget.\n\n{mem}")
+        parts["memory"] = f"Memory: LLaMA-2 7B in float16 ({base_gb:.1f} GB) on an 80 GB budget.\n\n{mem}"
     with tempfile.TemporaryDirectory(prefix="helix-bench-adapters-") as tmp:
         if args.part in ("all", "throughput"):
             thr = _table(("tasks", "served", "CPU seconds", "output tokens per CPU s",
                           "mixed vs task by task"), throughput_rows(Path(tmp)))
-            parts.append(f"Throughput: {N_REQUESTS} requests x {OUTPUT_TOKENS} greedy tokens "
-                         f"({PROMPT_TOKENS}-token prompts), LoRA r=8 on every projection, CPU; CPU "
-                         f"seconds of the process (one torch thread).\n\n{thr}")
+            parts["throughput"] = (f"Throughput: {N_REQUESTS} requests x {OUTPUT_TOKENS} greedy tokens "
+                                   f"({PROMPT_TOKENS}-token prompts), LoRA r=8 on every projection, CPU; "
+                                   f"CPU seconds of the process (one torch thread).\n\n{thr}")
         if args.part in ("all", "cache"):
             rows, setup = cache_rows(Path(tmp))
             cache = _table(("run", "misses", "hits", "evictions", "load p50 / p99 ms", "MiB cached",
                             "CPU seconds", "output tokens per CPU s", "vs the base"), rows)
-            parts.append(f"Tasks on disk, LRU cache of packed adapters: {setup}. {N_REQUESTS} requests x "
-                         f"{OUTPUT_TOKENS} greedy tokens over {N_ACTIVE} tasks drawn from the "
-                         f"{N_REGISTERED:,}, one batch; hits and misses count requests admitted and "
-                         f"tasks read. Times are CPU seconds of the process (one torch thread; reads "
-                         f"of the task files, from the page cache, included): wall times on this "
-                         f"shared machine varied 2x between identical runs.\n\n{cache}")
-    print(*parts, sep="\n\n")
+            parts["cache"] = (f"Tasks on disk, LRU cache of packed adapters: {setup}. {N_REQUESTS} requests "
+                              f"x {OUTPUT_TOKENS} greedy tokens over {N_ACTIVE} tasks drawn from the "
+                              f"{N_REGISTERED:,}, one batch; hits and misses count requests admitted and "
+                              f"tasks read. Times are CPU seconds of the process (one torch thread; "
+                              f"reads of the task files, from the page cache, included): wall times on "
+                              f"this shared machine varied 2x between identical runs.\n\n{cache}")
+    print(*parts.values(), sep="\n\n")
     if not args.no_write:
+        from benchdoc import write_section  # scripts/ is this script's import path
         command = "python scripts/bench_adapters.py" + (f" --part {args.part}" if args.part != "all" else "")
-        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
-        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `{command}`\n\n"
-                 f"{machine_line(load0)} (shared machine: times are upper bounds); one torch "
-                 f"thread.\n\n" + "\n\n".join(parts) + "\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+        for part, text in parts.items():
+            write_section(f"bench_adapters-{part}", text, heading=HEADING, command=command, load0=load0)
 
 
 if __name__ == "__main__":

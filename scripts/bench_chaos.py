@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTION = "## Chaos: faults under load (`scripts/bench_chaos.py`)"
+HEADING = "## Chaos: faults under load (`scripts/bench_chaos.py`)"
 FAIL_KINDS = ("http_503", "http_other", "error_event", "timeout")
 KINDS = ("kill -9", "SIGSTOP", "3 x kill -9", "link cut")
 FAULT_NOTE = "default health settings (suspect 2 s, dead 10 s or 2 refused polls) and restarts"
@@ -442,8 +442,8 @@ def report(records, faults, t0, duration_s, capacity, rate, rss0, rss1, netns_no
     lag = (f"; the load process sent {len(records) / duration_s:.1f} req/s, up to "
            f"{lags[int(0.99 * (len(lags) - 1))]:.2f} s (p99) / {lags[-1]:.2f} s (max) behind its "
            f"schedule" if lags else "")
-    lines = [f"Capacity {measured}; offered {rate:.1f} req/s (Poisson){lag}; {FAULT_NOTE}. "
-             f"{netns_note}", "", head, "|" + "---|" * 10, *minute_rows(records, t0, duration_s)]
+    lines = [(f"Capacity {measured}; offered {rate:.1f} req/s (Poisson){lag}; {FAULT_NOTE}. "
+              f"{netns_note}"), "", head, "|" + "---|" * 10, *minute_rows(records, t0, duration_s)]
     total = {k: sum(1 for r in records if r.outcome == k) for k in ("ok", *FAIL_KINDS)}
     codes = sorted({r.detail for r in records if r.detail})
     by_code = ", ".join(f"{sum(1 for r in records if r.detail == c)} {c}" for c in codes)
@@ -455,8 +455,8 @@ def report(records, faults, t0, duration_s, capacity, rate, rss0, rss1, netns_no
     for f in faults:
         rec = "-" if f.recovered_s is None else f"{f.recovered_s:.1f}"
         lines.append(f"| {f.at_s - t0:.0f} | {f.kind} | {f.node} | {rec} | {f.note} |")
-    lines += ["", f"RSS: this process {rss0[0]:.0f} -> {rss1[0]:.0f} MB, workers {rss0[1]:.0f} -> "
-              f"{rss1[1]:.0f} MB."]
+    lines += ["", (f"RSS: this process {rss0[0]:.0f} -> {rss1[0]:.0f} MB, workers {rss0[1]:.0f} -> "
+               f"{rss1[1]:.0f} MB.")]
     return "\n".join(lines)
 
 
@@ -477,7 +477,7 @@ def main() -> None:
                     default=list(KINDS),
                     help="the faults to inject, in turn (comma-separated; default all four)")
     ap.add_argument("--no-netns", action="store_true", help="no link cut (no network namespace)")
-    ap.add_argument("--no-append", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-append", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--verbose", action="store_true", help="print the coordinator's view every 5 s")
     args = ap.parse_args()
     unknown = sorted(set(args.kinds) - set(KINDS))
@@ -544,11 +544,9 @@ def run(args, ckpt: Path, plan, load0: float) -> None:
     table = report(records, faults, t0, args.duration, capacity, rate, rss0, rss1, netns_note)
     print(table)
     if not args.no_append:
-        from bench_runtime import append_to_section, machine_line   # scripts/ is on the path
+        from benchdoc import write_section  # scripts/ is on the path
         cmd = " ".join(["python scripts/bench_chaos.py", *sys.argv[1:]])
-        entry = (f"\n### {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{cmd}`\n\n"
-                 f"{machine_line(load0)}.\n\n{table}\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+        write_section("bench_chaos", table, heading=HEADING, command=cmd, load0=load0)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ with three sets of efficiency factors: the kind's catalog factors (in sample), f
 the other GPU kinds (leave one kind out) and the defaults a kind without a profile gets. Then what
 the model predicts for one layer of a GQA model (LLaMA-2 70B) on an A100, decode and prompt,
 beside the previous model (one roofline max over all the layer's work, KV read once per KV head).
-Appends both tables to BENCHMARKS.md.
+Writes both tables to its block of BENCHMARKS.md (``bench_costmodel``).
 
 With ``--profile DIR`` (a folder written by ``helix profile``) it compares that one profile
 instead: every measured point beside the roofline's time for the same step on the profile's
-device (:mod:`profile_vs_roofline`), and the ratio measured / model, summarised per phase.
+device (:mod:`profile_vs_roofline`), and the ratio measured / model, summarised per phase, in a
+block of its own (``bench_costmodel-profile``).
 
     python scripts/bench_costmodel.py [--profiles ../shared/data/profiles/llama1-30b] [--no-append]
     python scripts/bench_costmodel.py --profile DIR [--gpu KIND] [--tflops T]
@@ -21,9 +22,7 @@ device (:mod:`profile_vs_roofline`), and the ratio measured / model, summarised 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shlex
 import sys
 from pathlib import Path
@@ -32,13 +31,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from helix.calibration import CalibrationRow, PhaseError, calibrate  # noqa: E402
-from helix.costmodel import analytic_layer_time_s, layer_work, work_time_s  # noqa: E402
-from helix.errors import HelixUserError, SpecError  # noqa: E402
-from helix.hardware import GpuKind, lookup_gpu  # noqa: E402
-from helix.models import MODEL_CATALOG, ModelSpec  # noqa: E402
-from profile_vs_roofline import (choose_roofline, compare, describe, phase_summaries,  # noqa: E402
-                                 ratio_table, read_folder)
+from benchdoc import write_section
+from profile_vs_roofline import (
+    choose_roofline,
+    compare,
+    context_table,
+    describe,
+    phase_summaries,
+    ratio_table,
+    read_folder,
+)
+
+from helix.calibration import CalibrationRow, PhaseError, calibrate
+from helix.costmodel import analytic_layer_time_s, layer_work, work_time_s
+from helix.errors import HelixUserError, SpecError
+from helix.hardware import GpuKind, lookup_gpu
+from helix.models import MODEL_CATALOG, ModelSpec
+
+HEADING = "## Cost model (`scripts/bench_costmodel.py`)"
 
 #: Decode context the profiles are compared at (they have none): the best fit of the current
 #: model over all folders (in sample); the previous model fitted best at 1,024.
@@ -48,18 +58,6 @@ PREVIOUS_DECODE_CONTEXT = 1024
 PREVIOUS_A100_FACTORS = (0.78, 0.90)
 GQA_SEQS = (1, 50, 100, 200, 400)
 GQA_PROMPTS = (250, 1000, 4000)
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
 def previous_layer_time_s(model: ModelSpec, gpu: GpuKind, prompt_tokens: float,
@@ -84,10 +82,10 @@ def pct(e: PhaseError) -> str:
 
 
 def calibration_table(rows: list[CalibrationRow]) -> str:
-    lines = ["| profile | GPU kind | GPUs | points (prompt + decode) | prompt, in sample | "
+    lines = [("| profile | GPU kind | GPUs | points (prompt + decode) | prompt, in sample | "
              "decode, in sample | factors w/o this kind (compute, memory) | "
              "prompt, leave kind out | decode, leave kind out | prompt, default factors | "
-             "decode, default factors |",
+             "decode, default factors |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.folder} | {r.gpu} | {r.num_gpus} | {r.prompt_points} + "
@@ -99,8 +97,8 @@ def calibration_table(rows: list[CalibrationRow]) -> str:
 
 def gqa_table(decode_context: float) -> str:
     model, a100 = MODEL_CATALOG["llama-2-70b"], lookup_gpu("A100-40G")
-    lines = ["| LLaMA-2 70B layer on A100-40G | previous model (ms) | this model (ms) | ratio | "
-             "this model without GQA re-reads (ms) |", "|---|---|---|---|---|"]
+    lines = [("| LLaMA-2 70B layer on A100-40G | previous model (ms) | this model (ms) | ratio | "
+              "this model without GQA re-reads (ms) |"), "|---|---|---|---|---|"]
     for d in GQA_SEQS:
         old = previous_layer_time_s(model, a100, 0, d, PREVIOUS_DECODE_CONTEXT, 0)
         new = analytic_layer_time_s(model, a100, 1, 2, 0, d, decode_context, 0)
@@ -117,7 +115,7 @@ def gqa_table(decode_context: float) -> str:
 
 
 def profile_main(args: argparse.Namespace, command: str) -> int:
-    """``--profile``: one folder's points against the roofline; appended unless ``--no-append``."""
+    """``--profile``: one folder's points against the roofline; written unless ``--no-append``."""
     load = os.getloadavg()[0]
     bandwidth = args.bandwidth_tbs * 1e12 if args.bandwidth_tbs is not None else \
         args.bandwidth_gbs * 1e9 if args.bandwidth_gbs is not None else None
@@ -132,12 +130,12 @@ def profile_main(args: argparse.Namespace, command: str) -> int:
     print(header, table, "\n".join(summary), sep="\n\n")
     if not args.no_append:
         m = folder.meta
-        with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write(f"\n## Cost model vs a measured profile: {folder.model.name} {folder.dtype} "
-                     f"on {m.get('device_name', m.get('device', '?'))}\n\n`{command}` on "
-                     f"{datetime.date.today()} ({machine()}, load average {load:.1f}; the "
-                     f"measurement is the profile's, this is arithmetic on it). {header}\n\n"
-                     f"{table}\n\n" + "".join(f"- {line}\n" for line in summary))
+        write_section("bench_costmodel-profile", f"{folder.model.name} {folder.dtype} on "
+                      f"{m.get('device_name', m.get('device', '?'))} (the measurement is the profile's, "
+                      f"this is arithmetic on it; every point is printed, the ratios in brief here). "
+                      f"{header}\n\n{context_table(points)}\n\n"
+                      + "".join(f"- {line}\n" for line in summary), heading=HEADING, command=command,
+                      load0=load)
     return 0
 
 
@@ -171,16 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     gqa = gqa_table(args.decode_context)
     print(table, gqa, sep="\n\n")
     if not args.no_append:
-        cmd = "python scripts/bench_costmodel.py"
-        with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write(f"\n## Cost model calibration, prompt and decode apart (LLaMA-1 30B layer "
-                     f"profiles)\n\n`{cmd}` on {datetime.date.today()} ({machine()}, load average "
-                     f"{load:.1f}); decode points compared at a context of "
-                     f"{args.decode_context:g} tokens. Each cell: median / worst relative error."
-                     f"\n\n{table}\n\nOne layer of a grouped-query-attention model (64 query "
-                     f"heads, 8 KV heads), decode at {args.decode_context:g} tokens of context "
-                     f"(the previous model at its own best fit, {PREVIOUS_DECODE_CONTEXT}):\n\n"
-                     f"{gqa}\n")
+        write_section("bench_costmodel", f"Calibration against the LLaMA-1 30B layer profiles; decode "
+                      f"points compared at a context of {args.decode_context:g} tokens. Each cell: median "
+                      f"/ worst relative error.\n\n{table}\n\nOne layer of a grouped-query-attention "
+                      f"model (64 query heads, 8 KV heads), decode at {args.decode_context:g} tokens of "
+                      f"context (the previous model at its own best fit, {PREVIOUS_DECODE_CONTEXT}):\n\n"
+                      f"{gqa}", heading=HEADING, command="python scripts/bench_costmodel.py", load0=load)
     return 0
 
 

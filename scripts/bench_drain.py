@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTION = "## Draining a node (`scripts/bench_drain.py`)"
+HEADING = "## Draining a node (`scripts/bench_drain.py`)"
 NODE = "cpu-2"
 VIA = ("cpu-0", "cpu-2")
 
@@ -120,7 +120,8 @@ def _one_run(ckpt: Path, move: bool, before_s: float, after_s: float, rate_per_s
 
 def simulated_view(duration_s: float = 900.0, at_s: float = 300.0) -> str:
     """The geo24 table of the simulator's view (see the module docstring)."""
-    from bench_faults import geo24_case   # scripts/ is this script's import path
+    from bench_faults import geo24_case  # scripts/ is this script's import path
+
     from helix.sim import run as simrun
     from helix.sim.elastic import NodeDrain, NodeJoin
     from helix.sim.engine import SimConfig
@@ -163,7 +164,7 @@ def main() -> None:
                     "the undrain")
     ap.add_argument("--rate", type=float, default=8.0, help="requests per second")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulator's view on geo24")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -188,12 +189,11 @@ def main() -> None:
         print(sim_table)
         table += "\n\nThe simulator's view (`helix simulate --drain / --join`):\n\n" + sim_table
     if not args.no_write:
-        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
-        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_drain.py --runs {args.runs} "
-                 f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
-                 f"{args.max_tokens}`\n\n{machine_line(load0)}. Medians over the runs; counts "
-                 f"summed.\n\n{table}\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+        from benchdoc import write_section  # scripts/: the import path
+        cmd = (f"python scripts/bench_drain.py --runs {args.runs} --before {args.before:g} --after "
+               f"{args.after:g} --rate {args.rate:g} --max-tokens {args.max_tokens}")
+        write_section("bench_drain", f"Medians over the runs; counts summed.\n\n{table}", heading=HEADING,
+                      command=cmd, load0=load0)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTION = "## Elastic clusters: joins, drains, re-plans (`scripts/bench_elastic.py`)"
+HEADING = "## Elastic clusters: joins, drains, re-plans (`scripts/bench_elastic.py`)"
 POLL_S = 60.0
 JOINS = "east-a100-3"
 """The node that joins geo24 (10 Gb/s from the coordinator: its 70B layers load in ~30 s; a
@@ -177,8 +177,8 @@ def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max
     for cpu-2 starts and joins (helix.server.elastic: re-plan, drain-first apply); ``after_s`` after
     it serves, cpu-2 is drained over ``POST /admin/drain``; ``after_s`` more. Tokens/s per phase."""
     import httpx
+    from bench_drain import Load  # scripts/ is this script's import path
 
-    from bench_drain import Load   # scripts/ is this script's import path
     from coordinator.runtime import RuntimeConfig, WorkerHandle
     from helix.server.elastic import Elastic
     from helix.spec import load_cluster
@@ -234,8 +234,9 @@ def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max
 
 def live_view(args) -> str:
     """The live part's table (one run; the tiny model on this machine's CPU)."""
-    from helix.commands.demo_checkpoint import write_tiny_checkpoint
     import tempfile
+
+    from helix.commands.demo_checkpoint import write_tiny_checkpoint
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_checkpoint(Path(tmp))
         r = live_run(Path(tmp), args.live_before, args.live_after, args.live_rate, args.live_tokens)
@@ -263,7 +264,7 @@ def main() -> None:
                     help="cluster_specs/ names for the trace-hour count")
     ap.add_argument("--skip-events", action="store_true", help="skip the simulated join / drain")
     ap.add_argument("--live", action="store_true", help="also run the live part")
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--live-rate", type=float, default=8.0, help="--live: requests per second")
     ap.add_argument("--live-tokens", type=int, default=32, help="--live: greedy tokens per request")
     ap.add_argument("--live-before", type=float, default=6.0, help="--live: seconds before the join")
@@ -271,14 +272,14 @@ def main() -> None:
                     help="--live: seconds after the join serves, and after the drain")
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
-    parts = []
+    parts = {}
     if not args.skip_events:
         spec, plan = geo24_plan(4 * args.time_limit, without=JOINS)
         table = events_view(spec, plan, args.time_limit, join=JOINS)
         if table:
             print(table)
-            parts.append("Simulated join and drain with re-plans (geo24, `helix simulate "
-                         "--replan`):\n\n" + table)
+            parts["events"] = ("Simulated join and drain with re-plans (geo24, `helix simulate "
+                               "--replan`):\n\n" + table)
     if not args.skip_trace:
         rows = []
         for cluster in args.clusters:
@@ -287,19 +288,17 @@ def main() -> None:
                      for r in trace_replans(spec, plan, default_configs(args.time_limit))]
         table = trace_table(rows, "conv")
         print(table)
-        parts.append("The trigger on the trace's hour (`planner.trigger`):\n\n" + table)
+        parts["trace"] = "The trigger on the trace's hour (`planner.trigger`):\n\n" + table
     if args.live:
-        parts.append(live_view(args))
+        parts["live"] = live_view(args)
     if not args.no_write and parts:
         flags = " ".join(f for f, on in (("--skip-trace", args.skip_trace),
                                          ("--skip-events", args.skip_events),
                                          ("--live", args.live)) if on)
-        from bench_runtime import append_to_section, machine_line   # scripts/: the import path
-        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_elastic.py --time-limit "
-                 f"{args.time_limit:g}{' ' + flags if flags else ''}`\n\n"
-                 f"{machine_line(load0)}.\n\n"
-                 + "\n\n".join(parts) + "\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+        from benchdoc import write_section  # scripts/: the import path
+        cmd = f"python scripts/bench_elastic.py --time-limit {args.time_limit:g}{' ' + flags if flags else ''}"
+        for part, text in parts.items():
+            write_section(f"bench_elastic-{part}", text, heading=HEADING, command=cmd, load0=load0)
 
 
 if __name__ == "__main__":

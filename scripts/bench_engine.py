@@ -21,20 +21,20 @@ oversubscribed cores makes multi-threaded numbers meaningless).
     python scripts/bench_engine.py --quick    # 20 requests x 4 rates: 7.5 min at load 3-5 on 2 cores
     python scripts/bench_engine.py --only-orca --orca-requests 48 --orca-rates 0.8,1.2   # a slice
     python scripts/bench_engine.py --roofline --no-append                                 # 4. only
+
+A run writes its block of BENCHMARKS.md (``bench_engine``; ``bench_engine-roofline`` for
+``--roofline``) unless ``--no-append``; ``--only-orca`` only prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +43,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from worker.engine import EngineConfig, SliceEngine  # noqa: E402
-from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
-from helix.net.sampling import SamplingParams  # noqa: E402
+from helix.net.sampling import SamplingParams
+from worker.engine import EngineConfig, SliceEngine
+from worker.local_pipeline import LocalPipeline, Prompt
 
 VOCAB = 8192
 HIDDEN_TO_INTER = 11   # intermediate = hidden * 11 / 4, as build_model
@@ -122,8 +122,7 @@ def serve_request_level(ckpt: Path, reqs: list[Req], config: EngineConfig,
     pipe = LocalPipeline([SliceEngine.from_checkpoint(ckpt, 0, _layers(ckpt), config)])
     clock, pending, out = 0.0, list(reqs), {}
     while pending:
-        if pending[0].arrival_s > clock:
-            clock = pending[0].arrival_s
+        clock = max(clock, pending[0].arrival_s)
         batch = [r for r in pending if r.arrival_s <= clock][:config.max_num_seqs]
         pending = [r for r in pending if r not in batch]
         longest = max(r.output_len for r in batch)
@@ -179,8 +178,8 @@ def bench_orca(ckpt: Path, n: int, rate_factors: list[float], padded: bool, line
     systems = {"iteration-level": [], "request-level": []}
     if padded:
         systems["request-level, padded"] = []
-    lines += [f"Offline capacity of the iteration-level engine: {cap:.2f} req/s; {n} requests per "
-              "rate.", "",
+    lines += [(f"Offline capacity of the iteration-level engine: {cap:.2f} req/s; {n} requests per "
+               "rate."), "",
               "| offered rate (req/s) | " + " | ".join(f"{k}: throughput (req/s) | median latency (s/token)"
                                                    for k in systems) + " |",
               "|---|" + "---|---|" * len(systems)]
@@ -216,8 +215,8 @@ def bench_chunked(ckpt: Path, num_long: int, lines: list[str]) -> None:
     running = [Req(i, 0.0, tuple(int(t) for t in rng.integers(3, VOCAB, 64)), 128) for i in range(8)]
     longs = [Req(100 + i, 0.2 + 0.4 * i, tuple(int(t) for t in rng.integers(3, VOCAB, 512)), 4)
              for i in range(num_long)]
-    lines += ["| prefill | budget (tokens/step) | TBT p50 (ms) | TBT p99 (ms) | TBT max (ms) "
-              "| long-prompt TTFT median (ms) |", "|---|---|---|---|---|---|"]
+    lines += [("| prefill | budget (tokens/step) | TBT p50 (ms) | TBT p99 (ms) | TBT max (ms) "
+               "| long-prompt TTFT median (ms) |"), "|---|---|---|---|---|---|"]
     for chunked in (False, True):
         cfg = EngineConfig(max_num_seqs=32, max_num_batched_tokens=128 if chunked else 4096,
                            chunked_prefill=chunked)
@@ -274,8 +273,8 @@ def bench_roofline(lines: list[str], backends: list[str], reps: int = 5) -> None
               + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
               + ". One layer of the model's shape; a decode point is 32 sequences at the KV context "
               "given; prompt: one 512-token prompt.", "",
-              "| attention backend | step | layer ms | GFLOP/s | fraction of the fastest GEMM peak "
-              "| fraction of MKL's |", "|---|---|---|---|---|---|"]
+              ("| attention backend | step | layer ms | GFLOP/s | fraction of the fastest GEMM peak "
+               "| fraction of MKL's |"), "|---|---|---|---|---|---|"]
     for backend in backends:
         os.environ["HELIX_ATTENTION"] = backend
         try:
@@ -359,39 +358,29 @@ def main() -> None:
                     "(FasterTransformer, Orca's baseline; run by default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True,
-                         text=True).stdout.strip() or platform.processor()
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    load0 = os.getloadavg()[0]
     cmd = " ".join(["python scripts/bench_engine.py", *sys.argv[1:]])
-    lines = ["## Worker engine", "",
-             f"`{cmd}` on {date.today()} ({nproc} cores, {cpu}, torch {torch.__version__}, "
-             f"{args.threads} torch thread(s), times are CPU seconds of the process, load average "
-             f"{os.getloadavg()[0]:.1f} at the start on a machine shared with other work). "
-             "Model: random LLaMA, hidden 512, 8 layers, 8 heads / 4 KV heads, vocab 8192, float32.", ""]
+    lines = [(f"torch {torch.__version__}, {args.threads} torch thread(s), times are CPU seconds of the "
+              "process. Model: random LLaMA, hidden 512, 8 layers, 8 heads / 4 KV heads, vocab 8192, "
+              "float32.")]
     if args.roofline:
         from worker.attention import resolve_backend
         backends = ["gather"]
         if resolve_backend("auto", torch.device("cpu"), torch.float32) == "native":
             backends.insert(0, "native")
-        lines += ["### Roofline: one layer against the GEMM peak", ""]
         bench_roofline(lines, backends)
-        text = "\n".join(lines) + "\n"
-        print("\n" + text)
-        if not args.no_append:
-            with open(ROOT / "BENCHMARKS.md", "a") as f:
-                f.write("\n" + text)
+        write(lines, "bench_engine-roofline", args.no_append, cmd, load0)
         return
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp)
         model = build_model(ckpt, 512, 8)
-        lines += ["### Iteration-level vs request-level batching (Orca)", "",
-                  "Prompts ~U(32, 512), outputs ~U(1, 128), Poisson arrivals; max 32 requests per "
-                  "batch for both; iteration-level = decode-first + chunked prefill (512-token budget); "
+        lines += ["", "**Iteration-level vs request-level batching (Orca).** Prompts ~U(32, 512), outputs "
+                  "~U(1, 128), Poisson arrivals; max 32 requests per batch for both; iteration-level = decode-first + chunked prefill (512-token budget); "
                   "request-level = a batch runs until its longest request ends (results return then), "
                   "same kernels, its best batch size (the largest: at low load a batch holds whatever "
                   "arrived, at high load more rows amortise the weights better)"
                   + ("; 'padded' also pads every prompt to the batch's longest, as FasterTransformer "
-                     "(Orca's baseline) does" if args.padded else "") + ".", ""]
+                     "(Orca's baseline) does" if args.padded else "") + "."]
         n, factors = (20, [0.15, 0.4, 0.7, 1.0]) if args.quick else (32, [0.1, 0.25, 0.4, 0.6, 0.8, 1.0])
         n = args.orca_requests or n
         factors = [float(f) for f in args.orca_rates.split(",")] if args.orca_rates else factors
@@ -399,17 +388,23 @@ def main() -> None:
         if args.only_orca:
             print("\n".join(lines))
             return
-        lines += ["", "### Chunked prefill: time between tokens (TBT) of 8 running decodes while "
-                  "512-token prompts arrive (one every 0.4 s)", ""]
+        lines += ["", ("**Chunked prefill**: time between tokens (TBT) of 8 running decodes while "
+                   "512-token prompts arrive (one every 0.4 s):"), ""]
         bench_chunked(ckpt, 3 if args.quick else 5, lines)
-        lines += ["", "### Tokens/s against transformers `generate` (same weights, greedy, "
-                  "useful tokens only)", ""]
+        lines += ["", ("**Tokens/s against transformers `generate`** (same weights, greedy, "
+                   "useful tokens only):"), ""]
         bench_vs_hf(ckpt, model, args.quick, lines)
+    write(lines, "bench_engine", args.no_append, cmd, load0)
+
+
+def write(lines: list[str], block: str, no_append: bool, cmd: str, load0: float) -> None:
+    """Print the report and, unless ``no_append``, make it ``block`` of BENCHMARKS.md."""
     text = "\n".join(lines) + "\n"
     print("\n" + text)
-    if not args.no_append:
-        with open(ROOT / "BENCHMARKS.md", "a") as f:
-            f.write("\n" + text)
+    if not no_append:
+        from benchdoc import write_section  # scripts/ is this script's import path
+        write_section(block, text, heading="## Worker engine (`scripts/bench_engine.py`)", command=cmd,
+                      load0=load0)
 
 
 if __name__ == "__main__":

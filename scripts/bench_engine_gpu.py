@@ -23,7 +23,7 @@ Sections (each prints its table as it finishes; a failing section is reported an
 6. **`helix profile llama-2-7b`** (float16, 4 layers) per layer against the cost model of the
    device found (:mod:`profile_vs_roofline`).
 
-Results: a markdown table (appended to BENCHMARKS.md unless ``--no-append``) and ``results.json``
+Results: a markdown table (written to its block of BENCHMARKS.md unless ``--no-append``) and ``results.json``
 in ``--out``. On a lent machine without pydantic, carry its wheels: ``scripts/gpu_wheels.sh`` here
 fetches them into ``.whl/``; there, with ``.whl`` carried::
 
@@ -55,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from helix.net.sampling import SamplingParams  # noqa: E402
-from worker.engine import EngineConfig, SliceEngine  # noqa: E402
-from worker.local_pipeline import LocalPipeline, Prompt  # noqa: E402
+from helix.net.sampling import SamplingParams
+from worker.engine import EngineConfig, SliceEngine
+from worker.local_pipeline import LocalPipeline, Prompt
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,14 @@ def profile_vs_costmodel(out_dir: Path, device: torch.device, smoke: bool, timeo
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30.0, timeout_s))
     if proc.returncode != 0:
         raise RuntimeError(f"helix profile failed: {proc.stderr[-2000:]}")
-    from profile_vs_roofline import choose_roofline, compare, describe, phase_summaries, ratio_table, read_folder
+    from profile_vs_roofline import (
+        choose_roofline,
+        compare,
+        describe,
+        phase_summaries,
+        ratio_table,
+        read_folder,
+    )
     prof = read_folder(folder)
     roof = choose_roofline(prof)
     points = compare(prof, roof.kind)
@@ -313,11 +320,11 @@ def report(res: dict, args, device_name: str) -> str:
     roof = res.get("roofline", {})
     cmd = " ".join(["python scripts/bench_engine_gpu.py", *sys.argv[1:]])
     lines = [f"### The engine on {device_name} (`bench_engine_gpu.py`)", "",
-             f"`{cmd}` at {res['started']} on {device_name}, torch {torch.__version__}, "
+             (f"`{cmd}` at {res['started']} on {device_name}, torch {torch.__version__}, "
              f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the start; "
              f"measured fp16 GEMM peak {roof.get('gemm_flops', float('nan')) / 1e12:.0f} TFLOP/s "
              f"({roof.get('gemm_n')}^3), copy bandwidth {roof.get('copy_bytes_per_s', float('nan')) / 1e12:.2f} TB/s "
-             "(read + written).", "",
+             "(read + written)."), "",
              "| measurement | result | target |", "|---|---|---|"]
     for row in res.get("vs_hf", []):
         a = row["agreement"]
@@ -436,8 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "results.md").write_text(text)
     print("\n" + text)
     if not args.no_append:
-        with open(ROOT / "BENCHMARKS.md", "a") as f:
-            f.write("\n" + text)
+        from benchdoc import write_section  # scripts/ is this script's import path
+        # A smoke run checks the script; its figures never replace a GPU's.
+        write_section("bench_engine_gpu" + ("-smoke" if args.smoke else ""), text,
+                      heading="## Worker engine on a GPU (`scripts/bench_engine_gpu.py`)")
     return 1 if res["errors"] else 0
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTION = "## Failures (`scripts/bench_faults.py`)"
+HEADING = "## Failures (`scripts/bench_faults.py`)"
 
 
 class Stack:
@@ -225,14 +225,14 @@ def main() -> None:
     ap.add_argument("--after", type=float, default=14.0, help="seconds of load after it")
     ap.add_argument("--rate", type=float, default=8.0, help="requests per second")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulator's view on geo24")
     args = ap.parse_args()
     from helix.commands.demo_checkpoint import write_tiny_checkpoint
     load0 = os.getloadavg()[0]
     ckpt = Path(tempfile.mkdtemp(prefix="helix-bench-faults-"))
     write_tiny_checkpoint(ckpt)
-    from tests.builders.serving import branching_plan   # the serving tests' plan
+    from tests.builders.serving import branching_plan  # the serving tests' plan
     plan = branching_plan()
     rows = []
     for name, sig in (("kill -9", signal.SIGKILL), ("kill -STOP", signal.SIGSTOP)):
@@ -256,17 +256,12 @@ def main() -> None:
         print(sim_table)
         table += "\n\nThe simulator's view (`helix simulate --fail`):\n\n" + sim_table
     if not args.no_write:
-        from bench_runtime import machine_line   # scripts/ is this script's import path
-        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_faults.py --runs {args.runs} "
-                 f"--before {args.before:g} --after {args.after:g} --rate {args.rate:g} --max-tokens "
-                 f"{args.max_tokens}`\n\n{machine_line(load0)}. Default "
-                 f"health settings (suspect 2 s, dead 10 s or 2 refused polls). Medians over the runs, "
-                 f"max in brackets.\n\n{table}\n")
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text()
-        if SECTION not in text:
-            text += f"\n{SECTION}\n"
-        path.write_text(text + entry)
+        from benchdoc import write_section  # scripts/ is this script's import path
+        cmd = (f"python scripts/bench_faults.py --runs {args.runs} --before {args.before:g} --after "
+               f"{args.after:g} --rate {args.rate:g} --max-tokens {args.max_tokens}")
+        write_section("bench_faults", "Default health settings (suspect 2 s, dead 10 s or 2 refused polls). "
+                      f"Medians over the runs, max in brackets.\n\n{table}", heading=HEADING, command=cmd,
+                      load0=load0)
 
 
 if __name__ == "__main__":

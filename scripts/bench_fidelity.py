@@ -20,13 +20,14 @@ Then Helix placement + scheduler against Swarm placement + scheduler, offline, s
 single24 >= 1.8x, geo24 >= 2.5x in decode tokens/s).
 
 Usage: ``python scripts/bench_fidelity.py [--duration 600] [--time-limit 60] [--cases single24,...]
-[--chunk-tokens N] [--no-append]``. Prints a table and appends it to BENCHMARKS.md with the command, machine and load.
+[--chunk-tokens N] [--no-append]``. Prints a table and writes it, with the command, machine and load, to
+its block of BENCHMARKS.md: ``bench_fidelity`` at the spec's step budget, ``bench_fidelity-chunkN``
+with ``--chunk-tokens N``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import sys
@@ -39,16 +40,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.costmodel import CostModel  # noqa: E402
-from helix.prediction import predict  # noqa: E402
-from helix.sim import run as simrun  # noqa: E402
-from helix.sim.engine import SimConfig  # noqa: E402
-from helix.sim.workload import poisson_workload  # noqa: E402
-from helix.spec import WorkloadSpec, load_cluster  # noqa: E402
-from planner.predicted import plan as plan_for_users  # noqa: E402
+from helix.costmodel import CostModel
+from helix.prediction import predict
+from helix.sim import run as simrun
+from helix.sim.engine import SimConfig
+from helix.sim.workload import poisson_workload
+from helix.spec import WorkloadSpec, load_cluster
+from planner.predicted import plan as plan_for_users
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_sim import machine  # noqa: E402
+from benchdoc import write_section
 
 #: name -> (cluster spec, model, or None for the spec's own)
 CASES = {"single24": ("single24", None), "geo24": ("geo24", None),
@@ -208,32 +209,31 @@ def main() -> None:
             run = runs[cluster]
             swarm_rows.append(versus_swarm(cluster, run["plan"], run["spec"], run["offline"],
                                            args.duration, args.time_limit))
-    out = [f"`python scripts/bench_fidelity.py --duration {args.duration:g} --time-limit "
-           f"{args.time_limit:g} --cases {','.join(cases)}"
-           f"{'' if args.chunk_tokens is None else f' --chunk-tokens {args.chunk_tokens}'}` on "
-           f"{datetime.date.today()} "
-           f"({machine()}; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at "
-           "the end). Each cell: predicted by `helix plan` / measured by `helix simulate` "
+    command = (f"python scripts/bench_fidelity.py --duration {args.duration:g} --time-limit "
+               f"{args.time_limit:g} --cases {','.join(cases)}"
+               f"{'' if args.chunk_tokens is None else f' --chunk-tokens {args.chunk_tokens}'}")
+    out = [("Each cell: predicted by `helix plan` / measured by `helix simulate` "
            "(error of the prediction). Offline: saturated, lengths drawn at random from the whole "
            f"trace, decode tokens/s from {STEADY_FROM:g} of the run's duration on (after the fill; the "
            "whole run's figure beside it; the model is also evaluated with the lengths of the "
            "requests the run served); online: Poisson at "
            "75 % of the predicted request rate, lengths from the trace. Targets: throughput "
-           "within 15 %, TTFT/TPOT p50 within 25 %.", "",
-           "| case | max flow | plan time | prompt+decode tok/s | decode tok/s | decode, whole run | "
+           "within 15 %, TTFT/TPOT p50 within 25 %."), "",
+           ("| case | max flow | plan time | prompt+decode tok/s | decode tok/s | decode, whole run | "
            "predicted for the served requests' lengths: prompt+decode / decode | online req/s | "
-           "TTFT p50 s | TPOT p50 s | online done/arrived |",
+           "TTFT p50 s | TPOT p50 s | online done/arrived |"),
            "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
     if swarm_rows:
-        out += ["", "Helix placement + scheduler vs Swarm placement + scheduler, offline, same "
-                "workload, decode tokens/s after the fill (targets: single24 >= 1.8x, geo24 >= 2.5x):", "",
-                "| cluster | Helix decode tok/s | Swarm decode tok/s | ratio | Helix predicted | "
-                "Swarm predicted |", "|---|---|---|---|---|---|", *swarm_rows]
+        out += ["", ("Helix placement + scheduler vs Swarm placement + scheduler, offline, same "
+                 "workload, decode tokens/s after the fill (targets: single24 >= 1.8x, geo24 >= 2.5x):"), "",
+                ("| cluster | Helix decode tok/s | Swarm decode tok/s | ratio | Helix predicted | "
+                 "Swarm predicted |"), "|---|---|---|---|---|---|", *swarm_rows]
     text = "\n".join(out)
     print(text)
     if not args.no_append:
-        with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write("\n## Plan vs simulator (`scripts/bench_fidelity.py`, issue 12)\n\n" + text + "\n")
+        name = "bench_fidelity" if args.chunk_tokens is None else f"bench_fidelity-chunk{args.chunk_tokens}"
+        write_section(name, text, heading="## Plan vs simulator (`scripts/bench_fidelity.py`)",
+                      command=command, load0=load0)
 
 
 if __name__ == "__main__":

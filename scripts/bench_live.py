@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 SPEC = ROOT / "cluster_specs" / "local2.yaml"
 MODEL = "small-llama"
-SECTION = "## Live system vs simulator (scripts/bench_live.py)"
+HEADING = "## Live system vs simulator (`scripts/bench_live.py`)"
 IDLE_PROBE_S = 3.0
 """Seconds the idle coordinator's CPU is measured for (stats polls), subtracted from the runs'."""
 DECODE_SEQS = "1,2,3,4,8,16,32"
@@ -339,7 +338,7 @@ def describe_prediction(plan) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="quick profile grid, one 20 s run per load")
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--runs", type=int, default=3, help="live runs per load (median reported)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per run (live and simulated)")
     ap.add_argument("--loads", default="0.5,0.9", help="fractions of the capacity")
@@ -401,15 +400,12 @@ def main() -> None:
     text = table(rows, ["sim", "sim, no hop"])
     print(text)
     if not args.no_write:
-        from bench_runtime import append_to_section
+        from benchdoc import write_section
         cmd = "python scripts/bench_live.py" + (" --quick" if args.quick else
                                                  f" --runs {args.runs} --duration {args.duration:g}") \
             + (" --capacity predicted" if args.capacity == "predicted" else "")
-        machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {load_at_start:.1f} at "
-                   f"start, {min(LOADS_SEEN):.1f}-{max(LOADS_SEEN):.1f} as the live runs started, "
-                   f"{os.getloadavg()[0]:.1f} at the end")
-        entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}` on "
-                 f"{machine}. {MODEL} on local2 ({placement}), profiled with one thread on "
+        entry = (f"Load average {min(LOADS_SEEN):.1f}-{max(LOADS_SEEN):.1f} as the live runs started. "
+                 f"{MODEL} on local2 ({placement}), profiled with one thread on "
                  f"{'each worker core at once' if corun > 1 else 'one pinned core'} (a "
                  f"last stage's step cost, LM head and sampling, measured apart); conv "
                  f"trace, prompt <= {args.max_prompt}, output <= {args.max_output} (mean "
@@ -421,8 +417,8 @@ def main() -> None:
                  f"before it is scheduled and each token {costs.token_cpu_s * 1e3:.3f} ms before "
                  f"its caller sees it; {costs.shared_cpu_s * 1e3:.3f} ms CPU per token is taken "
                  f"from the busy workers); "
-                 f"sim, no hop: without it; ratios to the live median.\n\n{text}\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+                 f"sim, no hop: without it; ratios to the live median.\n\n{text}")
+        write_section("bench_live", entry, heading=HEADING, command=cmd, load0=load_at_start)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Runtime benchmarks for ``helix serve``; prints tables and appends them to BENCHMARKS.md.
+"""Runtime benchmarks for ``helix serve``; prints tables and writes them to BENCHMARKS.md.
 
 1. Data plane: activation frames/s and GB/s between two processes through ``helix.net.data_plane``
    (``helix.net.wire`` messages built from and decoded back to ``InputBatch``/``StageInput``/tensors) vs raw
@@ -13,6 +13,9 @@
 
     python scripts/bench_runtime.py [--quick] [--no-write] [--only data,decisions,e2e] [--compare REV]
                                     [--curve]
+
+Each part rewrites its own block of BENCHMARKS.md (``bench_runtime-data``, ``-decisions``,
+``-e2e``), so ``--only data`` leaves the other parts' figures as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 from collections import deque
@@ -43,6 +45,7 @@ CURVE = "helix+curve"
 def bench_keys():
     """CURVE keys for the data plane (the TLS and token fields are not used by it)."""
     import zmq
+
     from helix.net.keys import ClusterKeys
     server, client = zmq.curve_keypair(), zmq.curve_keypair()
     return ClusterKeys(server[0], server[1], client[0], client[1], b"", b"", "unused-by-the-data-plane")
@@ -68,8 +71,8 @@ def _sender(kind: str, address: str, shape: tuple[int, int], count: int, code_di
     _use_code(code_dir)
     hs = _payload(shape)
     if kind.startswith("helix"):
-        from helix.net.io_types import StageInput
         from helix.net.data_plane import DataPlane
+        from helix.net.io_types import StageInput
         from helix.net.wire import InputBatch, WireInput
         plane = DataPlane(keys=keys)
         plane.set_peers({"dst": address})
@@ -273,6 +276,7 @@ def _decisions(plan, n: int, requests_per_node: int) -> tuple[int, float]:
 def bench_end_to_end(quick: bool) -> list[tuple]:
     import asyncio
     import statistics
+
     from helix import demo
     from helix.commands.demo_checkpoint import ensure_tiny_checkpoint
     from helix.server.http import HttpThread
@@ -304,11 +308,12 @@ def bench_end_to_end(quick: bool) -> list[tuple]:
 
 def _single_process(ckpt: Path, n_req: int, max_tokens: int) -> tuple:
     import torch
+
     from coordinator.textcodec import TextCodec
     from helix import demo
+    from helix.net.sampling import SamplingParams
     from worker.engine import EngineConfig, SliceEngine
     from worker.local_pipeline import LocalPipeline, Prompt
-    from helix.net.sampling import SamplingParams
     torch.set_num_threads(1)
     codec = TextCodec(ckpt)
     prompts = [codec.encode_chat(demo._messages(i)) if i % 2 else codec.encode(demo._PROMPTS[i % 6])
@@ -357,7 +362,7 @@ def parse_only(values: list[str] | None) -> tuple[str, ...]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer frames, requests and decisions")
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     ap.add_argument("--only", action="append", metavar="PARTS",
                     help=f"run only these parts (comma list or repeated; of {', '.join(PARTS)})")
     ap.add_argument("--skip-e2e", action="store_true", help="same as leaving e2e out of --only")
@@ -369,59 +374,39 @@ def main() -> None:
     args = ap.parse_args()
     load_at_start = os.getloadavg()[0]
     parts = tuple(p for p in parse_only(args.only) if not (args.skip_e2e and p == "e2e"))
-    out = []
+    out = {}
     if "data" in parts:
         rows = bench_data_plane(args.quick, args.compare, args.rounds, args.curve)
-        out.append(f"Data plane (two processes, loopback, best of {args.rounds} interleaved runs; target: "
-                   "helix >= 70 % of raw; CPU: both processes per message, least of the runs):\n\n"
-                   + table(("payload", "path", "frames/s", "GB/s", "vs raw", "vs fastest raw", "CPU µs/msg"),
-                           rows))
-        print(out[-1], "\n", flush=True)
+        out["data"] = (f"Data plane (two processes, loopback, best of {args.rounds} interleaved runs; target: "
+                       "helix >= 70 % of raw; CPU: both processes per message, least of the runs):\n\n"
+                       + table(("payload", "path", "frames/s", "GB/s", "vs raw", "vs fastest raw",
+                                "CPU µs/msg"), rows))
+        print(out["data"], "\n", flush=True)
     if "decisions" in parts:
-        out.append("Coordinator pipeline decisions (IWRR + KV masking, stats corrections every 1000):\n\n"
-                   + table(("plan", "KV", "decisions", "masked (None)", "decisions/s"),
-                           bench_decisions(args.quick)))
-        print(out[-1], "\n", flush=True)
+        out["decisions"] = ("Coordinator pipeline decisions (IWRR + KV masking, stats corrections every "
+                            "1000):\n\n" + table(("plan", "KV", "decisions", "masked (None)", "decisions/s"),
+                                                  bench_decisions(args.quick)))
+        print(out["decisions"], "\n", flush=True)
     if "e2e" in parts:
         rows, busy, wall = bench_end_to_end(args.quick)
-        out.append("End to end, demo checkpoint (tiny-llama, 8 layers, hidden 64), greedy burst, local3 "
-                   "plan:\n\n" + table(("setup", "requests", "output tokens", "tokens/s", "TTFT p50 ms",
-                                        "TTFT max ms"), rows)
-                   + f"\n\nWorker busy time in the distributed run ({wall:.2f} s wall): {busy}.")
-        print(out[-1], flush=True)
+        out["e2e"] = ("End to end, demo checkpoint (tiny-llama, 8 layers, hidden 64), greedy burst, local3 "
+                      "plan:\n\n" + table(("setup", "requests", "output tokens", "tokens/s", "TTFT p50 ms",
+                                            "TTFT max ms"), rows)
+                      + f"\n\nWorker busy time in the distributed run ({wall:.2f} s wall): {busy}.")
+        print(out["e2e"], flush=True)
     if not args.no_write:
+        from benchdoc import write_section  # scripts/ is this script's import path
         cmd = "python scripts/bench_runtime.py" + (" --quick" if args.quick else "") + \
             ("" if parts == PARTS else f" --only {','.join(parts)}") + \
             (f" --compare {args.compare}" if args.compare else "") + \
             (" --curve" if args.curve else "") + \
             (f" --rounds {args.rounds}" if args.rounds != 6 else "")
-        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, " \
-                  f"load avg {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end"
-        entry = (f"\n### Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
-                 f"`{cmd}` on {machine}\n\n" + "\n\n".join(out) + "\n")
-        append_to_section(ROOT / "BENCHMARKS.md", SECTION, entry)
+        for part, text in out.items():
+            write_section(f"bench_runtime-{part}", text, heading=HEADING, command=cmd, load0=load_at_start)
 
 
-SECTION = "## Runtime: `helix serve` data plane, coordinator, end to end (scripts/bench_runtime.py)"
+HEADING = "## Runtime: data plane, coordinator, end to end (`scripts/bench_runtime.py`)"
 
-
-def machine_line(load0: float) -> str:
-    """The machine of a BENCHMARKS.md entry: host, cores, load average at the start and now."""
-    return (f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, load average {load0:.1f} "
-            f"at the start, {os.getloadavg()[0]:.1f} at the end")
-
-
-def append_to_section(path: Path, heading: str, entry: str) -> None:
-    """Add ``entry`` at the end of ``heading``'s section (created at the end of the file if missing)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if heading not in text:
-        text = text.rstrip("\n") + f"\n\n{heading}\n"
-    start = text.index(heading) + len(heading)
-    # The section ends at the next heading or at another script's marker comment.
-    ends = [i for i in (text.find("\n## ", start), text.find("\n<!--", start)) if i >= 0]
-    end = min(ends, default=len(text))
-    text = text[:end].rstrip("\n") + "\n" + entry + text[end:]
-    path.write_text(text)
 
 if __name__ == "__main__":
     main()

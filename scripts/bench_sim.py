@@ -1,4 +1,4 @@
-"""Benchmarks of ``helix simulate``; appends its tables to BENCHMARKS.md.
+"""Benchmarks of ``helix simulate``; writes its tables to its block of BENCHMARKS.md.
 
 1. Speed: single24 + LLaMA-2 70B, offline, 600 simulated seconds, Helix placement + scheduler:
    simulated seconds per wall second (target >= 20) and peak memory.
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
-import platform
 import resource
 import sys
 import time
@@ -26,20 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.sim import run as simrun  # noqa: E402
-from helix.sim.engine import SimConfig  # noqa: E402
-from helix.spec import load_cluster  # noqa: E402
+from helix.sim import run as simrun
+from helix.sim.engine import SimConfig
+from helix.spec import load_cluster
 
 TRIO = (("milp", "helix"), ("swarm", "swarm"), ("separate", "random"))
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
 def plans_for(cluster: str, time_limit_s: float, methods=("milp", "swarm", "separate")):
@@ -62,13 +51,13 @@ def speed(plan_spec, duration_s: float) -> list[str]:
     print(f"speed: {r.duration_s:.0f} sim s in {r.wall_s:.1f} s wall = {r.sim_s_per_wall_s:.1f}x, "
           f"{r.events} events, peak RSS {rss1:.0f} MiB, sim heap peak {heap_peak_mb:.1f} MiB")
     return [
-        "| run | simulated s | wall s | sim s / wall s | events | events/s | decode tok/s | "
-        "process peak RSS | simulation heap peak |",
+        ("| run | simulated s | wall s | sim s / wall s | events | events/s | decode tok/s | "
+         "process peak RSS | simulation heap peak |"),
         "|---|---|---|---|---|---|---|---|---|",
-        f"| single24 70B offline, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
+        (f"| single24 70B offline, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
         f"**{r.sim_s_per_wall_s:.1f}** | {r.events} | {r.events / r.wall_s:,.0f} | "
         f"{r.decode_throughput_tokens_per_s:.1f} | {rss1:.0f} MiB (before run {rss0:.0f}) | "
-        f"{heap_peak_mb:.1f} MiB |",
+        f"{heap_peak_mb:.1f} MiB |"),
     ]
 
 
@@ -86,9 +75,9 @@ def row(cluster, mode, label, flow, r) -> str:
 def paper_comparison(all_plans, duration_s: float) -> list[str]:
     """Offline, then online at 0.75 x the Helix plan's max flow (the issue's definition), then
     online at 0.75 x the Helix placement's *simulated* offline throughput (a load it can carry)."""
-    lines = ["| cluster | mode | placement + scheduler | plan max flow tok/s | decode tok/s | "
+    lines = [("| cluster | mode | placement + scheduler | plan max flow tok/s | decode tok/s | "
              "completed | TTFT p50 / p99 ms | decode ms/token mean / p99 | ITL p99 ms | "
-             "preemptions | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "preemptions | wall s |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios = []
     for cluster, (spec, plans) in all_plans.items():
         helix_offline = None
@@ -126,8 +115,8 @@ def _ratio(a: float, b: float) -> str:
 def chunking(plan_spec, duration_s: float) -> list[str]:
     spec, plans = plan_spec
     workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plans["milp"])
-    lines = ["| geo24 offline, milp + helix | decode tok/s | TTFT p50 / p99 ms | "
-             "decode ms/token mean / p99 | ITL p50 / p99 ms | preemptions |",
+    lines = [("| geo24 offline, milp + helix | decode tok/s | TTFT p50 / p99 ms | "
+              "decode ms/token mean / p99 | ITL p50 / p99 ms | preemptions |"),
              "|---|---|---|---|---|---|"]
     for chunk in (0, 256, 512):
         r = simrun.simulate(spec, plans["milp"], workload,
@@ -150,23 +139,24 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0, help="planner time limit (milp)")
     ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
     args = ap.parse_args()
+    load0 = os.getloadavg()[0]
     all_plans = {c: plans_for(c, args.time_limit) for c in ("single24", "geo24")}
-    out = [f"`python scripts/bench_sim.py --duration {args.duration:g} --compare-duration "
-           f"{args.compare_duration:g} --time-limit {args.time_limit:g}` on "
-           f"{datetime.date.today()} ({machine()}); other engineers shared the 2 cores, so wall "
-           "times are noisy.", "", "### Speed (target >= 20 simulated s per wall s)", ""]
+    out = ["Speed (target >= 20 simulated s per wall s):", ""]
     out += speed(all_plans["single24"], args.duration)
-    out += ["", f"### Paper comparison ({args.compare_duration:g} simulated s per run; online = "
+    out += ["", (f"Paper comparison ({args.compare_duration:g} simulated s per run; online = "
             "0.75 x Helix plan's max flow in requests/s; online N req/s = 0.75 x the Helix "
-            "placement's simulated offline decode throughput / mean output)", ""]
+            "placement's simulated offline decode throughput / mean output):"), ""]
     out += paper_comparison(all_plans, args.compare_duration)
-    out += ["", f"### Chunked prefill on geo24 ({args.compare_duration:g} simulated s, offline)", ""]
+    out += ["", f"Chunked prefill on geo24 ({args.compare_duration:g} simulated s, offline):", ""]
     out += chunking(all_plans["geo24"], args.compare_duration)
     text = "\n".join(out)
     print(text)
     if not args.no_append:
-        with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write("\n## Simulator (`helix simulate`, issue 4)\n\n" + text + "\n")
+        from benchdoc import write_section  # scripts/ is this script's import path
+        cmd = (f"python scripts/bench_sim.py --duration {args.duration:g} --compare-duration "
+               f"{args.compare_duration:g} --time-limit {args.time_limit:g}")
+        write_section("bench_sim", text, heading="## Simulator (`scripts/bench_sim.py`)", command=cmd,
+                      load0=load0)
 
 
 if __name__ == "__main__":

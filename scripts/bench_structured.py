@@ -26,7 +26,6 @@ token.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SECTION = "## Structured output (`scripts/bench_structured.py`)"
+HEADING = "## Structured output (`scripts/bench_structured.py`)"
 
 
 def _bpe32k(path: Path) -> Path:
@@ -78,9 +77,9 @@ def _mask_cost(vocabulary, regex: str) -> tuple[float, float, int, int]:
     import torch
     from outlines_core import Index
 
+    from helix.net.sampling import SamplingParams
     from worker.guided import Guide, GuideIndex
     from worker.sampling import SamplingState, _constrained
-    from helix.net.sampling import SamplingParams
     torch.set_num_threads(1)   # as served workers run here; with 2 threads on this loaded 2-core
     # machine the same mask took 5-140 ms from run to run (the pool's threads wait for cores)
     gi = GuideIndex(Index(regex, vocabulary), (2,), 2, 32000, torch.device("cpu"))
@@ -148,7 +147,7 @@ def _served(ckpt: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deep", action="store_true", help="also outlines' own {type: object} (slow)")
-    ap.add_argument("--no-write", action="store_true", help="do not append to BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write BENCHMARKS.md")
     args = ap.parse_args()
     from outlines_core import Index, Vocabulary
 
@@ -185,17 +184,11 @@ def main() -> None:
     served = _served(demo)
     print(table, mask, *served, sep="\n")
     if not args.no_write:
-        from bench_runtime import machine_line   # scripts/ is this script's import path
-        entry = (f"\n### {time.strftime('%Y-%m-%d')}: `python scripts/bench_structured.py"
-                 f"{' --deep' if args.deep else ''}`\n\n{machine_line(load0)} (shared machine: "
-                 f"times are upper bounds). "
-                 f"outlines-core {_version()}; one compile each, on one thread.\n\n{table}\n\n{mask}\n\n"
-                 + "".join(f"- {line}\n" for line in served))
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text()
-        if SECTION not in text:
-            text += f"\n{SECTION}\n"
-        path.write_text(text + entry)
+        from benchdoc import write_section  # scripts/ is this script's import path
+        write_section("bench_structured", f"outlines-core {_version()}; one compile each, on one thread."
+                      f"\n\n{table}\n\n{mask}\n\n" + "".join(f"- {line}\n" for line in served),
+                      heading=HEADING, command=f"python scripts/bench_structured.py{' --deep' if args.deep else ''}",
+                      load0=load0)
 
 
 def _version() -> str:

@@ -37,8 +37,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # testbed_net beside this script
-from testbed_net import (NetConfig, Network, kill_group, namespaces_available,   # noqa: E402
-                         probe_rate_mbit, probe_rtt_ms)
+from testbed_net import (
+    NetConfig,
+    Network,
+    kill_group,
+    namespaces_available,
+    probe_rate_mbit,
+    probe_rtt_ms,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["Helix serves one large language model", "Each worker holds a slice",
@@ -82,6 +88,7 @@ def measure_network(net: Network, seconds: float) -> dict:
 def three_stage_plan(regions: tuple[str, ...]):
     """The tiny model's 8 layers cut into one contiguous slice per region, in region order."""
     import dataclasses
+
     from helix.plan import ArcFlow, NodePlacement, Plan
     from helix.serving import ServingLimits, ServingSpec
     nodes = [f"{r}-cpu" for r in regions]
@@ -166,9 +173,10 @@ def run_client(address: str, prompts: list[list[int]], max_tokens: int) -> list[
 
 
 def serve_and_check(net: Network, work: Path, max_tokens: int, timeout_s: float) -> bool:
-    from helix.commands.demo_checkpoint import write_tiny_checkpoint
-    from transformers import AutoTokenizer
     import torch
+    from transformers import AutoTokenizer
+
+    from helix.commands.demo_checkpoint import write_tiny_checkpoint
     work.mkdir(exist_ok=True)
     ckpt = work / "tiny"
     model = write_tiny_checkpoint(ckpt)
@@ -208,12 +216,12 @@ def serve_and_check(net: Network, work: Path, max_tokens: int, timeout_s: float)
 
 
 def bench(net: Network, work: Path, measured: dict, args) -> None:
-    from testbed_bench import append_entry, benchmarks_entry, run_bench
+    from testbed_bench import benchmarks_entry, run_bench, write_entry
     load = {"num_requests": args.num_requests, "rate": args.rate, "max_prompt": 200, "max_output": 32}
     before = os.getloadavg()[0]
     rows = run_bench(net, work, work / "check" / "tiny", Serving, load)
     entry = benchmarks_entry(rows, net.config, load, measured, (before, os.getloadavg()[0]))
-    append_entry(entry)
+    write_entry(entry)
     print(entry, flush=True)
 
 
@@ -226,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--net-only", action="store_true", help="build the network, measure it, stop")
     ap.add_argument("--bench", action="store_true",
                     help="after the check: the planner's placement vs Swarm's, live (helix bench) and "
-                         "simulated (helix simulate) on one trace slice, appended to BENCHMARKS.md")
+                         "simulated (helix simulate) on one trace slice, written to BENCHMARKS.md")
     ap.add_argument("--num-requests", type=int, default=60, help="--bench: trace requests sent")
     ap.add_argument("--rate", type=float, default=6.0, help="--bench: requests/s")
     ap.add_argument("--tcp-seconds", type=float, default=5.0, help="length of the TCP bulk probe")

@@ -205,11 +205,26 @@ def compare(folder: ProfileFolder, kind: GpuKind) -> list[PointRatio]:
 
 
 def ratio_table(points: list[PointRatio]) -> str:
-    lines = ["| phase | batch (prompt tokens or decode seqs) | context (prompt length or KV "
-             "tokens) | measured ms | model ms | measured / model |", "|---|---|---|---|---|---|"]
+    lines = [("| phase | batch (prompt tokens or decode seqs) | context (prompt length or KV "
+              "tokens) | measured ms | model ms | measured / model |"), "|---|---|---|---|---|---|"]
     for p in points:
         lines.append(f"| {p.phase} | {p.batch:g} | {p.context:g} | {p.measured_s * 1e3:#.4g} | "
                      f"{p.model_s * 1e3:#.4g} | {p.ratio:#.3g} |")
+    return "\n".join(lines)
+
+
+def context_table(points: list[PointRatio]) -> str:
+    """The ratios in brief, one row per phase and context: how many points (their batches), the
+    median ratio and its range."""
+    lines = [("| phase | context (prompt length or KV tokens) | points (batches) | measured / model, "
+              "median | range |"), "|---|---|---|---|---|"]
+    for phase in PHASES:
+        for context in sorted({p.context for p in points if p.phase == phase}):
+            mine = [p for p in points if p.phase == phase and p.context == context]
+            ratios = [p.ratio for p in mine]
+            batches = [p.batch for p in mine]
+            lines.append(f"| {phase} | {context:g} | {len(mine)} ({min(batches):g}-{max(batches):g}) | "
+                         f"{median(ratios):#.3g}x | {min(ratios):#.3g}x - {max(ratios):#.3g}x |")
     return "\n".join(lines)
 
 

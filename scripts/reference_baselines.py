@@ -6,15 +6,13 @@ artifact's published figures.
 
 Inputs: ../shared/data/reference_cases (the artifact's INI clusters, its T(k) tables, its ILP
 layouts) and the single-region case in cluster_specs/reference; published layouts copied into
-tests/planner/data. Prints a table and replaces this script's section of BENCHMARKS.md.
+tests/planner/data. Prints a table and rewrites this script's block of BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,13 +20,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from helix.helix_ini import convert_ini, load_throughput_tables, read_layout  # noqa: E402
-from planner.build import build_problem  # noqa: E402
-from planner.flowgraph import max_flow  # noqa: E402
-from planner.reference import reference_single24_70b  # noqa: E402
-from planner.search.baselines import petals, swarm  # noqa: E402
+from helix.helix_ini import convert_ini, load_throughput_tables, read_layout
+from planner.build import build_problem
+from planner.flowgraph import max_flow
+from planner.reference import reference_single24_70b
+from planner.search.baselines import petals, swarm
 
-START, END = "<!-- reference_baselines:start -->", "<!-- reference_baselines:end -->"
+HEADING = "## Baselines on the reference artifact's cases (`scripts/reference_baselines.py`)"
 CASES = {"3cluster24": "llama-2-70b", "cluster42": "llama-2-70b", "cluster10": "llama-1-30b"}
 #: tokens/s the artifact published (reference_cases/README.md): (ILP, Swarm, Petals)
 PUBLISHED = {"single24": (1289.56, 757.85, 952.11), "3cluster24": (1212.18, 616.38, 952.11),
@@ -91,19 +89,11 @@ def main() -> None:
     rows = [row(*p) for p in problems()]
     text = table(rows)
     print(text)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = (f"{START}\n`python scripts/reference_baselines.py` on {platform.node()} "
-             f"({os.cpu_count()} cores), {stamp}, load {load:.1f}, "
-             f"{time.perf_counter() - t0:.1f} s. Max flow in tokens/s; seed 0.\n\n{text}\n{END}")
     if args.no_append:
         return
-    path = REPO / "BENCHMARKS.md"
-    body = path.read_text()
-    if START in body and END in body:
-        body = body[:body.index(START)] + block + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip("\n") + "\n\n## Baselines on the reference artifact's cases\n\n" + block + "\n"
-    path.write_text(body)
+    from benchdoc import write_section  # scripts/ is this script's import path
+    write_section("reference_baselines", f"{time.perf_counter() - t0:.1f} s. Max flow in tokens/s; seed 0."
+                  f"\n\n{text}", heading=HEADING, command="python scripts/reference_baselines.py", load0=load)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 METHODS = ("milp", "swarm")
-HEADING = "## Geo testbed: planner vs region-blind placement, live vs simulated"
+HEADING = "## Geo testbed: planner vs region-blind placement (`scripts/geo_testbed.py --bench`)"
 
 
 def testbed_spec(regions: tuple[str, ...], delay_ms, rate_mbit: float) -> str:
@@ -118,8 +118,8 @@ def benchmarks_entry(rows: list[dict], net_config, load: dict, measured: dict, l
         f"first {load['num_requests']} requests at {load['rate']:g} req/s (the trace's gaps "
         f"rescaled), the same slice for helix bench (live) and helix simulate (online).",
         "",
-        "| placement | layers | decode tok/s live / sim | TTFT p50 s live / sim | "
-        "TTFT mean s live / sim | TPOT mean ms live / sim | done live / sim |",
+        ("| placement | layers | decode tok/s live / sim | TTFT p50 s live / sim | "
+         "TTFT mean s live / sim | TPOT mean ms live / sim | done live / sim |"),
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -132,7 +132,8 @@ def benchmarks_entry(rows: list[dict], net_config, load: dict, measured: dict, l
     return "\n".join(lines) + "\n"
 
 
-def append_entry(entry: str) -> None:
+def write_entry(entry: str) -> None:
+    """``entry`` as this benchmark's block of BENCHMARKS.md (it carries its own stamp)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_runtime import append_to_section   # scripts/ is this script's import path
-    append_to_section(Path(__file__).resolve().parent.parent / "BENCHMARKS.md", HEADING, entry)
+    from benchdoc import write_section  # scripts/ is this script's import path
+    write_section("geo_testbed", entry, heading=HEADING)
