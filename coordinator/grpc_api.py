@@ -10,7 +10,7 @@
   checks as the HTTP API: ``SamplingParams`` and ``Coordinator.submit``), a full queue
   ``RESOURCE_EXHAUSTED``, silence ``DEADLINE_EXCEEDED``, a request that failed on a worker ``INTERNAL``.
 - ``Register``: a worker started outside Ray (``helix worker``) announces ``{"node", "control",
-  "data"}`` (and ``"gpu"``, ``"region"`` for a node that joins while serving, issue 16);
+  "data"}`` (and ``"gpu"``, ``"region"`` for a node that joins while serving);
   ``helix serve`` waits for the nodes it was told are external. With the cluster's keys
   (``--keys``) it needs the cluster token, as every worker call does (:mod:`helix.net.control`).
 - ``Info``: the served model and nodes.

@@ -1,5 +1,5 @@
-"""The max flow of a plan re-solved on the nodes that are still alive (issue 13: routing around a dead
-node at once, with IWRR weights that fit the surviving placement).
+"""The max flow of a plan re-solved on the nodes that are still alive: routing around a dead node at
+once, with IWRR weights that fit the surviving placement.
 
 ``helix plan`` writes the flow graph's capacities into the plan (``extras["flow_capacities"]``:
 each node's tokens/s for the layers it holds, each usable arc's tokens/s, the coordinator as the

@@ -50,10 +50,10 @@ not per layer: ``helix profile`` measures it in the step's fixed cost. The atten
 launch and tail (~30 us at small contexts, ONNX Runtime's FA2 paged-decode benchmark, onnxruntime
 PR #21414) sit in ``overhead``.
 
-*Checked* (``scripts/bench_costmodel.py``, BENCHMARKS.md) against the 30B profiles, prompt and
-decode apart: in sample, and leave one GPU kind out (factors fitted on the other kinds). The
-profiles have no context column; decode points are compared at 832 tokens, the best fit (the
-one-max model fitted best at 1,024). Measured GQA 70B profiles held back from us show decode
+*Checked* (``scripts/bench_costmodel.py``; BENCHMARKS.md, *Cost model*) against the 30B profiles,
+prompt and decode apart: in sample, and leave one GPU kind out (factors fitted on the other
+kinds). The profiles have no context column; decode points are compared at 832 tokens, the best
+fit (the one-max model fitted best at 1,024). Measured GQA 70B profiles held back from us show decode
 growing with D about 2x faster than the one-max model on an A100 at 400 sequences, with prompt
 times within a few per cent; this model predicts 2.2x the one-max model there and the same prompt
 times (the sum adds ~1.3x, the re-reads the rest).
@@ -146,20 +146,16 @@ derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-
 waves a convoy catches leave it together); mixed A100/L4 pipelines move in 3-5, with little
 effect since their steps barely grow with the batch.
 
-Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md): at step
-budgets of 256 (the default) and 512 every case holds (throughput within 15 %, TTFT and TPOT p50
-within 25 %); at 1,024 and 2,048 (re-measured 2026-11-26) decode is overstated by up to 24 % and
+Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md, *Plan vs
+simulator*): at step budgets of 256 (the default) and 512 every case holds (throughput within
+15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode is overstated by up to 24 % and
 41 % (many thin pipelines through a node: two waves each sum to a wave per request, where the
 simulator's decodes move in platoons that a long prompt step gathers), so those budgets are
-outside ``helix.prediction.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. Earlier, per pipeline
-(single24, 600 s offline, requests admitted after 200 s): round trips A100 / L4 / T4 chains
-0.169 / 1.015 / 1.284 s predicted vs 0.157 / 1.006 / 1.220 simulated at 512, 0.186 / 1.224 /
-1.696 vs 0.175 / 1.243 / 1.202 at 2048 (the T4 chain's convoy is overstated there: 16 requests
-measured). The offline runs are read as the prediction is meant: a steady state at the spec's
-lengths (lengths drawn from the whole trace, the run's second half; the trace in order drifts to
-~20 % longer prompts, and the first ~120 s on hetero42 are the fill, every request the KV holds
-prefilled at once; the ~300-decode batches once blamed on W came from such a run: in the steady
-state a stage's steps carry 5-25 decodes).
+outside ``helix.prediction.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
+read as the prediction is meant: a steady state at the spec's lengths (lengths drawn from the
+whole trace, the run's second half; the trace in order drifts to ~20 % longer prompts, and the
+first minutes are the fill, every request the KV holds prefilled at once; in the steady state a
+stage's steps carry 5-25 decodes).
 
 *What limits it* (hetero42 at 512, its plan's steady state, 300-600 s of a stationary run):
 the requests in flight (1,071 simulated, 1,082 predicted) and the first token (1.79 vs 1.80 s)
@@ -177,7 +173,7 @@ For the planner's flow graph (linear in the placement), the same law gives a nod
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``
 (:meth:`CostModel.pipeline_capacity_tokens_per_s`; ``planner.predicted`` iterates it).
 
-**Adapter terms** (issue 17; :func:`adapter_layer_time_s`, the simulator's charge per step). A
+**Adapter terms** (:func:`adapter_layer_time_s`, the simulator's charge per step). A
 step that carries requests of fine-tuned tasks runs, on every layer, the shared products once and
 then each task's own term over its rows only (:mod:`worker.adapters`): per task group g of n_g
 rows (prompt tokens + decodes of the task's requests in the step) and per adapted projection

@@ -5,9 +5,9 @@ accumulate where the vendor distinguishes, HBM/GDDR bandwidth, and memory size i
 is binary: an "A100 40GB" has 40 GiB). ``compute_efficiency`` and ``memory_efficiency`` are the
 fractions of peak that LLM layers really reach; they were calibrated against the measured LLaMA-30B
 layer profiles in ``shared/data/profiles`` for the kinds that have one (see ``helix.calibration``
-and BENCHMARKS.md; the memory factors were refitted when decode attention became a kernel of
-its own, added to the GEMMs, with the profiles' decode points at 832 tokens of context), and
-default to :data:`DEFAULT_COMPUTE_EFFICIENCY` /
+and BENCHMARKS.md, *Cost model*; the memory factors were refitted when decode attention became a
+kernel of its own, added to the GEMMs, with the profiles' decode points at 832 tokens of context),
+and default to :data:`DEFAULT_COMPUTE_EFFICIENCY` /
 :data:`DEFAULT_MEMORY_EFFICIENCY` for the others.
 
 ``interconnect_bytes_per_s`` is the effective GPU-to-GPU bandwidth inside one node for tensor

@@ -72,7 +72,7 @@ class NoFixedPoint(ArithmeticError):
     """The fixed point was not reached within :data:`MAX_ITERATIONS` (``predict(...,
     strict=True)``): the answer would be whichever state the last evaluation hit. Seen on chains
     whose traffic crosses a slow region link through one or two node pairs, loaded near its cap,
-    which the simulator shows collapsing (BENCHMARKS.md, *One chain through all three regions*)."""
+    which the simulator shows collapsing (BENCHMARKS.md, *Plan vs simulator*)."""
 
 #: The fixed point is reached when no node's decode batch moves by more than this (relative)
 #: and no path's request rate by more than this times the largest path's rate.
@@ -86,7 +86,7 @@ PROMPT_CV = 0.58
 
 #: Step budgets (``serving.chunk_tokens``) at which the prediction is checked against the
 #: simulator (``scripts/bench_fidelity.py``: within 15 % on throughput and 25 % on TTFT and TPOT
-#: p50 for every case). Elsewhere it errs more (BENCHMARKS.md, *Step budgets above 512*): at 1,024
+#: p50 for every case). Elsewhere it errs more (BENCHMARKS.md, *Plan vs simulator*): at 1,024
 #: and 2,048 it overstates decode tokens/s by up to 24 % and 41 % (the simulator's stages step
 #: less often, in bigger waves, than the fixed :data:`DECODE_WAVES` per pipeline gives when many
 #: thin pipelines share a node), and with chunking off (0) it has understated the reference's
@@ -242,7 +242,7 @@ class _Model:
         (c_a^2 + c_s^2) / (1 + c_s^2) (Allen-Cunneen; Kingman's heavy-traffic form), c_s^2 the
         prompts' (:data:`PROMPT_CV`). Measured in the simulator on geo24 (600 s offline at a
         256-token budget, decode messages' mean wait at the slow boundaries of three-region
-        chains; BENCHMARKS.md, *One chain through all three regions*): 0.26 / 0.05 s on a 4-pair /
+        chains; BENCHMARKS.md, *Plan vs simulator*): 0.26 / 0.05 s on a 4-pair /
         8-pair boundary, which M/G/1 put at 0.46 / 0.15 s and this at 0.20 / 0.05 s; over 25
         geo24 placements (5 more saturate a link and collapse; no model here caps a link) the
         decode prediction's error went from -21..-4 % to -13..+11 %."""

@@ -102,7 +102,8 @@ class Surface:
         plus the measured excess of this context over it, per token: extrapolating this context's
         own first segment down to t reaches 0 s wherever that segment is steeper than proportional
         (the CPU profiles: a 101-token second piece of a 356-token prompt looked up as 0 ms, the
-        whole prompt 37 ms, a live step 10 ms; issue 12's TPOT at the 256-token budget)."""
+        whole prompt 37 ms, a live step 10 ms, which made the simulated TPOT at a 256-token budget
+        far too short)."""
         curve = self.curves[i]
         if i == 0 or batch >= curve.x[0]:
             return curve(batch)

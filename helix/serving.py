@@ -45,11 +45,10 @@ class ServingSpec(_Frozen):
     whole prompts (Orca), a step then takes up to :data:`UNCHUNKED_STEP_TOKENS` tokens and a
     longer prompt runs alone. 256, not vLLM's 2048: in deep pipelines a long prompt step holds up
     every decode wave behind it at every stage it crosses (a convoy), so a smaller budget serves
-    more. In the simulator (bench_fidelity, steady state, 600 s, BENCHMARKS.md of 2026-11-25) 512
-    served 13-27 % more decode tokens/s than 2048 on single24, geo24, hetero42 and single24-30b, and
-    256 more again than 512 on all four (695 / 430 / 1,481 / 661 vs 568 / 387 / 1,203 / 422), with
-    every prediction figure within its target there (at 512 hetero42's throughput and geo24's
-    TTFT sat at or past the edge); ``chunk_tokens: auto`` picked 256 on all four plans. ``auto``
+    more: in the simulator (bench_fidelity's steady state; BENCHMARKS.md, *Plan vs simulator*) 512
+    serves more decode tokens/s than 2048 on single24, geo24, hetero42 and single24-30b, and 256
+    more again than 512 on all four, with every prediction figure within its target at 256;
+    ``chunk_tokens: auto`` picks 256 on all four plans. ``auto``
     has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`) among those
     it is checked at (``helix.prediction.CHECKED_STEP_BUDGETS``: 256 and 512)."""
     choose_chunk_tokens: bool | None = None

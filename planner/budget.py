@@ -20,9 +20,9 @@ from helix.spec import ClusterSpec, step_budget_floor
 
 #: Budgets the planner predicts (tokens per step): those the prediction is checked at
 #: (``helix.prediction.CHECKED_STEP_BUDGETS``). 1,024 and 2,048 were candidates too, but there the
-#: prediction overstates the simulator by up to 24 % and 41 % while the simulator serves 29-40 %
-#: less than at 256 on every 70B case (BENCHMARKS.md, *Step budgets above 512*): choosing by it
-#: could only pick them wrongly.
+#: prediction overstates the simulator by up to 24 % and 41 % while the simulator serves less than
+#: at 256 on every 70B case (BENCHMARKS.md, *Plan vs simulator*): choosing by it could only pick
+#: them wrongly.
 CANDIDATES = CHECKED_STEP_BUDGETS
 
 

@@ -332,7 +332,7 @@ def _crossing_load(problem: PlacementProblem, spec: ClusterSpec, placement: dict
 #: holds the most (``chain_placements(..., most_holding)``). geo24's three regions in one
 #: chain give 1,504 chains per region order (each region's kinds both ways round, up to 14
 #: stages), ~25 ms of prediction each; the best simulated ones hold the most (BENCHMARKS.md,
-#: *One chain through all three regions*).
+#: *Plan vs simulator*).
 MAX_SCORED_CHAINS = 48
 
 
@@ -380,8 +380,8 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
 
 
 #: A candidate replaces the solver's placement only when predicted to serve this much more: the
-#: prediction errs by 10-20 % between placements of different shapes (BENCHMARKS.md, issue 12),
-#: so near-ties stay with the max-flow placement.
+#: prediction errs by 10-20 % between placements of different shapes (BENCHMARKS.md, *Plan vs
+#: simulator*), so near-ties stay with the max-flow placement.
 CANDIDATE_MARGIN = 0.05
 
 

@@ -1,4 +1,4 @@
-"""The reference case of the Helix paper, written by hand from issue 3's tables.
+"""The reference case of the Helix paper, written by hand from the reference planner's T(k) tables.
 
 ``single24``: 4 x A100-40G, 8 x L4, 12 x T4 in one region, LLaMA-2 70B (80 layers), every link
 1 GB/s and 1 ms (coordinator links included). Node arcs carry 8192 x 2 B per token (fp16 hidden

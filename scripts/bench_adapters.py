@@ -1,4 +1,4 @@
-"""Batched adapters benchmark (issue 17, PetS): how many tasks fit, and mixed-task batching speed.
+"""Batched adapters benchmark (PetS): how many tasks fit, and mixed-task batching speed.
 
 1. **Memory budget** (LLaMA-2 7B shapes, float16, one 80 GB device): how many tasks fit when every task
    is a merged copy of the model, against one shared base plus each task's parameters in the
@@ -11,7 +11,7 @@
    LoRA r=8 tasks on all seven projections, loaded from files in Helix's format. Rows: the base model
    alone; one task; 16 and 64 tasks mixed in the same steps, against serving the same requests task
    by task (each task's requests as one batch, one task after the other). Each time is the best of
-   two runs, in CPU seconds of the process (entries before 2026-11-25 19:50 UTC: wall seconds).
+   two runs, in CPU seconds of the process.
 3. **Tasks on disk** (beyond PetS, as S-LoRA and Punica do for LoRA): 1,000 LoRA tasks (r=8, all
    seven projections, float16 files) registered on the same engine (headers only), their
    parameters made ready on demand into the worker's LRU cache of packed adapters, whose budget

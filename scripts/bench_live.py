@@ -1,4 +1,4 @@
-"""Live system vs simulator on this machine (issue 12's acceptance): a random-weight LLaMA
+"""Live system vs simulator on this machine: a random-weight LLaMA
 (``small-llama``: 8 layers, hidden 512) profiled with ``helix profile`` (one thread per pinned
 core, as the workers run), planned on ``cluster_specs/local2.yaml`` (2 CPU workers) with that
 profile, served by ``helix serve`` with both workers started as ``helix worker`` processes, and

@@ -365,7 +365,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", help="only these cases (others' rows are kept)")
     ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
     ap.add_argument("--scale", action="store_true",
-                    help="synthetic clusters of --sizes nodes in 5 regions (issue 15's table); "
+                    help="synthetic clusters of --sizes nodes in 5 regions (the scale table); "
                          "defaults --time-limit 300 and --gap 0.03")
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500, 1000],
                     help="node counts for --scale (default 100 250 500 1000)")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 # --- 1. data plane -------------------------------------------------------------------------------
 # Raw pyzmq patterns, each moving a small header and the same payload bytes:
 RAW_PATTERNS = {
-    "raw": "2 frames, zero-copy",       # the baseline of the target (as in earlier runs)
+    "raw": "2 frames, zero-copy",       # the baseline of the target (helix >= 70 % of raw)
     "raw1": "1 frame, copied",          # header + payload joined: the fastest raw pattern for small frames
 }
 RAW_HEADER = b'{"id":0,"pos":0}'

@@ -73,7 +73,7 @@ def row(cluster, mode, label, flow, r) -> str:
 
 
 def paper_comparison(all_plans, duration_s: float) -> list[str]:
-    """Offline, then online at 0.75 x the Helix plan's max flow (the issue's definition), then
+    """Offline, then online at 0.75 x the Helix plan's max flow (the paper's definition), then
     online at 0.75 x the Helix placement's *simulated* offline throughput (a load it can carry)."""
     lines = [("| cluster | mode | placement + scheduler | plan max flow tok/s | decode tok/s | "
              "completed | TTFT p50 / p99 ms | decode ms/token mean / p99 | ITL p99 ms | "

@@ -17,7 +17,7 @@ token beside the sum of the links' latencies a token crosses (r0 -> r1 -> r2 -> 
 
 Everything it made (processes by process group and by namespace, the namespaces and their veths,
 temp folders) is removed on exit, on failure and on Ctrl-C / SIGTERM. Names carry a random run id,
-so parallel runs never collide. ``--bench`` (issue 15 item 3, scripts/testbed_bench.py) then
+so parallel runs never collide. ``--bench`` (scripts/testbed_bench.py) then
 serves the planner's placement and Swarm's of a spec describing the testbed, loads each with the same
 trace slice (``helix bench`` in r0) and writes live beside simulated numbers to BENCHMARKS.md.
 """

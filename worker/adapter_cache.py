@@ -1,5 +1,5 @@
-"""An LRU cache of ready-to-run adapters with a byte budget (issue 17, beyond PetS; S-LoRA's and
-Punica's answer to thousands of tasks).
+"""An LRU cache of ready-to-run adapters with a byte budget (beyond PetS; S-LoRA's and Punica's
+answer to thousands of tasks).
 
 A worker may have many more tasks registered than it can hold: their parameters stay on disk
 (safetensors, read memory-mapped) and a task is made ready (read, checked, packed, copied to the

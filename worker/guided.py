@@ -8,8 +8,8 @@ tokens (:class:`Guide` per request); a state where the match is complete also al
 and one where nothing but EOS could follow ends the request (finish reason ``stop``) without
 sampling it. Added (special) tokens and ids past the tokenizer's vocabulary are never allowed.
 
-Compiling can take seconds (a free-form ``{"type": "object"}`` took 5-11 s even over the demo's
-297 tokens; BENCHMARKS.md), so :class:`GuideCompiler` runs it on threads of its own
+Compiling can take seconds (a free-form ``{"type": "object"}`` does even over the demo's 297
+tokens: BENCHMARKS.md, *Structured output*), so :class:`GuideCompiler` runs it on threads of its own
 (``outlines_core`` releases the GIL while it builds; measured: a thread beside it keeps running) and
 caches the result per regex (each compile runs in a child process, killed past
 :data:`COMPILE_TIMEOUT_S` or :data:`COMPILE_MEMORY_BYTES`: some ordinary schemas never finish);

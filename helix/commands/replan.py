@@ -1,5 +1,5 @@
 """``helix nodes`` and ``helix replan``: a running server's nodes, and applying a new plan to it live
-(issue 16) over its admin HTTP routes (:mod:`helix.server.admin`)."""
+over its admin HTTP routes (:mod:`helix.server.admin`)."""
 
 from __future__ import annotations
 

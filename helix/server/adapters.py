@@ -1,4 +1,4 @@
-"""Fine-tuned tasks over HTTP (issue 17, :mod:`coordinator.adapters`), with vLLM's route names:
+"""Fine-tuned tasks over HTTP (:mod:`coordinator.adapters`), with vLLM's route names:
 
 - ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}``: every worker reads its slice's part
   of the task from ``lora_path`` (a PEFT LoRA folder, or Helix's own format for any kind, see

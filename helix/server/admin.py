@@ -1,5 +1,5 @@
-"""Admin routes of the HTTP API: draining nodes and applying a new plan (issue 16,
-:mod:`coordinator.drain`, :mod:`coordinator.reshape`).
+"""Admin routes of the HTTP API: draining nodes and applying a new plan (:mod:`coordinator.drain`,
+:mod:`coordinator.reshape`).
 
 - ``GET /admin/nodes``: ``{"nodes": [status, ...]}``, one per plan node (state ``ok`` / ``suspect`` /
   ``dead`` / ``draining`` / ``drained``, its layers, the requests left on it);

@@ -15,9 +15,9 @@ annealing swaps two nodes of a chain or moves layers from one node to another, k
 minimum and then the number of layers at it; every restart's best is measured by the exact max
 flow (``planner.flowgraph.max_flow``), which alone decides, so the links count exactly.
 
-geo24 (60 s runs of 2026-11-25 before this search: 8,931.6 and 13,199.2 tokens/s from the
-regional MILP): 9,161.1 tokens/s for 70B and 13,304.9 for 30B, both equal to single24's best
-placement on the same nodes in one region, i.e. the regions cost nothing.
+On geo24 its chains reach the max flow of single24's best placement on the same nodes in one
+region, for LLaMA-2 70B and LLaMA-1 30B alike: the regions cost nothing there, where the regional
+MILP left each region's integer waste where it fell (BENCHMARKS.md, *Planner*).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def _kind_orders(spec: ClusterSpec, regions: tuple[str, ...]) -> list[list[list[
     there is a link, and a prompt's hidden states take a second per pair (geo24); which kinds
     meet there decides how many pairs share that traffic (the A100s then 8 US-West T4s, 4 pairs
     at the first stage of 2x4, rather than 2 L4s, 2 pairs: 480 against 322 decode tokens/s
-    simulated, BENCHMARKS.md, *One chain through all three regions*)."""
+    simulated, BENCHMARKS.md, *Plan vs simulator*)."""
     per_region = [_kinds([n for n in spec.nodes if spec.region_of(n.name) == r]) for r in regions]
     if len(regions) == 1:
         return [per_region[0]]
