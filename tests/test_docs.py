@@ -44,3 +44,22 @@ def test_every_link_resolves(doc):
         assert path.exists(), f"{doc.name}: link to {target}: no such file"
         if anchor:
             assert anchor in anchors(path), f"{doc.name}: link to {target}: no such heading"
+
+
+CITE = re.compile(r"BENCHMARKS\.md[,;]?\s+\*([^*]+)\*")
+
+
+def test_cited_benchmark_sections_exist():
+    """Docs and docstrings cite BENCHMARKS.md by section (``BENCHMARKS.md, *Plan vs simulator*``):
+    every section cited is a heading there."""
+    headings = [m.group(1) for m in re.finditer(r"^#+\s+(.*)$", (REPO_ROOT / "BENCHMARKS.md").read_text(),
+                                                 re.MULTILINE)]
+    sources = DOCS + [p for d in ("helix", "planner", "coordinator", "worker", "scripts")
+                      for p in sorted((REPO_ROOT / d).rglob("*.py"))]
+    cited = set()
+    for path in sources:
+        flat = re.sub(r"\s*\n\s*(#:?\s*)?", " ", path.read_text())   # a cite may wrap a line
+        cited |= {(path.name, " ".join(c.split())) for c in CITE.findall(flat)}
+    assert cited
+    missing = sorted((name, c) for name, c in cited if not any(h.startswith(c) for h in headings))
+    assert not missing, f"sections cited but not in BENCHMARKS.md: {missing}"
