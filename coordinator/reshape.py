@@ -42,7 +42,8 @@ from coordinator.workers import WorkerHandle, check_serving, engine_options
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.stats import WorkerStats
-from helix.plan import COORDINATOR, NodePlacement, Plan
+from helix.plan import COORDINATOR, Plan
+from helix.slices import LayerSlice
 
 log = logging.getLogger("helix.coordinator")
 
@@ -99,7 +100,7 @@ def mixed_plan(old: Plan, new: Plan, ranges: dict[str, Range], moved: set[str]) 
     pools = {n: (new if n in moved else old).serving.kv_capacity_tokens.get(n, 0) for n in ranges}
     serving = new.serving.model_copy(update={"kv_capacity_tokens": pools})
     return dataclasses.replace(
-        new, placements=tuple(NodePlacement(n, s, e) for n, (s, e) in ranges.items()),
+        new, placements=tuple(LayerSlice(n, s, e) for n, (s, e) in ranges.items()),
         arc_flows=flows, max_flow_tokens_per_s=sum(a.flow_tokens_per_s for a in flows
                                                    if a.src == COORDINATOR),
         serving=serving, prediction=None, extras={})

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helix.plan import COORDINATOR, Plan
+from helix.slices import LayerSlice, Placement, as_placement
 
 #: Paths whose share is below this are dropped (their shares go to the others): a 42-node plan
 #: can have tens of thousands of paths, almost all of them negligible.
@@ -26,19 +27,11 @@ MAX_PATHS = 2000
 
 
 @dataclass(frozen=True)
-class PlanStage:
-    """Layers ``[start, end)`` of a request run on ``node`` (``end`` is the node's own end)."""
-
-    node: str
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
 class PlanPipeline:
     """One source-to-sink path of the plan and the fraction of requests that take it."""
 
-    stages: tuple[PlanStage, ...]
+    stages: tuple[LayerSlice, ...]
+    """Layers ``[start, end)`` of a request run on each node (``end`` is the node's own end)."""
     share: float
 
     @property
@@ -46,7 +39,7 @@ class PlanPipeline:
         return tuple(s.node for s in self.stages)
 
 
-def hop_usable(ranges: dict[str, tuple[int, int]], num_layers: int, partial_inference: bool,
+def hop_usable(ranges: Placement, num_layers: int, partial_inference: bool,
                src: str, dst: str) -> bool:
     """Whether a request may go ``src -> dst`` given the layer ranges (vertices: node names and
     :data:`~helix.plan.COORDINATOR`, which is the source and the sink)."""
@@ -70,7 +63,7 @@ def enumerate_pipelines(plan: Plan, min_share: float = MIN_SHARE,
     """The plan's pipelines, most used first (ties by node names), shares summing to 1.
 
     Empty when no flow reaches the sink. Deterministic: same plan, same paths in the same order."""
-    ranges = {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
+    ranges = as_placement(plan.placements, skip_empty=True)
     out: dict[str, list[tuple[str, float]]] = {}
     for a in plan.arc_flows:
         if a.flow_tokens_per_s > 0 and (a.src == COORDINATOR or a.src in ranges) and \
@@ -79,7 +72,7 @@ def enumerate_pipelines(plan: Plan, min_share: float = MIN_SHARE,
     split = {v: [(w, f / sum(x for _, x in ws)) for w, f in sorted(ws)] for v, ws in out.items()}
     found: list[PlanPipeline] = []
     # Every usable hop moves to a higher layer, so the walk ends.
-    stack: list[tuple[str, int, tuple[PlanStage, ...], float]] = [(COORDINATOR, 0, (), 1.0)]
+    stack: list[tuple[str, int, tuple[LayerSlice, ...], float]] = [(COORDINATOR, 0, (), 1.0)]
     while stack:
         vertex, at, stages, share = stack.pop()
         for nxt, fraction in split.get(vertex, ()):
@@ -90,7 +83,7 @@ def enumerate_pipelines(plan: Plan, min_share: float = MIN_SHARE,
                 found.append(PlanPipeline(stages, s))
             else:
                 end = ranges[nxt][1]
-                stack.append((nxt, end, stages + (PlanStage(nxt, at, end),), s))
+                stack.append((nxt, end, stages + (LayerSlice(nxt, at, end),), s))
     found.sort(key=lambda p: (-p.share, p.nodes))
     found = found[:max_paths]
     total = sum(p.share for p in found)

@@ -16,23 +16,11 @@ from typing import Any
 
 from helix.errors import SpecError
 from helix.serving import ServingLimits
+from helix.slices import LayerSlice
 from helix.yamlio import dump_yaml, read_yaml
 
 PLAN_SCHEMA_VERSION = 1
 COORDINATOR = "coordinator"
-
-
-@dataclass(frozen=True)
-class NodePlacement:
-    """Layers ``[start, end)`` held by one node (half-open, 0-based)."""
-
-    node: str
-    start: int
-    end: int
-
-    @property
-    def num_layers(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -71,7 +59,7 @@ class Plan:
 
     model: str
     num_layers: int
-    placements: tuple[NodePlacement, ...]
+    placements: tuple[LayerSlice, ...]
     arc_flows: tuple[ArcFlow, ...]
     max_flow_tokens_per_s: float
     """Serving throughput of this placement (prompt + decode tokens/s)."""
@@ -102,7 +90,7 @@ class Plan:
         return max(0.0, self.upper_bound_tokens_per_s - self.max_flow_tokens_per_s) / \
             self.max_flow_tokens_per_s
 
-    def placement_of(self, node: str) -> NodePlacement:
+    def placement_of(self, node: str) -> LayerSlice:
         for p in self.placements:
             if p.node == node:
                 return p
@@ -126,7 +114,7 @@ class Plan:
                             f"(this Helix reads version {PLAN_SCHEMA_VERSION})")
         try:
             kwargs = {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
-            kwargs["placements"] = tuple(NodePlacement(**p) for p in d["placements"])
+            kwargs["placements"] = tuple(LayerSlice(**p) for p in d["placements"])
             kwargs["arc_flows"] = tuple(ArcFlow(**a) for a in d["arc_flows"])
             if d.get("prediction") is not None:
                 kwargs["prediction"] = Prediction(**d["prediction"])

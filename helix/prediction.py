@@ -48,9 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from helix.costmodel import CostModel
-from helix.pipelines import PlanPipeline, PlanStage, enumerate_pipelines, hop_usable
+from helix.pipelines import PlanPipeline, enumerate_pipelines, hop_usable
 from helix.plan import COORDINATOR, Plan, Prediction
 from helix.serving import UNCHUNKED_STEP_TOKENS
+from helix.slices import LayerSlice, as_placement
 from helix.spec import ClusterSpec
 
 log = logging.getLogger("helix.prediction")
@@ -527,7 +528,7 @@ def scheduler_fallback(plan: Plan, flow_paths: tuple[PlanPipeline, ...],
     sends a fifth of what the path it finds can still take (at least one request) along it,
     until no path has room. Enumerating every usable path instead (thousands on hetero42) in a
     fixed order missed the one the scheduler actually fills (658 of 867 requests in flight)."""
-    ranges = {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
+    ranges = as_placement(plan.placements, skip_empty=True)
     L, partial = plan.num_layers, plan.partial_inference
     names = sorted(ranges)
     members, rep, next_ranges = _range_classes(ranges, L, partial)
@@ -581,7 +582,7 @@ def scheduler_fallback(plan: Plan, flow_paths: tuple[PlanPipeline, ...],
             pool = nxt[ok & open_of[v]] if (ok & open_of[v]).any() else nxt[ok]
             j = int(pool[np.argmin(in_use[pool] / capacity[pool])])   # least used, first on ties
             w = names[j]
-            stages.append(PlanStage(w, at, ranges[w][1]))
+            stages.append(LayerSlice(w, at, ranges[w][1]))
             path.append(j)
             v, at = w, ranges[w][1]
         if not stages or not ends[v]:

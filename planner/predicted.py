@@ -62,7 +62,8 @@ from helix.models import ModelSpec
 from helix.plan import Plan
 from helix.prediction import NoFixedPoint, PipelineState, predict
 from helix.spec import ClusterSpec
-from helix.plan import COORDINATOR, ArcFlow, NodePlacement
+from helix.plan import COORDINATOR, ArcFlow
+from helix.slices import LayerSlice
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
@@ -454,7 +455,7 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
 
 def _with_placement(plan: Plan, placement: dict, flow) -> Plan:
     """``plan`` with another placement and its max flow (no verification: for scoring only)."""
-    nodes = tuple(NodePlacement(n, s, e) for n, (s, e) in
+    nodes = tuple(LayerSlice(n, s, e) for n, (s, e) in
                   sorted(placement.items(), key=lambda t: (t[1], t[0])))
     arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(flow.arc_flows.items()) if f > 1e-9)
     return dataclasses.replace(plan, placements=nodes, arc_flows=arcs, prediction=None,

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helix.errors import HelixUserError, InfeasibleError
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
+from helix.slices import LayerSlice
 from planner.milp import class_model, paper_model
 from planner.search import construct, local_search
 from planner.search.bounds import fixed_point_bound, layer_counts
@@ -501,7 +502,7 @@ def _plan(problem, cand: Candidate, bounds: dict[str, float], gap: float, method
               "depth_mean": round(stats.depth_mean, 3), "latency_mean_s": stats.latency_mean_s,
               "latency_max_s": stats.latency_max_s,
               "unused_nodes": sorted(n.name for n in problem.nodes if n.name not in used)}
-    placements = tuple(NodePlacement(n, s, e) for n, (s, e) in
+    placements = tuple(LayerSlice(n, s, e) for n, (s, e) in
                        sorted(cand.placement.items(), key=lambda t: (t[1], t[0])))
     arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(cand.flows.arc_flows.items()))
     return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,

@@ -89,13 +89,14 @@ def three_stage_plan(regions: tuple[str, ...]):
     """The tiny model's 8 layers cut into one contiguous slice per region, in region order."""
     import dataclasses
 
-    from helix.plan import ArcFlow, NodePlacement, Plan
+    from helix.plan import ArcFlow, Plan
     from helix.serving import ServingLimits, ServingSpec
+    from helix.slices import LayerSlice
     nodes = [f"{r}-cpu" for r in regions]
     cuts = [round(8 * k / len(nodes)) for k in range(len(nodes) + 1)]
     hops = ["coordinator", *nodes, "coordinator"]
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=tuple(NodePlacement(n, cuts[k], cuts[k + 1]) for k, n in enumerate(nodes)),
+                placements=tuple(LayerSlice(n, cuts[k], cuts[k + 1]) for k, n in enumerate(nodes)),
                 arc_flows=tuple(ArcFlow(a, b, 100.0) for a, b in zip(hops, hops[1:])),
                 max_flow_tokens_per_s=100.0, method="geo-testbed")
     return dataclasses.replace(plan, serving=ServingLimits.of(ServingSpec(), "float32",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
 from helix.serving import ServingLimits, ServingSpec
+from helix.slices import LayerSlice
 
 #: KV each worker of :func:`branching_plan` holds: the old engine default's room for the tests'
 #: longest requests and bursts, and little memory.
@@ -18,8 +19,8 @@ def branching_plan(kv_tokens: int | dict[str, int] = BRANCHING_KV_TOKENS, **serv
     Every worker gets ``kv_tokens`` of KV, float32 and the spec's default limits (``serving``
     overrides :class:`ServingSpec` fields)."""
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 4), NodePlacement("cpu-1", 2, 8),
-                            NodePlacement("cpu-2", 4, 8)),
+                placements=(LayerSlice("cpu-0", 0, 4), LayerSlice("cpu-1", 2, 8),
+                            LayerSlice("cpu-2", 4, 8)),
                 arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 200.0),
                            ArcFlow("cpu-0", "cpu-2", 100.0), ArcFlow("cpu-1", "coordinator", 200.0),
                            ArcFlow("cpu-2", "coordinator", 100.0)),
@@ -32,7 +33,7 @@ def two_stage_plan(kv_tokens: int = BRANCHING_KV_TOKENS, nodes: tuple[str, str] 
     each."""
     first, second = nodes
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement(first, 0, 4), NodePlacement(second, 4, 8)),
+                placements=(LayerSlice(first, 0, 4), LayerSlice(second, 4, 8)),
                 arc_flows=(ArcFlow("coordinator", first, 100.0), ArcFlow(first, second, 100.0),
                            ArcFlow(second, "coordinator", 100.0)),
                 max_flow_tokens_per_s=100.0, method="test")
@@ -44,8 +45,8 @@ def parallel_plan(kv_tokens: int = BRANCHING_KV_TOKENS) -> Plan:
     holds the whole model [0,8) and carries two thirds of the flow; cpu-2 [0,4) -> cpu-1 [4,8)
     the other third. With the flow graph's capacities (each node's own flow)."""
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
-                            NodePlacement("cpu-2", 0, 4)),
+                placements=(LayerSlice("cpu-0", 0, 8), LayerSlice("cpu-1", 4, 8),
+                            LayerSlice("cpu-2", 0, 4)),
                 arc_flows=(ArcFlow("coordinator", "cpu-0", 200.0), ArcFlow("coordinator", "cpu-2", 100.0),
                            ArcFlow("cpu-2", "cpu-1", 100.0), ArcFlow("cpu-0", "coordinator", 200.0),
                            ArcFlow("cpu-1", "coordinator", 100.0)),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR, ArcFlow, NodePlacement, Plan
+from helix.plan import COORDINATOR, ArcFlow, Plan
 from helix.serving import ServingSpec
 from helix.sim.build import policy_config
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
+from helix.slices import LayerSlice
 
 PROMPT_S_PER_TOKEN = 1e-3
 DECODE_S_PER_SEQ = 10e-3
@@ -54,7 +55,7 @@ def pipelines_plan(spec, groups: list[tuple[list[str], list[int]]]) -> Plan:
         start, prev = 0, COORDINATOR
         flow = min(cost.throughput_tokens_per_s(spec.node(n), k) for n, k in zip(names, layers))
         for n, k in zip(names, layers):
-            placements.append(NodePlacement(n, start, start + k))
+            placements.append(LayerSlice(n, start, start + k))
             arcs.append(ArcFlow(prev, n, flow))
             start, prev = start + k, n
         arcs.append(ArcFlow(prev, COORDINATOR, flow))

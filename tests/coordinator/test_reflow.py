@@ -11,7 +11,8 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR, ArcFlow, NodePlacement, Plan
+from helix.plan import COORDINATOR, ArcFlow, Plan
+from helix.slices import LayerSlice
 from planner.flowgraph import capacity_table, max_flow, with_flow_capacities
 from tests.builders.problems import make_node, make_problem
 
@@ -19,7 +20,7 @@ from tests.builders.problems import make_node, make_problem
 def _plan(problem, placement) -> Plan:
     res = max_flow(problem, placement)
     flows = tuple(ArcFlow(a, b, f) for (a, b), f in sorted(res.arc_flows.items()) if f > 0)
-    plan = Plan("tiny", problem.num_layers, tuple(NodePlacement(n, s, e) for n, (s, e) in placement.items()),
+    plan = Plan("tiny", problem.num_layers, tuple(LayerSlice(n, s, e) for n, (s, e) in placement.items()),
                 flows, res.value_tokens_per_s, method="test")
     return with_flow_capacities(plan, problem)
 

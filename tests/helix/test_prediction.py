@@ -11,9 +11,10 @@ import pytest
 from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
 from helix.prediction import (DECODE_WAVES, PROMPT_CV, _Model, convoy_delay_s, online_rates,
                                predict, scheduler_fallback)
+from helix.slices import LayerSlice
 from helix.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def two_stage_spec(chunk_tokens: int = 2048, slow_link: bool = False) -> Cluster
 
 def two_stage_plan() -> Plan:
     return Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32)),
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 1.0),
                            ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
 
@@ -127,7 +128,7 @@ def test_fallback_paths_fill_what_the_flow_paths_leave():
     a's KV is full (its fallback to any usable hop), so b's KV counts as well."""
     spec = two_stage_spec()
     plan = Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 32), NodePlacement("b", 0, 32)),
+                placements=(LayerSlice("a", 0, 32), LayerSlice("b", 0, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "coordinator", 1.0)),
                 max_flow_tokens_per_s=1.0)
     cost = CostModel.for_cluster(spec)
@@ -143,8 +144,8 @@ def test_fallback_paths_fill_what_the_flow_paths_leave():
 
 def test_pipeline_shares_follow_the_flow_splits():
     plan = Plan(model="m", num_layers=4,
-                placements=(NodePlacement("x", 0, 2), NodePlacement("y", 2, 4),
-                            NodePlacement("z", 1, 4)),
+                placements=(LayerSlice("x", 0, 2), LayerSlice("y", 2, 4),
+                            LayerSlice("z", 1, 4)),
                 arc_flows=(ArcFlow("coordinator", "x", 4.0), ArcFlow("x", "y", 3.0),
                            ArcFlow("x", "z", 1.0), ArcFlow("y", "coordinator", 3.0),
                            ArcFlow("z", "coordinator", 1.0)), max_flow_tokens_per_s=4.0)
@@ -235,8 +236,8 @@ def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
         "links": [{"between": ["a", x], "bandwidth": "100Mbps", "latency": "1ms"} for x in "bc"],
         "nodes": [{"name": n, "gpu": "L4"} for n in "abc"]})
     plan = Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32),
-                            NodePlacement("c", 16, 32)),
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32),
+                            LayerSlice("c", 16, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 0.5),
                            ArcFlow("a", "c", 0.5), ArcFlow("b", "coordinator", 0.5),
                            ArcFlow("c", "coordinator", 0.5)), max_flow_tokens_per_s=1.0)
@@ -282,8 +283,8 @@ def test_scheduler_fallback_plays_the_rule_in_bulk():
     (both [16, 32)), until a is full: a's 60 left split so that c and d are equally used,
     x / 50 = (60 - x) / 20, x = 42.9 (to within a request: the rule moves a bulk at a time)."""
     plan = Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32),
-                            NodePlacement("c", 16, 32), NodePlacement("d", 16, 32)),
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32),
+                            LayerSlice("c", 16, 32), LayerSlice("d", 16, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 1.0),
                            ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
     flow_paths = enumerate_pipelines(plan)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from helix.costmodel import CostModel
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
 from helix.prediction import _Model, predict
 from helix.serving import UNCHUNKED_STEP_TOKENS
+from helix.slices import LayerSlice
 from helix.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
@@ -48,7 +49,7 @@ def test_with_chunking_off_a_step_holds_no_more_decodes_than_the_unchunked_budge
         "serving": {"chunk_tokens": 0, "max_batch_seqs": 4096},
         "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
         "nodes": [{"name": "a", "gpu": "A100-80G"}]})
-    plan = Plan(model="tiny-llama", num_layers=8, placements=(NodePlacement("a", 0, 8),),
+    plan = Plan(model="tiny-llama", num_layers=8, placements=(LayerSlice("a", 0, 8),),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "coordinator", 1.0)),
                 max_flow_tokens_per_s=1.0)
     cost = CostModel.for_cluster(spec)

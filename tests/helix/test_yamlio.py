@@ -8,12 +8,13 @@ import yaml
 
 from helix import yamlio
 from helix.errors import SpecError
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
+from helix.slices import LayerSlice
 
 
 def test_plan_text_and_document_as_the_python_yaml(tmp_path):
     plan = Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32)),
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.5), ArcFlow("a", "b", 1.5),
                            ArcFlow("b", "coordinator", 1.5)), max_flow_tokens_per_s=1.5,
                 extras={"note": "ünïcode, a: colon", "when": None, "flows": [0.1, 1e-9, 3]})

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from helix.cli import main
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
 from helix.prediction import predict
+from helix.slices import LayerSlice
 from helix.spec import ClusterSpec
 from planner import budget
 from planner.build import serving_limits, with_serving
@@ -27,7 +28,7 @@ def spec_with(chunk_tokens) -> ClusterSpec:
 
 def two_stage(spec: ClusterSpec) -> Plan:
     plan = Plan(model="llama-2-7b", num_layers=32,
-                placements=(NodePlacement("a", 0, 16), NodePlacement("b", 16, 32)),
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32)),
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 1.0),
                            ArcFlow("b", "coordinator", 1.0)), max_flow_tokens_per_s=1.0)
     return with_serving(plan, spec)

@@ -6,15 +6,16 @@ import sys
 
 import pytest
 
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
 from helix.sim import run as simrun
 from helix.sim.workload import mean_lengths
+from helix.slices import LayerSlice
 from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from bench_fidelity import stationary_offline_workload, steady_decode_tokens_per_s  # noqa: E402
 
-PLAN = Plan(model="llama-2-7b", num_layers=32, placements=(NodePlacement("a", 0, 32),),
+PLAN = Plan(model="llama-2-7b", num_layers=32, placements=(LayerSlice("a", 0, 32),),
             arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "coordinator", 1.0)),
             max_flow_tokens_per_s=1.0)
 

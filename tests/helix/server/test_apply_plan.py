@@ -13,7 +13,8 @@ httpx = pytest.importorskip("httpx")
 
 from coordinator.reshape import mixed_plan, next_move
 from coordinator.runtime import RuntimeConfig
-from helix.plan import ArcFlow, NodePlacement
+from helix.plan import ArcFlow
+from helix.slices import LayerSlice
 
 from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, with_kv
 from tests.builders.stack import local_stack
@@ -29,8 +30,8 @@ def moved_plan():
     cpu-2 [4,8) -> [3,8) (cpu-0 stays the only first stage: its move is forced)."""
     plan = branching_plan()
     plan = dataclasses.replace(
-        plan, placements=(NodePlacement("cpu-0", 0, 5), NodePlacement("cpu-1", 5, 8),
-                          NodePlacement("cpu-2", 3, 8)),
+        plan, placements=(LayerSlice("cpu-0", 0, 5), LayerSlice("cpu-1", 5, 8),
+                          LayerSlice("cpu-2", 3, 8)),
         arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0), ArcFlow("cpu-0", "cpu-1", 100.0),
                    ArcFlow("cpu-0", "cpu-2", 200.0), ArcFlow("cpu-1", "coordinator", 100.0),
                    ArcFlow("cpu-2", "coordinator", 200.0)))
@@ -135,7 +136,7 @@ def test_helix_replan_applies_over_http_and_refuses_a_plan_that_does_not_fit(sta
         {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}
     # A plan that does not fit: 400, one line, nothing changed.
     plan = branching_plan()
-    stranger = dataclasses.replace(plan, placements=(*plan.placements, NodePlacement("gpu-7", 4, 8)))
+    stranger = dataclasses.replace(plan, placements=(*plan.placements, LayerSlice("gpu-7", 4, 8)))
     for bad, words in ((stranger, "no worker for the new plan's node(s) ['gpu-7']"),):
         r = httpx.post(stack.url + "/admin/plan", json={"plan": with_kv(bad, 8192).to_dict()}, timeout=30)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from helix.plan import ArcFlow, NodePlacement, Plan
+from helix.plan import ArcFlow, Plan
+from helix.slices import LayerSlice
 from tests.builders.serving import with_kv
 from tests.builders.stack import MODEL_NAME, local_stack
 
@@ -28,7 +29,7 @@ QUESTIONS = ["What is the capital of France?"]
 def _split_plan(num_layers: int) -> Plan:
     half = num_layers // 2
     plan = Plan(model="smollm2", num_layers=num_layers,
-                placements=(NodePlacement("cpu-0", 0, half), NodePlacement("cpu-1", half, num_layers)),
+                placements=(LayerSlice("cpu-0", 0, half), LayerSlice("cpu-1", half, num_layers)),
                 arc_flows=(ArcFlow("coordinator", "cpu-0", 100.0), ArcFlow("cpu-0", "cpu-1", 100.0),
                            ArcFlow("cpu-1", "coordinator", 100.0)),
                 max_flow_tokens_per_s=100.0, method="test")

@@ -183,11 +183,12 @@ def test_worker_that_cannot_load_its_slice_stops_startup_with_node_and_reason(ti
 
 def test_whole_model_node_beside_a_two_stage_pipeline(tiny_model):
     """A node holding every layer (it feeds its own tokens back) next to cpu-2 [0,4) -> cpu-1 [4,8)."""
-    from helix.plan import ArcFlow, NodePlacement, Plan
+    from helix.plan import ArcFlow, Plan
+    from helix.slices import LayerSlice
     ckpt, model = tiny_model
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
-                            NodePlacement("cpu-2", 0, 4)),
+                placements=(LayerSlice("cpu-0", 0, 8), LayerSlice("cpu-1", 4, 8),
+                            LayerSlice("cpu-2", 0, 4)),
                 arc_flows=(ArcFlow("coordinator", "cpu-0", 1.0), ArcFlow("cpu-0", "coordinator", 1.0),
                            ArcFlow("coordinator", "cpu-2", 1.0), ArcFlow("cpu-2", "cpu-1", 1.0),
                            ArcFlow("cpu-1", "coordinator", 1.0)),
@@ -215,10 +216,11 @@ def test_live_scheduler_never_enters_a_layer0_node_mid_pipeline():
     from coordinator.kv_estimator import KVEstimator
     from coordinator.pipeline import RequestInfo
     from coordinator.runtime import live_scheduler
-    from helix.plan import ArcFlow, NodePlacement, Plan
+    from helix.plan import ArcFlow, Plan
+    from helix.slices import LayerSlice
     plan = Plan(model="tiny-llama", num_layers=8,
-                placements=(NodePlacement("cpu-0", 0, 8), NodePlacement("cpu-1", 4, 8),
-                            NodePlacement("cpu-2", 0, 4)),
+                placements=(LayerSlice("cpu-0", 0, 8), LayerSlice("cpu-1", 4, 8),
+                            LayerSlice("cpu-2", 0, 4)),
                 arc_flows=(ArcFlow("coordinator", "cpu-2", 1.0), ArcFlow("cpu-2", "cpu-1", 1.0),
                            ArcFlow("cpu-1", "coordinator", 1.0)),
                 max_flow_tokens_per_s=1.0, method="test")
