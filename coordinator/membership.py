@@ -89,7 +89,7 @@ class Membership:
         if self.workers[w.node] == w:
             return   # the same process registering twice (a retried call): nothing changed
         client = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
-        reply = self._configure(w, self._engine, client)
+        reply = self._load_slice(self.plan.placement_of(w.node), self.serving, client)
         self._load_adapters_on(w.node, client)   # the tasks every worker holds (coordinator.adapters)
         with self._lock:
             # A new process replaces the node: whatever the old one held is gone with it (it may

@@ -24,6 +24,7 @@ from functools import cached_property
 
 from helix.pipelines import hop_usable
 from helix.plan import COORDINATOR, Plan
+from helix.slices import LayerSlice, Placement, as_placement
 
 Pick = Callable[[int], int] | int
 """What a walk does at one vertex (:meth:`Topology.walk_mask`)."""
@@ -36,23 +37,11 @@ _PATH_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
-class Stage:
-    """Run layers ``[start, end)`` of one request on ``node``."""
-
-    node: str
-    start: int
-    end: int
-
-    @property
-    def num_layers(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
 class Pipeline:
     """The stages of one request, in order, covering layers ``[0, num_layers)`` exactly once."""
 
-    stages: tuple[Stage, ...]
+    stages: tuple[LayerSlice, ...]
+    """Stage ``i`` runs layers ``[start, end)`` of the request on its node."""
 
     @cached_property   # Topology.walk_mask hands out one Pipeline object per path, reused
     def nodes(self) -> tuple[str, ...]:
@@ -103,7 +92,7 @@ class Topology:
     threads) are rare, and with no lock they neither slow the decisions nor wait for them.
     """
 
-    def __init__(self, num_layers: int, ranges: Mapping[str, tuple[int, int]],
+    def __init__(self, num_layers: int, ranges: Placement,
                  arcs: Mapping[str, Iterable[str]], partial_inference: bool = True) -> None:
         self.num_layers = num_layers
         self.ranges = dict(ranges)
@@ -156,7 +145,7 @@ class Topology:
                   flows_only: bool = True) -> "Topology":
         """Arcs of the plan's max-flow solution with positive flow (``flows_only``), or every usable
         pair of vertices that ``connected`` allows (all pairs when None)."""
-        ranges = {p.node: (p.start, p.end) for p in plan.placements}
+        ranges = as_placement(plan.placements)
         vertices = [COORDINATOR, *ranges]
         arcs: dict[str, list[str]] = {v: [] for v in vertices}
         if flows_only:
@@ -170,10 +159,10 @@ class Topology:
                         arcs[u].append(w)
         return cls(plan.num_layers, ranges, arcs, partial_inference=plan.partial_inference)
 
-    def stage(self, src: str, dst: str) -> Stage:
+    def stage(self, src: str, dst: str) -> LayerSlice:
         """The stage run on ``dst`` when a request arrives from ``src``."""
         at_layer = 0 if src == COORDINATOR else self.ranges[src][1]
-        return Stage(dst, at_layer, self.ranges[dst][1])
+        return LayerSlice(dst, at_layer, self.ranges[dst][1])
 
     def mask_of(self, nodes: Iterable[str]) -> int:
         """The bitmask of ``nodes`` (bit ``1 << i`` for ``self.nodes[i]``)."""

@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass
 from coordinator.health import NodeState
 from coordinator.pipeline import Topology
 from coordinator.reflow import rebuilt
-from coordinator.workers import WorkerHandle, check_serving, engine_options
+from coordinator.workers import WorkerHandle, check_serving
 from helix.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.stats import WorkerStats
 from helix.plan import COORDINATOR, Plan
-from helix.slices import LayerSlice
+from helix.slices import LayerSlice, as_placement, as_slices
 
 log = logging.getLogger("helix.coordinator")
 
@@ -84,10 +84,6 @@ class ApplyReport:
         return asdict(self)
 
 
-def _ranges(plan: Plan) -> dict[str, Range]:
-    return {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
-
-
 def mixed_plan(old: Plan, new: Plan, ranges: dict[str, Range], moved: set[str]) -> Plan:
     """The placement while a plan is applied: ``ranges`` (each node's slice now), routed on ``old``'s
     flows between nodes not ``moved`` and ``new``'s where a moved node is an end (unusable arcs
@@ -100,7 +96,7 @@ def mixed_plan(old: Plan, new: Plan, ranges: dict[str, Range], moved: set[str]) 
     pools = {n: (new if n in moved else old).serving.kv_capacity_tokens.get(n, 0) for n in ranges}
     serving = new.serving.model_copy(update={"kv_capacity_tokens": pools})
     return dataclasses.replace(
-        new, placements=tuple(LayerSlice(n, s, e) for n, (s, e) in ranges.items()),
+        new, placements=as_slices(ranges),
         arc_flows=flows, max_flow_tokens_per_s=sum(a.flow_tokens_per_s for a in flows
                                                    if a.src == COORDINATOR),
         serving=serving, prediction=None, extras={})
@@ -166,7 +162,7 @@ class Reshaping:
             raise HelixUserError(f"the new plan places {plan.num_layers} layers; the served model "
                                  f"has {self.plan.num_layers}")
         check_serving(plan)
-        new, joins = _ranges(plan), {w.node for w in joining}
+        new, joins = as_placement(plan.placements, skip_empty=True), {w.node for w in joining}
         again = sorted(joins & set(self.workers))
         if again:
             raise HelixUserError(f"node(s) {again} already serve: they cannot join")
@@ -176,8 +172,8 @@ class Reshaping:
                                  f"helix worker --coordinator HOST:PORT --node NAME)")
 
     def _apply(self, plan: Plan, joining: Sequence[WorkerHandle], deadline: float, say) -> list[Step]:
-        old, target = self.plan, _ranges(plan)
-        ranges, moved, steps = _ranges(old), set(), []
+        old, target = self.plan, as_placement(plan.placements, skip_empty=True)
+        ranges, moved, steps = as_placement(old.placements, skip_empty=True), set(), []
         for w in joining:
             t = time.monotonic()
             self._join_worker(w, target[w.node], plan)
@@ -234,7 +230,8 @@ class Reshaping:
             raise
         t1 = time.monotonic()
         try:
-            reply = self._load_slice(node, new, plan, self.clients[node])
+            reply = self._load_slice(LayerSlice(node, *new), plan.serving, self.clients[node],
+                                     "new slice")
         except HelixUserError:   # the worker kept its old slice (it swaps only a loaded one)
             self.undrain(node)
             raise
@@ -282,22 +279,13 @@ class Reshaping:
                                      f"(the nodes moved before it keep their new slices)")
             time.sleep(min(0.05, self.config.stats_interval_s))
 
-    def _load_slice(self, node: str, rng: Range, plan: Plan, client: ControlClient) -> dict:
-        engine = {**self._engine, **engine_options(plan.serving, node)}
-        try:
-            return client.call("Configure", {"start": rng[0], "end": rng[1], "engine": engine},
-                               timeout_s=self.config.configure_timeout_s)
-        except ControlError as exc:
-            raise HelixUserError(f"worker {node!r} failed to load its new slice [{rng[0]}, {rng[1]}) "
-                                 f"of {self.model_path}: {exc.details.strip().splitlines()[-1]}") from None
-
     def _join_worker(self, w: WorkerHandle, rng: Range, plan: Plan) -> None:
         """Load a joining node's slice and adapters, add it to the books (in no pipeline yet: the
         scheduler does not know it until the next install), tell every worker where it is."""
         client = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
         try:
             self._tell_worker(client, w.node, False)   # one that left a plan earlier said draining
-            reply = self._load_slice(w.node, rng, plan, client)
+            reply = self._load_slice(LayerSlice(w.node, *rng), plan.serving, client, "new slice")
             self._load_adapters_on(w.node, client)
         except BaseException:
             client.close()

@@ -48,6 +48,8 @@ from coordinator.workers import PLAN_ENGINE_OPTIONS, WorkerHandle, check_serving
 from helix.errors import USER_FAILURE, HelixUserError
 from helix.gguf import checkpoint_folder
 from helix.plan import COORDINATOR, Plan
+from helix.serving import ServingLimits
+from helix.slices import LayerSlice
 from helix.spec import WorkloadSpec
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.io_types import NewRequest, StageInput
@@ -195,10 +197,11 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
         for w in workers:
             self.workers[w.node] = w
             self.clients[w.node] = ControlClient(w.control_address, WORKER_SERVICE, keys=self.keys)
-        engine = self._engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
+        self._engine = {"eos_token_ids": list(self.codec.eos_token_ids), **self.config.engine}
         with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-            replies = dict(zip([w.node for w in workers],
-                               pool.map(lambda w: self._configure(w, engine), workers)))
+            replies = dict(zip([w.node for w in workers], pool.map(
+                lambda w: self._load_slice(self.plan.placement_of(w.node), self.serving,
+                                           self.clients[w.node]), workers)))
         peers = {w.node: w.data_address for w in workers} | {COORDINATOR: self.data.address}
         for node, client in self.clients.items():
             client.call("SetPeers", {"peers": peers})
@@ -219,16 +222,18 @@ class Coordinator(Draining, Membership, Reshaping, Adapters):
             t.start()
             self._threads.append(t)
 
-    def _configure(self, w: WorkerHandle, engine: dict, client: ControlClient | None = None) -> dict:
-        p = self.plan.placement_of(w.node)
+    def _load_slice(self, layers: LayerSlice, serving: ServingLimits, client: ControlClient,
+                    which: str = "slice") -> dict:
+        """Have ``layers.node``'s worker (``client``) load ``layers``, its engine run with what
+        ``serving`` says for it; the worker's stats. ``which`` names the slice in the error."""
+        engine = {**self._engine, **engine_options(serving, layers.node)}
         try:
-            engine = {**engine, **engine_options(self.serving, w.node)}
-            return (client or self.clients[w.node]).call(
-                "Configure", {"start": p.start, "end": p.end, "engine": engine},
-                timeout_s=self.config.configure_timeout_s)
+            return client.call("Configure", {"start": layers.start, "end": layers.end, "engine": engine},
+                               timeout_s=self.config.configure_timeout_s)
         except ControlError as exc:
-            raise HelixUserError(f"worker {w.node!r} failed to load its slice [{p.start}, {p.end}) of "
-                                 f"{self.model_path}: {exc.details.strip().splitlines()[-1]}") from None
+            raise HelixUserError(f"worker {layers.node!r} failed to load its {which} [{layers.start}, "
+                                 f"{layers.end}) of {self.model_path}: "
+                                 f"{exc.details.strip().splitlines()[-1]}") from None
 
     # --- requests ---------------------------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, stop: Sequence[str] = (),

@@ -3,9 +3,10 @@ from collections import Counter
 import pytest
 
 from coordinator.kv_estimator import KVEstimator
-from coordinator.pipeline import Pipeline, RequestInfo, Stage, Topology
+from coordinator.pipeline import Pipeline, RequestInfo, Topology
 from coordinator.schedulers import make_scheduler
 from helix.plan import COORDINATOR
+from helix.slices import LayerSlice
 from tests.builders.plans import diamond_plan
 
 
@@ -15,9 +16,9 @@ def _kv(plan, cap=1e12, high_water=0.9):
 
 def test_overlap_runs_only_missing_layers():
     topo = Topology.from_plan(diamond_plan())
-    assert topo.stage("b", "c") == Stage("c", 6, 8)
-    assert topo.stage("a", "c") == Stage("c", 4, 8)
-    assert topo.stage(COORDINATOR, "b") == Stage("b", 0, 6)
+    assert topo.stage("b", "c") == LayerSlice("c", 6, 8)
+    assert topo.stage("a", "c") == LayerSlice("c", 4, 8)
+    assert topo.stage(COORDINATOR, "b") == LayerSlice("b", 0, 6)
 
 
 def test_has_path_needs_a_whole_pipeline_of_allowed_nodes():
@@ -121,7 +122,7 @@ def test_release_returns_kv_to_zero():
         sched.release(rid)
     assert all(kv.used(n) == 0.0 for n in ("a", "b", "c", "d"))
     assert all(v == 0 for v in sched.assigned.values())
-    assert isinstance(Pipeline((Stage("a", 0, 8),)), Pipeline)
+    assert isinstance(Pipeline((LayerSlice("a", 0, 8),)), Pipeline)
 
 
 def test_helix_falls_back_to_zero_flow_hops_when_flow_paths_are_masked():
