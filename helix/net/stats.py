@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from helix.slices import LayerSlice
+
 
 @dataclass(frozen=True)
 class WorkerStats:
@@ -13,6 +15,7 @@ class WorkerStats:
     configured: bool
     start: int
     end: int
+    """The worker's slice: layers ``[start, end)`` (``0, 0`` until it is configured)."""
     kv_blocks_total: int
     kv_blocks_used: int
     block_size_tokens: int
@@ -53,16 +56,21 @@ class WorkerStats:
     adapter_load_s_p99: float | None = None
 
     @property
+    def layers(self) -> LayerSlice:
+        """The worker's slice."""
+        return LayerSlice(self.node, self.start, self.end)
+
+    @property
     def kv_blocks_free(self) -> int:
         return self.kv_blocks_total - self.kv_blocks_used
 
     @property
     def kv_used_token_layers(self) -> int:
-        return self.kv_blocks_used * self.block_size_tokens * (self.end - self.start)
+        return self.kv_blocks_used * self.block_size_tokens * self.layers.num_layers
 
     @property
     def kv_capacity_token_layers(self) -> int:
-        return self.kv_blocks_total * self.block_size_tokens * (self.end - self.start)
+        return self.kv_blocks_total * self.block_size_tokens * self.layers.num_layers
 
     def to_dict(self) -> dict:
         return {**asdict(self), "kv_blocks_free": self.kv_blocks_free}

@@ -14,7 +14,7 @@ httpx = pytest.importorskip("httpx")
 from coordinator.reshape import mixed_plan, next_move
 from coordinator.runtime import RuntimeConfig
 from helix.plan import ArcFlow
-from helix.slices import LayerSlice
+from helix.slices import LayerSlice, as_placement
 
 from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, with_kv
 from tests.builders.stack import local_stack
@@ -99,9 +99,9 @@ def test_a_forced_replan_moves_every_slice_under_load_and_outputs_stay_greedy(st
     steps = {s.node: s for s in report["r"].steps}
     assert set(steps) == {"cpu-0", "cpu-1", "cpu-2"}
     assert steps["cpu-0"].forced and not steps["cpu-1"].forced
-    real = {s.node: (s.stats().start, s.stats().end) for s in stack.servers}   # the workers' own word
+    real = as_placement(s.stats().layers for s in stack.servers)   # the workers' own word
     assert real == {"cpu-0": (0, 5), "cpu-1": (5, 8), "cpu-2": (3, 8)}
-    assert {p.node: (p.start, p.end) for p in coord.plan.placements} == real
+    assert as_placement(coord.plan.placements) == real
     assert coord.requests_moved == 0           # in-flight requests finished where they were
     nodes = {n["node"]: (n["state"], n["start"], n["end"])
              for n in httpx.get(stack.url + "/admin/nodes", timeout=30).json()["nodes"]}
@@ -132,7 +132,7 @@ def test_helix_replan_applies_over_http_and_refuses_a_plan_that_does_not_fit(sta
     assert [line.rsplit(", ", 1)[0] for line in listed] == [
         "cpu-0 [0, 4): ok", "cpu-1 [2, 8): ok", "cpu-2 [4, 8): ok"], listed
     finish(pending, prompts, reference)
-    assert {p.node: (p.start, p.end) for p in coord.plan.placements} == \
+    assert as_placement(coord.plan.placements) == \
         {"cpu-0": (0, 4), "cpu-1": (2, 8), "cpu-2": (4, 8)}
     # A plan that does not fit: 400, one line, nothing changed.
     plan = branching_plan()
@@ -143,7 +143,7 @@ def test_helix_replan_applies_over_http_and_refuses_a_plan_that_does_not_fit(sta
         assert "\n" not in r.json()["error"]["message"]
     r = httpx.post(stack.url + "/admin/plan", json={"plan": {"schema_version": 99}}, timeout=30)
     assert r.status_code == 400 and "schema_version" in r.json()["error"]["message"]
-    assert {p.node: (p.start, p.end) for p in coord.plan.placements}["cpu-2"] == (4, 8)
+    assert as_placement(coord.plan.placements)["cpu-2"] == (4, 8)
     stack.wait_kv_free()
 
 
@@ -180,13 +180,13 @@ def test_a_slice_that_fails_to_load_stops_the_change_and_the_node_serves_on(stac
     from helix.errors import HelixUserError
     coord = stack.coordinator
     prompts = list(reference)
-    before = {p.node: (p.start, p.end) for p in coord.plan.placements}
+    before = as_placement(coord.plan.placements)
     # cpu-1's new slice asks for a KV pool no machine has: its worker refuses the Configure.
     huge = with_kv(moved_plan(), {"cpu-0": 8192, "cpu-1": 10 ** 13, "cpu-2": 8192})
     with pytest.raises(HelixUserError, match="cpu-1.*failed to load its new slice"):
         coord.apply_plan(huge, timeout_s=60)
     assert not coord.reshaping and not reshape.Reshaping._apply_lock.locked()
     assert coord.node_status("cpu-1").state == "ok"            # back in routing, old slice
-    assert {p.node: (p.start, p.end) for p in coord.plan.placements}["cpu-1"] == before["cpu-1"]
+    assert as_placement(coord.plan.placements)["cpu-1"] == before["cpu-1"]
     finish(submit_all(coord, prompts, 8), prompts, reference)
     stack.wait_kv_free()
