@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 Placement = Mapping[str, tuple[int, int]]
-"""Node name -> the layers ``(start, end)`` it holds, half-open, 0-based."""
+"""Node name -> the layers ``(start, end)`` it holds, half-open, 0-based; a node absent from the
+mapping holds nothing."""
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,12 @@ with partial inference, ``start_j <= end_i < end_j`` (``j`` then runs only the l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 import networkx as nx
 from networkx.algorithms.flow import edmonds_karp, preflow_push
 
+from helix.slices import Placement, as_placement
 from planner.problem import COORDINATOR, PlacementProblem
-
-#: node name -> half-open layer range [start, end). Nodes absent from the mapping hold nothing.
-Placement = Mapping[str, tuple[int, int]]
 
 SOURCE = ("source",)
 SINK = ("sink",)
@@ -168,7 +165,7 @@ def with_flow_capacities(plan, problem: PlacementProblem):
     """``plan`` with its flow graph's capacities in ``extras["flow_capacities"]`` (see
     :func:`capacity_table`): what ``helix serve`` re-solves the max flow with when nodes die."""
     import dataclasses
-    placement = {p.node: (p.start, p.end) for p in plan.placements}
+    placement = as_placement(plan.placements)
     table = capacity_table(problem, placement, plan.partial_inference)
     return dataclasses.replace(plan, extras={**plan.extras, "flow_capacities": table})
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helix.errors import HelixUserError, SpecError
+from helix.slices import as_placement
 from helix.units import format_size
 from planner.flowgraph import Placement
 from planner.search.baselines import fits
@@ -32,7 +33,7 @@ def load_placement(path: str | Path, problem: PlacementProblem) -> Placement:
             if plan.num_layers != problem.num_layers:
                 raise HelixUserError(f"{p}: the plan is for {plan.num_layers} layers, the cluster's "
                                      f"model {problem.model} has {problem.num_layers}")
-            placement = {x.node: (x.start, x.end) for x in plan.placements if x.end > x.start}
+            placement = as_placement(plan.placements, skip_empty=True)
     except SpecError as exc:
         raise HelixUserError(str(exc)) from None
     check_placement_fits(problem, placement, str(p))
@@ -61,8 +62,7 @@ def load_running(path: str | Path, problem: PlacementProblem) -> tuple[Placement
     if plan.num_layers != problem.num_layers:
         raise HelixUserError(f"{p}: the plan is for {plan.num_layers} layers, the cluster's "
                              f"model {problem.model} has {problem.num_layers}")
-    placement = {x.node: (x.start, x.end) for x in plan.placements
-                 if x.end > x.start and x.node not in gone}
+    placement = as_placement((x for x in plan.placements if x.node not in gone), skip_empty=True)
     check_placement_fits(problem, placement, str(p))
     return placement, gone
 

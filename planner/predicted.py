@@ -63,7 +63,7 @@ from helix.plan import Plan
 from helix.prediction import NoFixedPoint, PipelineState, predict
 from helix.spec import ClusterSpec
 from helix.plan import COORDINATOR, ArcFlow
-from helix.slices import LayerSlice
+from helix.slices import as_placement, as_slices
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
@@ -143,7 +143,7 @@ def routings(problem: PlacementProblem, found: Plan) -> list[Plan]:
     same kind in the same region (kind chains), inside a region, or any; every prefix of the
     sequences kind chains -> regions -> the rest, kind chains -> the rest and regions -> the rest
     is a candidate. Every candidate is a flow of the placement, at most its max flow."""
-    placement = {p.node: (p.start, p.end) for p in found.placements}
+    placement = as_placement(found.placements)
     kind = {n.name: (n.gpu, n.region) for n in problem.nodes}
     region = {n.name: n.region for n in problem.nodes}
     phases = {"kind chains": lambda a, b: kind.get(a) == kind.get(b),
@@ -215,10 +215,6 @@ def evaluate(spec: ClusterSpec, placement, *, model: ModelSpec | None = None,
     return found
 
 
-def _key(plan: Plan) -> tuple:
-    return tuple((p.node, p.start, p.end) for p in plan.placements)
-
-
 def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = None,
          problem: PlacementProblem | None = None, time_limit_s: float = 60.0,
          iterations: int = ITERATIONS, **solve_kwargs) -> Plan:
@@ -247,7 +243,7 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
         if best is None or prediction.prompt_decode_tokens_per_s > \
                 best.prediction.prompt_decode_tokens_per_s:  # type: ignore[union-attr]
             best = found
-        key = _key(found)
+        key = found.placements
         if key in seen:
             break
         seen.add(key)
@@ -267,7 +263,7 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
             try:
                 solved = solve(reserved, method, time_limit_s=share, **kwargs)
                 candidates.insert(0, (f"milp, KV reserve {cost.serving.max_batch_seqs} requests",
-                                      {p.node: (p.start, p.end) for p in solved.placements}))
+                                      as_placement(solved.placements)))
             except InfeasibleError:  # the cluster cannot hold the model with that reserve
                 pass
         candidates += kv_stage_candidates(spec, problem, cost, best)
@@ -455,8 +451,7 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
 
 def _with_placement(plan: Plan, placement: dict, flow) -> Plan:
     """``plan`` with another placement and its max flow (no verification: for scoring only)."""
-    nodes = tuple(LayerSlice(n, s, e) for n, (s, e) in
-                  sorted(placement.items(), key=lambda t: (t[1], t[0])))
+    nodes = as_slices(placement, by_layers=True)
     arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(flow.arc_flows.items()) if f > 1e-9)
     return dataclasses.replace(plan, placements=nodes, arc_flows=arcs, prediction=None,
                                max_flow_tokens_per_s=flow.value_tokens_per_s)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 from helix.pipelines import enumerate_pipelines
 from helix.plan import COORDINATOR, Plan
+from helix.slices import as_placement
 from helix.spec import ClusterSpec
 from planner.flowgraph import Placement
 from planner.problem import PlacementProblem
@@ -118,8 +119,8 @@ def decide(spec: ClusterSpec, problem: PlacementProblem, current_plan: Plan, pro
         raise ValueError(f"horizon_s must be > 0, got {horizon_s}")
     if hysteresis < 0:
         raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
-    cur = {p.node: (p.start, p.end) for p in current_plan.placements if p.end > p.start}
-    new = {p.node: (p.start, p.end) for p in proposed_plan.placements if p.end > p.start}
+    cur = as_placement(current_plan.placements, skip_empty=True)
+    new = as_placement(proposed_plan.placements, skip_empty=True)
     now, then = _throughput(current_plan), _throughput(proposed_plan)
     ms = moves(spec, problem, cur, new)
     switch = max((m.load_s for m in ms), default=0.0)

@@ -33,7 +33,7 @@ from typing import Callable
 
 from helix.errors import HelixUserError, InfeasibleError
 from helix.plan import ArcFlow, Plan
-from helix.slices import LayerSlice
+from helix.slices import as_placement, as_slices
 from planner.milp import class_model, paper_model
 from planner.search import construct, local_search
 from planner.search.bounds import fixed_point_bound, layer_counts
@@ -425,7 +425,7 @@ def _regional_milp(problem, best: Candidate, partial, min_k, time_limit_s, threa
                          math.ceil(problem.num_layers / min_k))
         except InfeasibleError:
             continue
-        placement.update({p.node: (p.start, p.end) for p in plan.placements})
+        placement.update(as_placement(plan.placements))
     cand = _evaluate(problem, placement, "regional-milp", partial)
     return cand if cand.value > best.value else best
 
@@ -502,8 +502,7 @@ def _plan(problem, cand: Candidate, bounds: dict[str, float], gap: float, method
               "depth_mean": round(stats.depth_mean, 3), "latency_mean_s": stats.latency_mean_s,
               "latency_max_s": stats.latency_max_s,
               "unused_nodes": sorted(n.name for n in problem.nodes if n.name not in used)}
-    placements = tuple(LayerSlice(n, s, e) for n, (s, e) in
-                       sorted(cand.placement.items(), key=lambda t: (t[1], t[0])))
+    placements = as_slices(cand.placement, by_layers=True)
     arcs = tuple(ArcFlow(u, v, f) for (u, v), f in sorted(cand.flows.arc_flows.items()))
     return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,
                 arc_flows=arcs, max_flow_tokens_per_s=cand.value,

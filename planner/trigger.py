@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from helix.errors import HelixUserError
 from helix.plan import COORDINATOR, Plan
+from helix.slices import as_placement
 from helix.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from planner.build import build_problem, with_serving
 from planner.flowgraph import Placement, with_flow_capacities
@@ -275,8 +276,8 @@ class ReplanTrigger:
 
     def _running(self) -> Placement:
         """The running plan's ranges on the nodes present."""
-        return {p.node: (p.start, p.end) for p in self.plan.placements
-                if p.end > p.start and p.node in self.present}
+        return as_placement((p for p in self.plan.placements if p.node in self.present),
+                            skip_empty=True)
 
     def _capacity(self, mix: WorkloadSpec, problem: PlacementProblem | None = None) -> float:
         """The max flow (tokens/s) of the running placement, on the nodes present, with the cost

@@ -181,6 +181,7 @@ def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max
 
     from coordinator.runtime import RuntimeConfig, WorkerHandle
     from helix.server.elastic import Elastic
+    from helix.slices import as_placement
     from helix.spec import load_cluster
     from tests.builders.elastic import LOCAL3, plan_without
     from tests.builders.stack import local_stack
@@ -218,7 +219,7 @@ def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max
             time.sleep(max(0.0, drain_s + after_s - time.monotonic()))
             end_s = time.monotonic()
             load.stop()
-            placed = {p.node: (p.start, p.end) for p in coord.plan.placements}
+            placed = as_placement(coord.plan.placements)
             return {"join": status.state, "join_s": serving_s - join_s,
                     "placement": ", ".join(f"{n} [{a}, {b})" for n, (a, b) in sorted(placed.items())),
                     "before": load.rate(t0 + 1.0, join_s), "joining": load.rate(join_s, serving_s),

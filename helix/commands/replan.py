@@ -10,6 +10,7 @@ import typer
 
 from helix.commands.drain import _KEY_HELP, _SERVER_HELP, AdminClient, _line
 from helix.errors import HelixUserError
+from helix.slices import LayerSlice, as_placement
 
 
 def nodes(server: str = typer.Option("http://127.0.0.1:8000", "--server", help=_SERVER_HELP),
@@ -39,7 +40,7 @@ def _rng(r) -> str:
 
 def _moves(running: dict, new: dict) -> list[str]:
     def ranges(plan):
-        return {p["node"]: (p["start"], p["end"]) for p in plan["placements"] if p["end"] > p["start"]}
+        return as_placement((LayerSlice(**p) for p in plan["placements"]), skip_empty=True)
     now, then = ranges(running), ranges(new)
     lines = []
     for node in sorted(set(now) | set(then)):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from helix.plan import COORDINATOR, ArcFlow, Plan
-from helix.slices import LayerSlice
+from helix.slices import as_slices
 
 
 def make_plan(num_layers: int, ranges: dict[str, tuple[int, int]],
               flows: dict[tuple[str, str], float], partial_inference: bool = True) -> Plan:
     """A Plan with the given node ranges and arc flows; max flow = total flow out of the source."""
-    placements = tuple(LayerSlice(n, s, e) for n, (s, e) in ranges.items())
+    placements = as_slices(ranges)
     arcs = tuple(ArcFlow(a, b, f) for (a, b), f in flows.items())
     total = sum(f for (a, _), f in flows.items() if a == COORDINATOR)
     return Plan(model="test", num_layers=num_layers, placements=placements, arc_flows=arcs,

@@ -12,7 +12,7 @@ from coordinator.pipeline import RequestInfo
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.schedulers import make_scheduler
 from helix.plan import COORDINATOR, ArcFlow, Plan
-from helix.slices import LayerSlice
+from helix.slices import as_slices
 from planner.flowgraph import capacity_table, max_flow, with_flow_capacities
 from tests.builders.problems import make_node, make_problem
 
@@ -20,7 +20,7 @@ from tests.builders.problems import make_node, make_problem
 def _plan(problem, placement) -> Plan:
     res = max_flow(problem, placement)
     flows = tuple(ArcFlow(a, b, f) for (a, b), f in sorted(res.arc_flows.items()) if f > 0)
-    plan = Plan("tiny", problem.num_layers, tuple(LayerSlice(n, s, e) for n, (s, e) in placement.items()),
+    plan = Plan("tiny", problem.num_layers, as_slices(placement),
                 flows, res.value_tokens_per_s, method="test")
     return with_flow_capacities(plan, problem)
 

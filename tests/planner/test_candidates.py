@@ -14,6 +14,7 @@ from helix.costmodel import CostModel
 from helix.sim.engine import SimConfig
 from helix.sim.run import build_simulator
 from helix.sim.workload import load_azure_trace, resolve_trace
+from helix.slices import as_placement
 from helix.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
@@ -84,7 +85,7 @@ def test_a_candidate_chosen_by_the_prediction_serves_more_than_the_flow_pick():
     again = best_candidate(spec, problem, cost, flow_pick, cand)
     assert chosen.placements == again.placements and chosen.prediction == again.prediction
     assert chosen.extras["chosen_by"] == "prediction: sweep"
-    assert {p.node: (p.start, p.end) for p in chosen.placements} == swept
+    assert as_placement(chosen.placements) == swept
     assert chosen.prediction.prompt_decode_tokens_per_s > \
         flow_pick.prediction.prompt_decode_tokens_per_s * (1 + CANDIDATE_MARGIN)
     kept = chosen.extras["max_flow_placement"]

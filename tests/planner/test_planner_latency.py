@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from helix.slices import as_placement
 from planner import solve
 from planner.flowgraph import max_flow
 from planner.latency import decompose, path_stats
@@ -36,7 +37,7 @@ def test_partial_inference_counts_only_layers_run():
 
 def test_paths_carry_the_whole_flow():
     plan = solve(reference_single24_70b(), "petals", seed=2)
-    flows = max_flow(reference_single24_70b(), {p.node: (p.start, p.end) for p in plan.placements})
+    flows = max_flow(reference_single24_70b(), as_placement(plan.placements))
     total = sum(f for _, f in decompose(flows))
     assert total == pytest.approx(flows.value_tokens_per_s, rel=1e-6)
 

@@ -3,6 +3,7 @@ margin, a minimum interval; deterministic for a clock passed in."""
 
 import pytest
 
+from helix.slices import as_placement
 from helix.spec import parse_cluster
 from planner import predicted
 from planner.trigger import ReplanTrigger, TriggerConfig
@@ -31,7 +32,7 @@ def _minute(trigger: ReplanTrigger, start_s: float, prompt: int, output: int, n:
 
 
 def _layers(plan) -> dict[str, tuple[int, int]]:
-    return {p.node: (p.start, p.end) for p in plan.placements if p.end > p.start}
+    return as_placement(plan.placements, skip_empty=True)
 
 
 def test_alternating_small_mix_changes_cause_no_replan():

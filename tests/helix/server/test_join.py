@@ -21,6 +21,7 @@ from coordinator.runtime import RuntimeConfig
 from helix.cli import main
 from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, start_server
 from helix.server.elastic import Elastic
+from helix.slices import as_placement
 from helix.spec import load_cluster
 
 from tests.builders.cli import helix_env
@@ -138,7 +139,7 @@ def test_a_node_joins_under_load_gets_a_slice_and_traffic_and_nothing_fails(stac
             finish(p, prompts, reference)
         # Traffic reaches the new node after the re-plan; the node is in the plan and the listing.
         assert sum(n for nodes, n in coord.pipeline_counts.items() if "cpu-2" in nodes) > via_new
-        placed = {p.node: (p.start, p.end) for p in coord.plan.placements}
+        placed = as_placement(coord.plan.placements)
         assert "cpu-2" in placed and placed["cpu-2"][1] > placed["cpu-2"][0]
         listed = {n["node"]: n for n in httpx.get(stack.url + "/admin/nodes", timeout=30).json()["nodes"]}
         assert listed["cpu-2"]["state"] == "ok"

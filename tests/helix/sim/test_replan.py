@@ -13,6 +13,7 @@ from helix.sim.elastic import NodeDrain, NodeJoin
 from helix.sim.engine import SimConfig
 from helix.sim.replan import ReplanConfig
 from helix.sim.workload import TraceRequest
+from helix.slices import as_placement
 from helix.spec import parse_cluster
 from planner import predicted
 from planner.build import with_serving
@@ -93,7 +94,7 @@ def test_a_node_that_cannot_hold_both_slices_drains_then_loads():
     assert first["stopped_node_s"] == pytest.approx(
         sum(first["switched_s"] - s["stopped_s"] for s in stopped.values()))
     # The drained node stays out; every other node serves its new slice with its new KV pool.
-    after = {p.node: (p.start, p.end) for p in sim._flow_plan.placements if p.end > p.start}
+    after = as_placement(sim._flow_plan.placements, skip_empty=True)
     assert held[3] in sim.draining and held[3] not in after and len(after) == 10
     for node in after:
         w = sim.workers[node]
