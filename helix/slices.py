@@ -28,11 +28,6 @@ class LayerSlice:
     def num_layers(self) -> int:
         return self.end - self.start
 
-    @property
-    def range(self) -> tuple[int, int]:
-        """``(start, end)``, as a :data:`Placement` maps the node."""
-        return self.start, self.end
-
 
 def as_placement(slices: Iterable[LayerSlice], *, skip_empty: bool = False) -> dict[str, tuple[int, int]]:
     """Node -> ``(start, end)`` of ``slices`` in their order; ``skip_empty``: without the slices
