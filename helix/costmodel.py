@@ -151,7 +151,7 @@ simulator*): at step budgets of 256 (the default) and 512 every case holds (thro
 15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode is overstated by up to 24 % and
 41 % (many thin pipelines through a node: two waves each sum to a wave per request, where the
 simulator's decodes move in platoons that a long prompt step gathers), so those budgets are
-outside ``helix.prediction.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
+outside ``helix.serving.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
 read as the prediction is meant: a steady state at the spec's lengths (lengths drawn from the
 whole trace, the run's second half; the trace in order drifts to ~20 % longer prompts, and the
 first minutes are the fill, every request the KV holds prefilled at once; in the steady state a

@@ -50,7 +50,11 @@ import numpy as np
 from helix.costmodel import CostModel
 from helix.pipelines import PlanPipeline, enumerate_pipelines, hop_usable
 from helix.plan import COORDINATOR, Plan, Prediction
-from helix.serving import UNCHUNKED_STEP_TOKENS
+from helix.serving import (
+    CHECKED_STEP_BUDGETS,
+    DEFAULT_STEP_TOKENS,
+    UNCHUNKED_STEP_TOKENS,
+)
 from helix.slices import LayerSlice, as_placement
 from helix.spec import ClusterSpec
 
@@ -85,16 +89,6 @@ TOLERANCE = 1e-3
 #: requests sits well above the TTFT of a mean prompt when fast pipelines take most requests.
 PROMPT_CV = 0.58
 
-#: Step budgets (``serving.chunk_tokens``) at which the prediction is checked against the
-#: simulator (``scripts/bench_fidelity.py``: within 15 % on throughput and 25 % on TTFT and TPOT
-#: p50 for every case). Elsewhere it errs more (BENCHMARKS.md, *Plan vs simulator*): at 1,024
-#: and 2,048 it overstates decode tokens/s by up to 24 % and 41 % (the simulator's stages step
-#: less often, in bigger waves, than the fixed :data:`DECODE_WAVES` per pipeline gives when many
-#: thin pipelines share a node), and with chunking off (0) it has understated the reference's
-#: 24-stage chain by up to 36 %.
-CHECKED_STEP_BUDGETS = (256, 512)
-
-
 def unchecked_budget_note(chunk_tokens: int) -> str | None:
     """One line for a plan whose step budget lies outside :data:`CHECKED_STEP_BUDGETS` (None
     inside them)."""
@@ -104,7 +98,7 @@ def unchecked_budget_note(chunk_tokens: int) -> str | None:
     return (f"{at} this prediction is unchecked: it holds within 15 % of `helix simulate` at "
             f"{' and '.join(map(str, CHECKED_STEP_BUDGETS))} tokens, and has erred by up to 41 % "
             f"at 1,024-2,048 and with chunking off (BENCHMARKS.md); check the plan with "
-            f"`helix simulate` or plan at the default (256)")
+            f"`helix simulate` or plan at the default ({DEFAULT_STEP_TOKENS})")
 
 
 @dataclass(frozen=True)

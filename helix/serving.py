@@ -17,8 +17,49 @@ from helix.errors import SpecError
 from helix.models import DTYPE_BYTES
 
 
+#: A spec's step token budget (``serving.chunk_tokens``) when it sets none or says ``auto``; why
+#: 256: :attr:`ServingSpec.chunk_tokens`. A prompt-heavy workload raises it (``helix.spec``).
+DEFAULT_STEP_TOKENS = 256
+
+#: A worker engine's step budget when nothing configures it (an engine built on its own: tests,
+#: benchmarks), and so what the workers of plans written before ``serving.chunk_tokens`` existed
+#: ran with: a plan's serving section without the field reads as this. Not
+#: :data:`DEFAULT_STEP_TOKENS`, which would change how such plans serve.
+ENGINE_STEP_TOKENS = 512
+
 #: A step's token budget when chunked prefill is off (``chunk_tokens: 0``).
 UNCHUNKED_STEP_TOKENS = 2048
+
+#: Step budgets at which the prediction is checked against the simulator
+#: (``scripts/bench_fidelity.py``: within 15 % on throughput and 25 % on TTFT and TPOT p50 for
+#: every case), and so those the planner chooses among for ``chunk_tokens: auto``
+#: (``planner.budget``). Elsewhere it errs more (BENCHMARKS.md, *Plan vs simulator*): at 1,024
+#: and 2,048 it overstates decode tokens/s by up to 24 % and 41 % (the simulator's stages step
+#: less often, in bigger waves, than the fixed ``DECODE_WAVES`` per pipeline gives when many thin
+#: pipelines share a node) while the simulator serves 29-40 % less than at 256 on every 70B case,
+#: so choosing by it could only pick them wrongly; with chunking off (0) it has understated the
+#: reference's 24-stage chain by up to 36 %.
+CHECKED_STEP_BUDGETS = (256, 512)
+
+#: ``serving.chunk_tokens: auto``: the planner chooses the step budget.
+AUTO_STEP_BUDGET = "auto"
+
+
+def sets_step_budget(serving: dict) -> bool:
+    """Whether a spec's ``serving:`` mapping as written sets its step budget: ``chunk_tokens`` is
+    there and not ``auto`` (a number, or a value the field refuses)."""
+    return serving.get("chunk_tokens", AUTO_STEP_BUDGET) != AUTO_STEP_BUDGET
+
+
+def resolve_step_budget(serving: dict, default: int = DEFAULT_STEP_TOKENS) -> dict:
+    """A spec's ``serving:`` mapping as written, with its step budget resolved: ``chunk_tokens``
+    unset is ``default``; ``auto`` is ``default`` too (the budget the placement is searched with)
+    and sets ``choose_chunk_tokens`` (the planner chooses the budget); a set budget stays as
+    written (:func:`sets_step_budget`; the field validates it)."""
+    if sets_step_budget(serving):
+        return serving
+    chosen = {"choose_chunk_tokens": True} if "chunk_tokens" in serving else {}   # auto
+    return {**serving, "chunk_tokens": default, **chosen}
 
 
 class _Frozen(BaseModel):
@@ -40,7 +81,7 @@ class ServingSpec(_Frozen):
     this fraction of the node's pool (Helix section 5)."""
     block_size_tokens: int = Field(16, ge=1)
     """Positions per block of a worker's paged KV cache."""
-    chunk_tokens: int = Field(256, ge=0)
+    chunk_tokens: int = Field(DEFAULT_STEP_TOKENS, ge=0)
     """Token budget of a worker step (decodes + prefill chunks: chunked prefill, Sarathi); 0 =
     whole prompts (Orca), a step then takes up to :data:`UNCHUNKED_STEP_TOKENS` tokens and a
     longer prompt runs alone. 256, not vLLM's 2048: in deep pipelines a long prompt step holds up
@@ -50,21 +91,18 @@ class ServingSpec(_Frozen):
     more again than 512 on all four, with every prediction figure within its target at 256;
     ``chunk_tokens: auto`` picks 256 on all four plans. ``auto``
     has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`) among those
-    it is checked at (``helix.prediction.CHECKED_STEP_BUDGETS``: 256 and 512)."""
+    it is checked at (:data:`CHECKED_STEP_BUDGETS`: 256 and 512)."""
     choose_chunk_tokens: bool | None = None
     """True when the spec says ``chunk_tokens: auto``: ``helix plan`` predicts its placement at
-    each budget of :data:`planner.budget.CANDIDATES` and writes the one with the most decode
+    each budget of :data:`CHECKED_STEP_BUDGETS` and writes the one with the most decode
     tokens/s into the plan's serving section, which the simulator and ``helix serve`` then run
     with (``chunk_tokens`` is then only the budget the placement is searched with). None: the
     spec's budget is kept."""
 
     @model_validator(mode="before")
     @classmethod
-    def _auto_budget(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("chunk_tokens") == "auto":
-            data = {**data, "chunk_tokens": cls.model_fields["chunk_tokens"].default,
-                    "choose_chunk_tokens": True}
-        return data
+    def _step_budget(cls, data: object) -> object:
+        return resolve_step_budget(data) if isinstance(data, dict) else data
     adapter_cache_bytes: int = Field(2**30, ge=1)
     """Bytes each worker may hold of registered fine-tuned tasks made ready from disk (an LRU
     cache of packed adapters, on the worker's device: :mod:`worker.adapter_cache`), beside its
@@ -83,9 +121,9 @@ class ServingLimits(_Frozen):
     max_batch_seqs: int = Field(ge=1)
     kv_high_water: float = Field(gt=0, le=1)
     block_size_tokens: int = Field(ge=1)
-    chunk_tokens: int = Field(512, ge=0)
+    chunk_tokens: int = Field(ENGINE_STEP_TOKENS, ge=0)
     """Step token budget (chunked prefill); 0 = whole prompts. The default is what workers of plans
-    written before this field ran with (the engine's own 512)."""
+    written before this field ran with (the engine's own, :data:`ENGINE_STEP_TOKENS`)."""
     adapter_cache_bytes: int = Field(ServingSpec().adapter_cache_bytes, ge=1)
     kv_capacity_tokens: dict[str, int]
     """Node -> tokens of KV its pool holds on every layer of its slice; the worker's pool is this

@@ -36,7 +36,7 @@ from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
 from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
 from helix.plan import COORDINATOR
 from helix.profiles import MeasuredProfile, load_profile
-from helix.serving import ServingSpec
+from helix.serving import DEFAULT_STEP_TOKENS, ServingSpec, resolve_step_budget, sets_step_budget
 from helix.spec_errors import expand_node_groups, first_error, point_at_entries
 from helix.yamlio import read_yaml
 from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
@@ -390,8 +390,9 @@ def _default_step_budget(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     serving = data.get("serving")
-    if serving is not None and not (isinstance(serving, dict)
-                                    and serving.get("chunk_tokens", "auto") == "auto"):
+    if serving is None:
+        serving = {}
+    if not isinstance(serving, dict) or sets_step_budget(serving):
         return data
     workload = data.get("workload") or {}
     fields = WorkloadSpec.model_fields
@@ -401,13 +402,9 @@ def _default_step_budget(data: Any) -> Any:
             float(workload.get("mean_output_tokens", fields["mean_output_tokens"].default)))
     except (AttributeError, TypeError, ValueError, ZeroDivisionError, OverflowError):
         return data   # the workload's own validation says what is wrong with it
-    if need <= ServingSpec.model_fields["chunk_tokens"].default:
+    if need <= DEFAULT_STEP_TOKENS:
         return data
-    serving = dict(serving or {})
-    if serving.pop("chunk_tokens", None) == "auto":
-        serving["choose_chunk_tokens"] = True
-    serving["chunk_tokens"] = 1 << (need - 1).bit_length()
-    return {**data, "serving": serving}
+    return {**data, "serving": resolve_step_budget(serving, 1 << (need - 1).bit_length())}
 
 
 def _check_step_budget(spec: ClusterSpec) -> None:

@@ -3,9 +3,10 @@
 A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behind a long prompt
 step at every stage they cross (the convoy of :mod:`helix.prediction`), but a prompt takes more
 steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
-chose (routing and all) at each budget of :data:`CANDIDATES` that holds a decode with its share
-of prompt tokens (:func:`helix.spec.step_budget_floor`) and keeps the one with the most decode
-tokens/s (ties: the larger budget). Deterministic; the placement itself is not searched again.
+chose (routing and all) at each budget the prediction is checked at
+(:data:`helix.serving.CHECKED_STEP_BUDGETS`) that holds a decode with its share of prompt tokens
+(:func:`helix.spec.step_budget_floor`) and keeps the one with the most decode tokens/s (ties: the
+larger budget). Deterministic; the placement itself is not searched again.
 """
 
 from __future__ import annotations
@@ -15,15 +16,9 @@ import dataclasses
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
-from helix.prediction import CHECKED_STEP_BUDGETS, predict
+from helix.prediction import predict
+from helix.serving import CHECKED_STEP_BUDGETS
 from helix.spec import ClusterSpec, step_budget_floor
-
-#: Budgets the planner predicts (tokens per step): those the prediction is checked at
-#: (``helix.prediction.CHECKED_STEP_BUDGETS``). 1,024 and 2,048 were candidates too, but there the
-#: prediction overstates the simulator by up to 24 % and 41 % while the simulator serves less than
-#: at 256 on every 70B case (BENCHMARKS.md, *Plan vs simulator*): choosing by it could only pick
-#: them wrongly.
-CANDIDATES = CHECKED_STEP_BUDGETS
 
 
 def at_budget(spec: ClusterSpec, chunk_tokens: int) -> ClusterSpec:
@@ -34,7 +29,7 @@ def at_budget(spec: ClusterSpec, chunk_tokens: int) -> ClusterSpec:
 
 
 def predictions(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
-                candidates: tuple[int, ...] = CANDIDATES) -> dict[int, Prediction]:
+                candidates: tuple[int, ...] = CHECKED_STEP_BUDGETS) -> dict[int, Prediction]:
     """The plan's prediction at each budget of ``candidates``."""
     out = {}
     for chunk in candidates:
@@ -44,7 +39,7 @@ def predictions(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
 
 
 def choose(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
-           candidates: tuple[int, ...] = CANDIDATES) -> tuple[int, dict[int, Prediction]]:
+           candidates: tuple[int, ...] = CHECKED_STEP_BUDGETS) -> tuple[int, dict[int, Prediction]]:
     """(the budget with the most predicted decode tokens/s, ties to the larger one; every
     budget's prediction)."""
     by_budget = predictions(spec, plan, model, candidates)
@@ -59,8 +54,8 @@ def apply(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None) -> Plan
     if not spec.serving.choose_chunk_tokens:
         return plan
     floor = step_budget_floor(spec.workload.mean_prompt_tokens, spec.workload.mean_output_tokens)
-    best, by_budget = choose(spec, plan, model, tuple(c for c in CANDIDATES if c >= floor)
-                             or (spec.serving.chunk_tokens,))
+    fitting = tuple(c for c in CHECKED_STEP_BUDGETS if c >= floor)
+    best, by_budget = choose(spec, plan, model, fitting or (spec.serving.chunk_tokens,))
     serving = None if plan.serving is None else \
         plan.serving.model_copy(update={"chunk_tokens": best})
     return dataclasses.replace(plan, serving=serving, prediction=by_budget[best], extras={

@@ -46,6 +46,7 @@ from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.sim.workload import poisson_workload
 from helix.spec import WorkloadSpec, load_cluster
+from planner.budget import at_budget
 from planner.predicted import plan as plan_for_users
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -128,18 +129,12 @@ def _err(pred: float | None, got: float | None) -> str:
     return f"{(pred - got) / got * 100:+.0f} %"
 
 
-def with_chunk_tokens(spec, chunk_tokens: int | None):
-    """``spec`` with the step token budget ``chunk_tokens`` (None: as the spec has it)."""
-    if chunk_tokens is None:
-        return spec
-    return spec.model_copy(update={"serving": spec.serving.model_copy(
-        update={"chunk_tokens": chunk_tokens})})
-
-
 def fidelity(name: str, duration_s: float, time_limit_s: float,
              chunk_tokens: int | None = None) -> tuple[list[str], dict]:
     cluster, model = CASES[name]
-    spec = with_chunk_tokens(spec_of(cluster, model), chunk_tokens)
+    spec = spec_of(cluster, model)
+    if chunk_tokens is not None:
+        spec = at_budget(spec, chunk_tokens)
     t0 = time.perf_counter()
     plan = plan_for_users(spec, "milp", time_limit_s=time_limit_s, threads=1)
     plan_s = time.perf_counter() - t0

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from helix.serving import CHECKED_STEP_BUDGETS
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.spec import load_cluster
@@ -118,7 +119,7 @@ def chunking(plan_spec, duration_s: float) -> list[str]:
     lines = [("| geo24 offline, milp + helix | decode tok/s | TTFT p50 / p99 ms | "
               "decode ms/token mean / p99 | ITL p50 / p99 ms | preemptions |"),
              "|---|---|---|---|---|---|"]
-    for chunk in (0, 256, 512):
+    for chunk in (0, *CHECKED_STEP_BUDGETS):   # off, and the budgets the prediction is checked at
         r = simrun.simulate(spec, plans["milp"], workload,
                             SimConfig(duration_s=duration_s, chunk_tokens=chunk), "helix")
         print(f"geo24 chunk {chunk}: {r.decode_throughput_tokens_per_s:.1f} tok/s, ITL p99 "

@@ -33,7 +33,7 @@ from helix.errors import USER_FAILURE, HelixUserError
 from helix.gguf import checkpoint_folder
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
-from helix.serving import ServingSpec
+from helix.serving import ENGINE_STEP_TOKENS, ServingSpec
 from worker.adapter_cache import NoRoom
 from worker.adapter_registry import AdapterRegistry
 from worker.adapter_stack import StackCache
@@ -75,7 +75,7 @@ class EngineConfig:
     """KV blocks of the pool; None = derive from ``kv_budget_bytes``."""
     kv_budget_bytes: int = 256 * 2**20
     max_num_seqs: int = _SERVING.max_batch_seqs
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = ENGINE_STEP_TOKENS
     chunked_prefill: bool = True
     dtype: str = "float32"
     device: str | None = None

@@ -60,7 +60,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from helix.errors import HelixUserError
-from helix.serving import ServingSpec
+from helix.serving import ENGINE_STEP_TOKENS, ServingSpec
 from worker.kv_blocks import KVBlockManager
 
 
@@ -70,7 +70,7 @@ class PolicyConfig:
 
     max_num_seqs: int = ServingSpec().max_batch_seqs
     """Most requests in one step (decodes + prefill chunks): the plan's ``max_batch_seqs``."""
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = ENGINE_STEP_TOKENS
     """Token budget of one step (decode tokens + prefill chunk tokens)."""
     chunked_prefill: bool = True
     """Cut prompts into chunks that fill the budget (Sarathi); False = whole prompts only (Orca)."""

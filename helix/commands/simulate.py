@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from helix.errors import HelixUserError
+from helix.serving import DEFAULT_STEP_TOKENS
 
 
 def _summary_table(results, title: str):
@@ -57,8 +58,9 @@ def simulate(
     duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done)."),
     chunk_tokens: Optional[int] = typer.Option(
         None, "--chunk-tokens", help="Chunked-prefill token budget per step (0 = off: whole "
-        "prompts); default: the spec's serving.chunk_tokens (256 unless the spec sets it or its "
-        "prompts need more), what helix serve runs."),
+        "prompts); default: the spec's serving.chunk_tokens "
+        f"({DEFAULT_STEP_TOKENS} unless the spec sets it or its prompts need more), what helix serve "
+        "runs."),
     high_water: Optional[float] = typer.Option(None, "--high-water", help="KV high-water mark for "
                                                "masking (default: the spec's serving.kv_high_water)."),
     link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "

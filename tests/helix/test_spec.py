@@ -198,3 +198,23 @@ def test_the_default_step_budget_follows_a_prompt_heavy_workload():
         parse_cluster({**base, "serving": {"chunk_tokens": 512}})
     default = parse_cluster(yaml.safe_load((CLUSTER_SPECS / "single24.yaml").read_text()))
     assert default.serving.chunk_tokens == 256
+
+
+def test_the_step_budget_is_read_in_one_place():
+    """``serving.chunk_tokens`` as written: unset and ``auto`` take the default (``auto`` also has
+    the planner choose); a number, or a value the field then refuses, stays as written. A plan's
+    serving section without it reads as the engine's own budget (plans written before the field)."""
+    from helix import serving
+    assert serving.resolve_step_budget({}) == {"chunk_tokens": serving.DEFAULT_STEP_TOKENS}
+    assert serving.resolve_step_budget({"chunk_tokens": "auto"}, 1024) == \
+        {"chunk_tokens": 1024, "choose_chunk_tokens": True}
+    for written in (0, 512, None, "lots"):
+        assert serving.sets_step_budget({"chunk_tokens": written})
+        assert serving.resolve_step_budget({"chunk_tokens": written}) == {"chunk_tokens": written}
+    assert serving.ServingSpec().chunk_tokens == serving.DEFAULT_STEP_TOKENS == 256
+    assert serving.ServingSpec(chunk_tokens="auto").choose_chunk_tokens
+    assert serving.ServingSpec(chunk_tokens=512).choose_chunk_tokens is None
+    old = serving.ServingLimits.from_dict({"dtype": "float16", "gpu_memory_utilization": 0.9,
+                                   "max_batch_seqs": 8, "kv_high_water": 0.9,
+                                   "block_size_tokens": 16, "kv_capacity_tokens": {}})
+    assert old.chunk_tokens == serving.ENGINE_STEP_TOKENS == 512

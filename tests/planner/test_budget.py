@@ -8,6 +8,7 @@ import yaml
 from helix.cli import main
 from helix.plan import ArcFlow, Plan
 from helix.prediction import predict
+from helix.serving import CHECKED_STEP_BUDGETS
 from helix.slices import LayerSlice
 from helix.spec import ClusterSpec
 from planner import budget
@@ -41,11 +42,11 @@ def test_auto_writes_the_best_predicted_budget_into_the_plan():
     best = plan.extras["chunk_tokens_chosen"]
     assert plan.serving.chunk_tokens == best
     # Each candidate's figure is the prediction at that budget, and the chosen one is the best.
-    for chunk in budget.CANDIDATES:
+    for chunk in CHECKED_STEP_BUDGETS:
         at = budget.at_budget(spec, chunk)
         decode = predict(at, plan)[0].decode_tokens_per_s
         assert plan.extras["chunk_tokens_predicted"][str(chunk)] == pytest.approx(decode, abs=0.05)
-    assert best == max(budget.CANDIDATES,
+    assert best == max(CHECKED_STEP_BUDGETS,
                        key=lambda c: (plan.extras["chunk_tokens_predicted"][str(c)], c))
     assert plan.prediction == predict(budget.at_budget(spec, best), plan)[0]
     # The simulator and helix serve run with the plan's budget (serving_limits reads it back).
@@ -82,7 +83,7 @@ def test_helix_plan_says_which_budget_and_why(tmp_path, capsys):
     assert "step budget" in text and "chunk_tokens: auto" in text
     written = Plan.load(out)
     assert written.serving.chunk_tokens == written.extras["chunk_tokens_chosen"]
-    for chunk in budget.CANDIDATES:
+    for chunk in CHECKED_STEP_BUDGETS:
         assert f"{chunk}: " in text
 
 
@@ -101,4 +102,4 @@ def test_helix_plan_cautions_outside_the_checked_budgets(tmp_path, capsys, chunk
     if caution:
         at = "with chunking off" if chunk == 0 else f"at a step budget of {chunk:,}"
         assert f"{at} this prediction is unchecked" in text
-    assert budget.CANDIDATES == (256, 512)
+    assert CHECKED_STEP_BUDGETS == (256, 512)
