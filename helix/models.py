@@ -23,6 +23,14 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
+def known_dtype(value: str) -> str:
+    """``value`` when it names a dtype of :data:`DTYPE_BYTES`; ValueError naming the known ones
+    otherwise (the spec's and the plan's ``dtype`` fields validate with it)."""
+    if value not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
+    return value
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of a LLaMA-family decoder-only model (field names follow Hugging Face's config)."""

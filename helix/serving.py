@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from helix.errors import SpecError
-from helix.models import DTYPE_BYTES
+from helix.models import known_dtype
 
 
 #: A spec's step token budget (``serving.chunk_tokens``) when it sets none or says ``auto``; why
@@ -132,9 +132,7 @@ class ServingLimits(_Frozen):
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
-        if value not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
-        return value
+        return known_dtype(value)
 
     @classmethod
     def of(cls, serving: ServingSpec, dtype: str,

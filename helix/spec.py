@@ -33,7 +33,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
 
 from helix.errors import SpecError
 from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
-from helix.models import DTYPE_BYTES, ModelSpec, resolve_model
+from helix.models import DTYPE_BYTES, ModelSpec, known_dtype, resolve_model
 from helix.plan import COORDINATOR
 from helix.profiles import MeasuredProfile, load_profile
 from helix.serving import DEFAULT_STEP_TOKENS, ServingSpec, resolve_step_budget, sets_step_budget
@@ -256,9 +256,7 @@ class ClusterSpec(_Frozen):
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
-        if value not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_BYTES)}")
-        return value
+        return known_dtype(value)
 
     @field_validator("nodes", mode="before")
     @classmethod
