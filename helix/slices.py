@@ -29,14 +29,17 @@ class LayerSlice:
         return self.end - self.start
 
 
-def as_placement(slices: Iterable[LayerSlice], *, skip_empty: bool = False) -> dict[str, tuple[int, int]]:
+def as_placement(slices: Iterable[LayerSlice], *,
+                 skip_empty: bool = False) -> dict[str, tuple[int, int]]:
     """Node -> ``(start, end)`` of ``slices`` in their order; ``skip_empty``: without the slices
-    that hold no layer (a plan lists its unused nodes with ``start == end``)."""
+    that hold no layer (``start == end``)."""
     return {s.node: (s.start, s.end) for s in slices if not skip_empty or s.end > s.start}
 
 
 def as_slices(placement: Placement, *, by_layers: bool = False) -> tuple[LayerSlice, ...]:
     """The slices of ``placement``, in its order, or with ``by_layers`` sorted by ``(start, end,
     node)`` (the order a plan file lists them in)."""
-    items = sorted(placement.items(), key=lambda t: (t[1], t[0])) if by_layers else placement.items()
+    items = placement.items()
+    if by_layers:
+        items = sorted(items, key=lambda t: (t[1], t[0]))
     return tuple(LayerSlice(n, s, e) for n, (s, e) in items)
