@@ -51,7 +51,7 @@ class ServingSpec(_Frozen):
     every prediction figure within its target there (at 512 hetero42's throughput and geo24's
     TTFT sat at or past the edge); ``chunk_tokens: auto`` picked 256 on all four plans. ``auto``
     has the planner choose the budget by the prediction (:attr:`choose_chunk_tokens`) among those
-    it is checked at (``helix.prediction.CHECKED_STEP_BUDGETS``: 256 and 512)."""
+    it is checked at (``planner.prediction.CHECKED_STEP_BUDGETS``: 256 and 512)."""
     choose_chunk_tokens: bool | None = None
     """True when the spec says ``chunk_tokens: auto``: ``helix plan`` predicts its placement at
     each budget of :data:`planner.budget.CANDIDATES` and writes the one with the most decode

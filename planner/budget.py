@@ -1,7 +1,7 @@
 """The step token budget (``serving.chunk_tokens``) chosen by the prediction (``chunk_tokens: auto``).
 
 A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behind a long prompt
-step at every stage they cross (the convoy of :mod:`helix.prediction`), but a prompt takes more
+step at every stage they cross (the convoy of :mod:`planner.prediction`), but a prompt takes more
 steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
 chose (routing and all) at each budget of :data:`CANDIDATES` that holds a decode with its share
 of prompt tokens (:func:`helix.spec.step_budget_floor`) and keeps the one with the most decode
@@ -15,11 +15,11 @@ import dataclasses
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
-from helix.prediction import CHECKED_STEP_BUDGETS, predict
+from planner.prediction import CHECKED_STEP_BUDGETS, predict
 from helix.spec import ClusterSpec, step_budget_floor
 
 #: Budgets the planner predicts (tokens per step): those the prediction is checked at
-#: (``helix.prediction.CHECKED_STEP_BUDGETS``). 1,024 and 2,048 were candidates too, but there the
+#: (``planner.prediction.CHECKED_STEP_BUDGETS``). 1,024 and 2,048 were candidates too, but there the
 #: prediction overstates the simulator by up to 24 % and 41 % while the simulator serves 29-40 %
 #: less than at 256 on every 70B case (BENCHMARKS.md, *Step budgets above 512*): choosing by it
 #: could only pick them wrongly.

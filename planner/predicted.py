@@ -5,7 +5,7 @@ a pipeline depends on the pipelines (``helix.costmodel``, *Inside a pipeline*). 
 ``planner.solve``:
 
 1. solve with T(k) (a node batching every request its KV holds);
-2. predict the plan (``helix.prediction``): how long a request stays in each pipeline;
+2. predict the plan (``planner.prediction``): how long a request stays in each pipeline;
 3. give every node the capacity Little's law allows with that stay,
    ``min(T(k), M(k) (p + o) / stay)`` for every k (its pipelines' mean stay, weighted by requests;
    the plan's mean for a node left out), and solve again;
@@ -60,7 +60,7 @@ from helix.costmodel import CostModel
 from helix.errors import InfeasibleError
 from helix.models import ModelSpec
 from helix.plan import Plan
-from helix.prediction import NoFixedPoint, PipelineState, predict
+from planner.prediction import NoFixedPoint, PipelineState, predict
 from helix.spec import ClusterSpec
 from helix.plan import COORDINATOR, ArcFlow, NodePlacement
 from planner.build import build_problem

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from helix.costmodel import CostModel  # noqa: E402
-from helix.prediction import predict  # noqa: E402
+from planner.prediction import predict  # noqa: E402
 from helix.sim import run as simrun  # noqa: E402
 from helix.sim.engine import SimConfig  # noqa: E402
 from helix.sim.workload import poisson_workload  # noqa: E402

@@ -433,17 +433,18 @@ def scale_one(nodes: int, args) -> dict:
     t2 = time.perf_counter()
     # What `helix plan` adds: the routing users get the most from, and its prediction; how many
     # evaluations each of the prediction's fixed points took (offline per routing, online once).
-    import helix.prediction
     from helix.costmodel import CostModel
     from planner.predicted import best_routing
+    from planner.prediction import MAX_ITERATIONS
+    from planner.prediction.model import Model
     evaluations: list[int] = []
-    solve_fixed_point = helix.prediction._Model.solve
+    solve_fixed_point = Model.solve
 
     def counted(model, in_flight_of):
         out = solve_fixed_point(model, in_flight_of)
         evaluations.append(model.iterations[-1])
         return out
-    helix.prediction._Model.solve = counted
+    Model.solve = counted
     predicted, _ = best_routing(spec, problem, plan, CostModel.for_cluster(spec))
     e = plan.extras
     row = {"nodes": nodes, "regions": SCALE_REGIONS, "build_s": t1 - t0, "solve_s": t2 - t1,
@@ -454,7 +455,7 @@ def scale_one(nodes: int, args) -> dict:
            "gap": plan.gap, "status": e.get("status"), "bound_from": e.get("bound_source"),
            "found_by": e.get("found_by"), "placed": len(plan.placements),
            "fixed_points": len(evaluations), "evaluations_max": max(evaluations, default=0),
-           "capped": sum(n >= helix.prediction.MAX_ITERATIONS for n in evaluations)}
+           "capped": sum(n >= MAX_ITERATIONS for n in evaluations)}
     print(json.dumps(row), flush=True)
     return row
 
@@ -547,7 +548,7 @@ SCALE_NOTES = [
     "`helix plan` on the 1,000-node cluster took longer than the planner: the prediction's path x",
     "node matrices were dense (thousands of paths x 1,000 nodes, up to 2N+1 filling steps) and",
     "each routing phase rebuilt all 10^6 links: 241 s of the 255 s `helix plan`'s steps took (load",
-    "~3). Now sparse (`helix.prediction.Incidence`, same predictions to 6e-15) and only the arcs",
+    "~3). Now sparse (`planner.prediction.incidence.Incidence`, same predictions to 6e-15) and only the arcs",
     "with flow updated: `helix plan /tmp/c1000.yaml --gap 0.03 --threads 1 -o plan.yaml` ran in",
     "74 s wall, 367 MiB peak, at load average 5.3 (plan.yaml 5.7 MB).",
     "",
@@ -558,7 +559,7 @@ SCALE_NOTES = [
     "third of the nodes swung between two batches (period 2) until the 60-iteration cap. A routing's",
     "prediction was one phase of that cycle (300-node Swarm plan: 17,422 tokens/s when stopped at 60",
     "iterations, 38,001 at 61, fixed point 27,442; its other routings up to 37 % below theirs), and",
-    "the routing chosen by comparing such numbers was arbitrary. Now `helix.prediction._Mixer` mixes",
+    "the routing chosen by comparing such numbers was arbitrary. Now `planner.prediction.fixed_point.Mixer` mixes",
     "batches and rates together (damped per coordinate, Anderson-accelerated near the fixed point;",
     "the argument is in its docstring). Last column: fixed points solved (offline per routing with",
     "pipelines, then the chosen routing's offline and online) / most evaluations any took / how many",

@@ -268,7 +268,7 @@ def _bound_label(plan) -> str:
 
 
 def _prediction_lines(plan) -> list[str]:
-    """What users get (helix.prediction), beside the max flow of the inner model."""
+    """What users get (planner.prediction), beside the max flow of the inner model."""
     pr = plan.prediction
     if pr is None:
         return []
@@ -300,11 +300,23 @@ def _summary(plan) -> str:
 
 def _caution_line(plan) -> list[str]:
     """Where the plan's step budget lies outside those the prediction is checked at."""
-    from helix.prediction import unchecked_budget_note
     if plan.prediction is None or plan.serving is None:
         return []
     note = unchecked_budget_note(plan.serving.chunk_tokens)
     return [] if note is None else [f"caution    {note}"]
+
+
+def unchecked_budget_note(chunk_tokens: int) -> str | None:
+    """One line for a plan whose step budget lies outside the prediction's
+    :data:`~planner.prediction.CHECKED_STEP_BUDGETS` (None inside them)."""
+    from planner.prediction import CHECKED_STEP_BUDGETS
+    if chunk_tokens in CHECKED_STEP_BUDGETS:
+        return None
+    at = "with chunking off" if chunk_tokens == 0 else f"at a step budget of {chunk_tokens:,}"
+    return (f"{at} this prediction is unchecked: it holds within 15 % of `helix simulate` at "
+            f"{' and '.join(map(str, CHECKED_STEP_BUDGETS))} tokens, and has erred by up to 41 % "
+            f"at 1,024-2,048 and with chunking off (BENCHMARKS.md); check the plan with "
+            f"`helix simulate` or plan at the default (256)")
 
 
 def _budget_line(extras) -> list[str]:
@@ -333,7 +345,7 @@ def _compare_table(problem, methods, plans):
               "decode: tokens/s at saturation; TTFT, TPOT: p50 s at 75 % of it)",
               caption="".join(f"* bound only for {s}" for s in sorted(scopes)) or None)
     # predicted: prompt + decode tokens/s at saturation, decode: its decode part; TTFT and TPOT:
-    # p50 seconds at 75 % of it (helix.prediction); max flow and bound: the inner flow model.
+    # p50 seconds at 75 % of it (planner.prediction); max flow and bound: the inner flow model.
     cols = ("method", "predicted", "decode", "TTFT", "TPOT", "max flow", "bound", "gap", "status",
             "s")
     for col in cols:

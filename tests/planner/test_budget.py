@@ -7,10 +7,10 @@ import yaml
 
 from helix.cli import main
 from helix.plan import ArcFlow, NodePlacement, Plan
-from helix.prediction import predict
 from helix.spec import ClusterSpec
 from planner import budget
 from planner.build import serving_limits, with_serving
+from planner.prediction import predict
 
 REPO = Path(__file__).resolve().parents[2]
 

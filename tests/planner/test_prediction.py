@@ -1,4 +1,4 @@
-"""The pipeline-aware prediction (helix.prediction): a hand-computed 2-stage pipeline, the pipeline
+"""The pipeline-aware prediction (planner.prediction): a hand-computed 2-stage pipeline, the pipeline
 enumeration, the planner's outer loop (terminates, deterministic) and the prediction in plan files."""
 
 import json
@@ -12,9 +12,10 @@ from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
 from helix.plan import ArcFlow, NodePlacement, Plan
-from helix.prediction import (DECODE_WAVES, PROMPT_CV, _Model, convoy_delay_s, online_rates,
-                               predict, scheduler_fallback)
 from helix.spec import ClusterSpec
+from planner.prediction import DECODE_WAVES, PROMPT_CV, online_rates, predict
+from planner.prediction.fallback import scheduler_fallback
+from planner.prediction.model import Model, convoy_delay_s
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
@@ -240,7 +241,7 @@ def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 0.5),
                            ArcFlow("a", "c", 0.5), ArcFlow("b", "coordinator", 0.5),
                            ArcFlow("c", "coordinator", 0.5)), max_flow_tokens_per_s=1.0)
-    model = _Model(spec, plan, CostModel.for_cluster(spec))
+    model = Model(spec, plan, CostModel.for_cluster(spec))
     assert len(model.paths) == 2
     p, o, batch, rate = 400.0, 100.0, 4.0, np.array([0.3, 0.3])
 
@@ -258,11 +259,11 @@ def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
 
 
 def test_sparse_incidence_matches_dense_numpy():
-    """helix.prediction.Incidence (paths x nodes as nonzero entries) computes what the dense arrays
+    """planner.prediction.incidence.Incidence (paths x nodes as nonzero entries) computes what the dense arrays
     did: products both ways, column scaling, columns touched by a row mask, row maxima."""
     import numpy as np
 
-    from helix.prediction import Incidence
+    from planner.prediction.incidence import Incidence
     rng = np.random.default_rng(3)
     for shape in ((1, 1), (7, 4), (40, 25)):
         dense = (rng.random(shape) < 0.3).astype(float)
