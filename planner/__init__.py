@@ -8,7 +8,8 @@ evaluates any placement with the same flow graph the planner uses.
 
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.problem import COORDINATOR, Link, NodeCapacity, PlacementProblem
-from planner.solve import METHODS, solve
+from planner.options import METHODS
+from planner.solve import solve
 from planner.milp.solvers import SOLVERS
 
 __all__ = ["solve", "METHODS", "SOLVERS", "max_flow", "FlowResult", "Placement", "PlacementProblem",

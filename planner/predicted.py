@@ -68,7 +68,8 @@ from planner.flowgraph import max_flow
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS, swarm
 from planner.search.kv_stages import chain_placements, region_partitions
-from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
+from planner.options import PlanOptions
+from planner.solve import evaluate as evaluate_placement, exact_status, solve
 
 log = logging.getLogger("helix.planner")
 
@@ -257,7 +258,7 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
     assert best is not None
     best = dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})
     if scored:
-        min_k = min_layers_for_depth(problem.num_layers, solve_kwargs.get("max_depth"))
+        min_k = PlanOptions(max_depth=solve_kwargs.get("max_depth")).min_layers(problem.num_layers)
         candidates = [("swarm", swarm(problem))]
         reserved = reserved_problem(problem, spec, cost, cost.serving.max_batch_seqs)
         if reserved is not None:

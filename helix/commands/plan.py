@@ -65,11 +65,12 @@ def plan_command(
     from planner import budget
     from planner.build import build_problem, with_serving
     from planner.flowgraph import with_flow_capacities
-    from planner.solve import check_options
+    from planner.options import PlanOptions
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     # Bad options fail now, in one line, not after a minute of solving.
-    check_options(time_limit_s=time_limit, threads=threads, gap=gap, max_depth=max_depth)
+    PlanOptions(method=method, solver=solver, time_limit_s=time_limit, gap=gap, threads=threads,
+                seed=seed, max_depth=max_depth, partial_inference=not no_partial)
     _check_output_path(output, "-o")
     _check_output_path(draw, "--draw", suffix=(".png", ".svg", ".pdf", ".html"))
     spec = load_cluster(cluster)
