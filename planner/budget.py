@@ -15,7 +15,8 @@ import dataclasses
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
-from planner.prediction import CHECKED_STEP_BUDGETS, predict
+from planner.predicted import predict_plan
+from planner.prediction import CHECKED_STEP_BUDGETS
 from helix.spec import ClusterSpec, step_budget_floor
 
 #: Budgets the planner predicts (tokens per step): those the prediction is checked at
@@ -39,7 +40,7 @@ def predictions(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
     out = {}
     for chunk in candidates:
         at = at_budget(spec, chunk)
-        out[chunk] = predict(at, plan, CostModel.for_cluster(at, model))[0]
+        out[chunk] = predict_plan(at, plan, CostModel.for_cluster(at, model))[0]
     return out
 
 

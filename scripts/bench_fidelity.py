@@ -2,8 +2,8 @@
 
 For each case (LLaMA-2 70B on single24, geo24, hetero42; LLaMA-1 30B on single24):
 
-1. plan it as ``helix plan`` does (``planner.predicted.plan``: the placement with the highest
-   predicted throughput) and read its prediction;
+1. plan it as ``helix plan`` does (``planner.plan``: the placement with the highest predicted
+   throughput) and read its prediction;
 2. offline simulation (saturated): prompt + decode and decode tokens/s against the prediction
    (target: within 15 %). The prediction is a steady state at the spec's mean lengths (the whole
    filtered trace's), so the run is made to have one (:func:`stationary_offline_workload`,
@@ -45,7 +45,7 @@ from helix.sim import run as simrun  # noqa: E402
 from helix.sim.engine import SimConfig  # noqa: E402
 from helix.sim.workload import poisson_workload  # noqa: E402
 from helix.spec import WorkloadSpec, load_cluster  # noqa: E402
-from planner.predicted import plan as plan_for_users  # noqa: E402
+from planner import PlanOptions, plan as plan_for_users  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_sim import machine  # noqa: E402
@@ -140,7 +140,7 @@ def fidelity(name: str, duration_s: float, time_limit_s: float,
     cluster, model = CASES[name]
     spec = with_chunk_tokens(spec_of(cluster, model), chunk_tokens)
     t0 = time.perf_counter()
-    plan = plan_for_users(spec, "milp", time_limit_s=time_limit_s, threads=1)
+    plan = plan_for_users(spec, PlanOptions(time_limit_s=time_limit_s, threads=1))
     plan_s = time.perf_counter() - t0
     pr = plan.prediction
     off, _, served = run_sim(spec, plan, "offline", duration_s)
@@ -176,7 +176,7 @@ def steady_of(result) -> float:
 
 def versus_swarm(cluster: str, helix_plan, spec, helix_offline, duration_s: float,
                  time_limit_s: float) -> str:
-    swarm_plan = plan_for_users(spec, "swarm", time_limit_s=time_limit_s)
+    swarm_plan = plan_for_users(spec, PlanOptions(method="swarm", time_limit_s=time_limit_s))
     swarm, _, _ = run_sim(spec, swarm_plan, "offline", duration_s, scheduler="swarm")
     h, s = helix_offline, steady_of(swarm)
     return (f"| {cluster} | {h:,.1f} | {s:,.1f} | {h / s:.2f}x | "

@@ -157,10 +157,11 @@ def test_pipeline_shares_follow_the_flow_splits():
 
 def test_outer_loop_terminates_and_is_deterministic():
     from helix.spec import load_cluster
-    from planner.predicted import ITERATIONS, plan
+    from planner.options import ITERATIONS, PlanOptions
+    from planner.predicted import choose
     spec = load_cluster(LOCAL3)
-    first = plan(spec, "milp", time_limit_s=6, threads=1, iterations=3)
-    again = plan(spec, "milp", time_limit_s=6, threads=1, iterations=3)
+    options = PlanOptions(time_limit_s=6, threads=1, iterations=3)
+    first, again = choose(spec, options), choose(spec, options)
     assert 1 <= len(first.extras["predicted_by_round"]) <= 3
     assert ITERATIONS >= 1
     assert first.placements == again.placements
@@ -189,7 +190,8 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     which batch the most decodes, now step slower at those batches, so it is ~1.17x."""
     from helix.spec import load_cluster
     from planner.build import build_problem
-    from planner.predicted import plan, routings
+    from planner.options import PlanOptions
+    from planner.predicted import choose, routings
     from planner.solve import solve
     spec = load_cluster(REPO / "cluster_specs" / "single24.yaml")
     problem = build_problem(spec)
@@ -204,7 +206,7 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     assert all(kind[a.src] == kind[a.dst] for a in chains[0].arc_flows
                if "coordinator" not in (a.src, a.dst))
     assert chains[0].extras["routed_tokens_per_s"] <= found.max_flow_tokens_per_s * (1 + 1e-9)
-    best = plan(spec, "separate")
+    best = choose(spec, PlanOptions(method="separate"))
     assert best.extras["routing"] == "kind chains"
     assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.1
 
