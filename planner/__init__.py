@@ -5,7 +5,7 @@
 searches (max flow, proven bound), predicts what users get, keeps the placement predicted to
 serve them the most, and adds the serving limits, the step budget and the flow capacities
 ``helix serve`` needs. :class:`PlanOptions` says how (validated once, when made); what the
-search found and proved is :class:`SearchReport` (``SearchReport.of(plan.extras)``).
+search found and proved is :class:`SearchReport` (``SearchReport.of(plan)``).
 
 Below the verb, for benchmarks and tests: ``solve(problem, options)`` is the search alone (max
 flow, no prediction); ``METHODS`` lists what ``method`` accepts (``milp`` - the class MILP with

@@ -55,7 +55,7 @@ class PlanOptions:
     """Most nodes a request passes (None: any); trades throughput for latency."""
     partial_inference: bool = True
     """Whether a stage may start inside the previous stage's range."""
-    model: ModelSpec | None = None
+    model: ModelSpec | None = field(default=None, hash=False)
     """The model to place (None: the spec's)."""
     start: Placement | None = field(default=None, hash=False)
     """A placement to improve on (``--from``, the running one when re-planning): ``milp`` takes

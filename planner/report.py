@@ -1,8 +1,8 @@
 """What the search found, typed: :class:`SearchReport` and the records of its phases.
 
-The search (:mod:`planner.solve`) builds a :class:`SearchReport` as it goes: every bound it proved
-(by name, in the order found), which phases ran and what each recorded (:data:`Phase`), and the
-statistics of the placement it returns. ``Plan.extras`` keeps it serialized
+The search (:mod:`planner.solve`) ends in a :class:`SearchReport`: every bound it proved (by name,
+in the order found), which phases ran and what each recorded (:data:`Phase`), and the statistics
+of the placement it returns. ``Plan.extras`` keeps it serialized
 (:meth:`SearchReport.to_extras`, the keys plan files and ``helix plan --json`` have always had,
 in the same order); :meth:`SearchReport.of` reads it back from a plan.
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from helix.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,14 @@ def _write(phase: Phase, extras: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class SearchReport:
-    """What one search found and proved (serialized in ``Plan.extras``)."""
+    """What one search found and proved (serialized in ``Plan.extras``; the method and the
+    seconds are the plan's own fields)."""
 
+    method: str
+    """The method that ran (``Plan.method``)."""
+    seconds: float
+    """Wall-clock seconds it took (``Plan.solve_seconds``; for a plan of the outer loop, the
+    whole loop's)."""
     status: str
     """``optimal``, ``gap`` (within the gap target) or ``feasible``: what the bound proves about
     the exact problem (``planner.solve.exact_status``)."""
@@ -138,12 +146,14 @@ class SearchReport:
         return out
 
     @classmethod
-    def of(cls, extras: dict[str, Any]) -> SearchReport | None:
-        """The report a plan's ``extras`` keep (None: the plan was not made by the search);
-        :attr:`phases` are not read back."""
+    def of(cls, plan: Plan) -> SearchReport | None:
+        """The report ``plan`` keeps (None: the plan was not made by the search); :attr:`phases`
+        are not read back."""
+        extras = plan.extras
         if "status" not in extras or "bound_source" not in extras:
             return None
-        return cls(status=extras["status"], bounds=tuple(extras.get("bounds", {}).items()),
+        return cls(method=plan.method, seconds=plan.solve_seconds, status=extras["status"],
+                   bounds=tuple(extras.get("bounds", {}).items()),
                    bound_source=extras["bound_source"], bound_note=extras.get("bound_note", ""),
                    found_by=extras.get("found_by", ""), depth_max=extras.get("depth_max", 0),
                    depth_mean=extras.get("depth_mean", 0.0),
@@ -175,7 +185,9 @@ class ChoiceReport:
     """Predicted decode tokens/s at each budget tried."""
 
     @classmethod
-    def of(cls, extras: dict[str, Any]) -> ChoiceReport:
+    def of(cls, plan: Plan) -> ChoiceReport:
+        """What ``plan``'s ``extras`` say the outer loop chose (defaults where they are silent)."""
+        extras = plan.extras
         return cls(capacities=extras.get("capacities", "T(k)"), routing=extras.get("routing"),
                    predicted_by_round=tuple(extras.get("predicted_by_round", ())),
                    candidates=tuple(tuple(c) for c in extras.get("candidates", ())),

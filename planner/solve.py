@@ -542,7 +542,7 @@ def _plan(run: _Search, state: _State, solver: str | None, method: str | None = 
         raise PlannerBug(f"bound {bound} ({source}) is below a found max flow {cand.value}")
     exact = any(isinstance(p, ClassMilpRun) and p.class_model_exact for p in state.phases)
     report = SearchReport(
-        status=exact_status(cand.value, bound, run.options.gap), bounds=state.bounds,
+        method=method or run.options.method, seconds=time.perf_counter() - run.t0, status=exact_status(cand.value, bound, run.options.gap), bounds=state.bounds,
         bound_source=source,
         bound_note=BOUND_NOTES["class_milp_exact" if source == "class_milp" and exact else source],
         found_by=cand.source, depth_max=stats.depth_max, depth_mean=round(stats.depth_mean, 3),
@@ -555,7 +555,7 @@ def _plan(run: _Search, state: _State, solver: str | None, method: str | None = 
     return Plan(model=problem.model, num_layers=problem.num_layers, placements=placements,
                 arc_flows=arcs, max_flow_tokens_per_s=cand.value,
                 upper_bound_tokens_per_s=max(bound, cand.value),
-                method=method or run.options.method,
+                method=report.method,
                 solver=solver if report.solver_used is None else report.solver_used,
-                solve_seconds=time.perf_counter() - run.t0, partial_inference=run.partial,
+                solve_seconds=report.seconds, partial_inference=run.partial,
                 spec_hash=problem.spec_hash, extras=report.to_extras())

@@ -263,13 +263,13 @@ def _fmt_gap(plan) -> str:
 def _search(plan):
     """What the search found and proved (:class:`planner.SearchReport`; None: not searched)."""
     from planner import SearchReport
-    return SearchReport.of(plan.extras)
+    return SearchReport.of(plan)
 
 
 def _choice(plan):
     """What the outer loop chose (:class:`planner.report.ChoiceReport`)."""
     from planner.report import ChoiceReport
-    return ChoiceReport.of(plan.extras)
+    return ChoiceReport.of(plan)
 
 
 def _bound_label(plan) -> str:
