@@ -78,7 +78,7 @@ T(k) falls with k twice: each step passes more layers, and KV per layer shrinks 
 
 **Inside a pipeline** T(k) overstates what a node delivers (on single24 ~10x): a request's KV is
 reserved on *every* stage it crosses, and a stage batches only the requests that are at it now.
-What a plan delivers is derived per pipeline (:mod:`helix.prediction` computes it; o is the mean
+What a plan delivers is derived per pipeline (:mod:`planner.prediction` computes it; o is the mean
 output, p the mean prompt):
 
 - *requests in flight*: the coordinator reserves ``p_res + o`` tokens on every layer of every
@@ -139,7 +139,7 @@ output, p the mean prompt):
 - N is what the KV allows: every pipeline grows in proportion to its share of the requests until
   a node's ``M_v`` (or its compute, T(k)) is used up; D, t, R and N are iterated to a fixed point
   (the batches and the request rates mixed together, damped, Anderson-accelerated near the fixed
-  point: ``helix.prediction._Mixer`` argues why it converges where damping D alone cycled).
+  point: ``planner.prediction.fixed_point.Mixer`` argues why it converges where damping D alone cycled).
 
 With one stage and one wave this is T(k) again, capped by Little's law. W = 2 is measured, not
 derived: in the simulator the decodes of a 10- or 12-stage T4 chain move in 2.1-2.5 waves (the

@@ -1,6 +1,6 @@
 """The pipelines a plan creates: the source-to-sink paths of its max-flow solution, with the share of
 requests each one gets. Pure (a :class:`~helix.plan.Plan` in, paths out), so the planner, the
-throughput prediction (:mod:`helix.prediction`) and the coordinator can all use it.
+throughput prediction (:mod:`planner.prediction`) and the coordinator can all use it.
 
 A request's pipeline is drawn hop by hop: at every vertex the coordinator's scheduler picks the next
 node by interleaved weighted round robin over the out-arcs that carry flow, weighted by those flows

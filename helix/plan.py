@@ -34,7 +34,7 @@ class ArcFlow:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What users get from a plan, predicted analytically (:mod:`helix.prediction`)."""
+    """What users get from a plan, predicted analytically (:mod:`planner.prediction`)."""
 
     prompt_decode_tokens_per_s: float
     """Offline (saturated): prompt + decode tokens/s, the unit of the max flow."""
@@ -76,7 +76,7 @@ class Plan:
     """What ``helix serve`` runs every worker with: the spec's serving limits, dtype and each node's
     KV pool (None in a plan made without a spec, which ``helix serve`` refuses)."""
     prediction: Prediction | None = field(default=None, compare=False)
-    """What users get (:mod:`helix.prediction`): throughput at saturation, latencies at 75 % of
+    """What users get (:mod:`planner.prediction`): throughput at saturation, latencies at 75 % of
     it; None when not made (plans made outside ``planner.predicted``)."""
     extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Informational figures (depth, latency estimate, ...) kept in the file as written."""

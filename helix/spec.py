@@ -202,7 +202,7 @@ class WorkloadSpec(_Frozen):
     """Mean prompt of the requests *in flight*: longer outputs stay longer, so when prompt and
     output lengths are correlated this is E[prompt x output] / E[output], not the mean prompt
     (Azure conversation trace, filtered: 924 vs 763). It sizes how many requests a node's KV
-    holds (:mod:`helix.prediction`). None: the mean prompt (lengths independent)."""
+    holds (:mod:`planner.prediction`). None: the mean prompt (lengths independent)."""
 
 
 class PerformanceSpec(_Frozen):

@@ -1,7 +1,7 @@
 """The step token budget (``serving.chunk_tokens``) chosen by the prediction (``chunk_tokens: auto``).
 
 A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behind a long prompt
-step at every stage they cross (the convoy of :mod:`helix.prediction`), but a prompt takes more
+step at every stage they cross (the convoy of :mod:`planner.prediction`), but a prompt takes more
 steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
 chose (routing and all) at each budget the prediction is checked at
 (:data:`helix.serving.CHECKED_STEP_BUDGETS`) that holds a decode with its share of prompt tokens
@@ -16,9 +16,9 @@ import dataclasses
 from helix.costmodel import CostModel
 from helix.models import ModelSpec
 from helix.plan import Plan, Prediction
-from helix.prediction import predict
 from helix.serving import CHECKED_STEP_BUDGETS
 from helix.spec import ClusterSpec, step_budget_floor
+from planner.predicted import predict_plan
 
 
 def at_budget(spec: ClusterSpec, chunk_tokens: int) -> ClusterSpec:
@@ -34,7 +34,7 @@ def predictions(spec: ClusterSpec, plan: Plan, model: ModelSpec | None = None,
     out = {}
     for chunk in candidates:
         at = at_budget(spec, chunk)
-        out[chunk] = predict(at, plan, CostModel.for_cluster(at, model))[0]
+        out[chunk] = predict_plan(at, plan, CostModel.for_cluster(at, model))[0]
     return out
 
 

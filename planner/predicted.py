@@ -1,15 +1,17 @@
-"""``plan(spec, method) -> Plan`` that maximizes what users get: the planner wrapped in an outer loop.
+"""``choose(spec, options) -> Plan`` that maximizes what users get: the search wrapped in an outer
+loop (the first step of :func:`planner.plan`).
 
 The flow graph needs node capacities that are linear in the placement; what a node delivers inside
 a pipeline depends on the pipelines (``helix.costmodel``, *Inside a pipeline*). So, from outside
 ``planner.solve``:
 
 1. solve with T(k) (a node batching every request its KV holds);
-2. predict the plan (``helix.prediction``): how long a request stays in each pipeline;
+2. predict the plan (``planner.prediction``): how long a request stays in each pipeline;
 3. give every node the capacity Little's law allows with that stay,
    ``min(T(k), M(k) (p + o) / stay)`` for every k (its pipelines' mean stay, weighted by requests;
    the plan's mean for a node left out), and solve again;
-4. repeat until a placement comes back (a fixed point, or a cycle) or ``iterations`` solves ran.
+4. repeat until a placement comes back (a fixed point, or a cycle) or ``options.iterations``
+   solves ran.
 
 Heuristic methods and specs with explicit T(k) tables (reference inputs) solve once, with T(k).
 
@@ -48,6 +50,9 @@ which; a candidate keeps the solver's bound, valid for every placement, and ``ex
 names it), and ``prediction`` is the outer figure. Each solve (the candidate's too) gets an equal
 share of the time limit less :data:`CANDIDATE_SHARE`. Deterministic when the solves are (the loop
 itself has no randomness and a fixed order).
+
+Every prediction the loop compares (routings, candidates, and :mod:`planner.budget`'s step
+budgets) is made by :func:`predict_plan`, its one way into :mod:`planner.prediction`.
 """
 
 from __future__ import annotations
@@ -59,26 +64,19 @@ import time
 from helix.costmodel import CostModel
 from helix.errors import InfeasibleError
 from helix.models import ModelSpec
-from helix.plan import Plan
-from helix.prediction import NoFixedPoint, PipelineState, predict
+from helix.plan import COORDINATOR, ArcFlow, Plan, Prediction
 from helix.spec import ClusterSpec
-from helix.plan import COORDINATOR, ArcFlow
 from helix.slices import as_placement, as_slices
 from planner.build import build_problem
 from planner.flowgraph import max_flow
+from planner.options import PlanOptions
+from planner.prediction import NoFixedPoint, PipelineState, predict
 from planner.problem import Link, NodeCapacity, PlacementProblem
 from planner.search.baselines import HEURISTICS, swarm
 from planner.search.kv_stages import chain_placements, region_partitions
-from planner.solve import evaluate as evaluate_placement, exact_status, min_layers_for_depth, solve
+from planner.solve import evaluate as evaluate_placement, exact_status, solve
 
 log = logging.getLogger("helix.planner")
-
-#: Solves at most (the first with T(k), the others with pipeline capacities). One by default:
-#: the pipeline-capacity rounds favour long shared pipelines (30B on single24: one 18-stage
-#: pipeline) and cross-region ones, where the prediction is not yet accurate (simulated: 30B
-#: single24 +52 %, geo24 +246 %, where round-1 plans are within 15 %), so they would chase the
-#: model's errors. ``iterations=3`` runs the fixed point.
-ITERATIONS = 1
 
 #: Candidate placements (module docstring) are scored on clusters up to this many nodes: each
 #: costs a MILP solve (a share of the time limit), a max flow and a prediction (~0.1-3 s at 40
@@ -87,6 +85,13 @@ CANDIDATE_MAX_NODES = 128
 
 #: Fraction of the time limit kept for scoring candidates (the solves share the rest equally).
 CANDIDATE_SHARE = 0.1
+
+
+def predict_plan(spec: ClusterSpec, plan: Plan, cost: CostModel, *, latencies: bool = True,
+                 strict: bool = False) -> tuple[Prediction, tuple[PipelineState, ...]]:
+    """What users get from ``plan`` (:func:`planner.prediction.predict`, its arguments): the
+    outer loop's one call of the prediction, so every figure it compares is made alike."""
+    return predict(spec, plan, cost, latencies=latencies, strict=strict)
 
 
 def node_stays(states: tuple[PipelineState, ...]) -> tuple[dict[str, float], float]:
@@ -195,11 +200,11 @@ def best_routing(spec: ClusterSpec, problem: PlacementProblem, solved: Plan, cos
     own flows) and its prediction, on ``problem``'s capacities."""
     found, best = None, 0.0
     for routed in routings(problem, solved):   # throughput decides; latencies for the winner only
-        tokens = predict(spec, routed, cost, latencies=False)[0].prompt_decode_tokens_per_s
+        tokens = predict_plan(spec, routed, cost, latencies=False)[0].prompt_decode_tokens_per_s
         if found is None or tokens > best * (1 + 1e-9):
             found, best = routed, tokens
     assert found is not None
-    prediction, states = predict(spec, found, cost)
+    prediction, states = predict_plan(spec, found, cost)
     return dataclasses.replace(found, prediction=prediction), states
 
 
@@ -215,26 +220,27 @@ def evaluate(spec: ClusterSpec, placement, *, model: ModelSpec | None = None,
     return found
 
 
-def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = None,
-         problem: PlacementProblem | None = None, time_limit_s: float = 60.0,
-         iterations: int = ITERATIONS, **solve_kwargs) -> Plan:
-    """The placement of ``spec``'s model (or ``model``) with the highest predicted throughput
-    (module docstring). ``problem``: ``build_problem(spec, model)`` when already built;
-    ``solve_kwargs`` go to :func:`planner.solve.solve`."""
+def choose(spec: ClusterSpec, options: PlanOptions, *,
+           problem: PlacementProblem | None = None) -> Plan:
+    """The placement of ``spec``'s model (or ``options.model``) with the highest predicted
+    throughput (module docstring); the first step of :func:`planner.plan`. ``problem``:
+    ``build_problem(spec, options.model)`` when already built."""
+    method, model = options.method, options.model
     cost = CostModel.for_cluster(spec, model)
     problem = problem or build_problem(spec, model)
     # Explicit T(k) tables (reference inputs) are taken as given: one solve, as before.
-    rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, iterations)
+    rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, options.iterations)
     scored = method == "milp" and not cost.throughput_tables and \
         len(problem.nodes) <= CANDIDATE_MAX_NODES
     t0 = time.perf_counter()
-    share = time_limit_s * ((1 - CANDIDATE_SHARE) / (rounds + 1) if scored else 1 / rounds)
+    share = options.time_limit_s * ((1 - CANDIDATE_SHARE) / (rounds + 1) if scored else 1 / rounds)
+    each = options.replace(time_limit_s=share)
     best: Plan | None = None
     seen: set[tuple] = set()
     inner = problem
     history = []
     for i in range(rounds):
-        solved = solve(inner, method, time_limit_s=share, **solve_kwargs)
+        solved = solve(inner, each)
         solved = dataclasses.replace(solved, extras={
             **solved.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
         found, states = best_routing(spec, inner, solved, cost)
@@ -254,14 +260,13 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
     assert best is not None
     best = dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})
     if scored:
-        min_k = min_layers_for_depth(problem.num_layers, solve_kwargs.get("max_depth"))
+        min_k = options.min_layers(problem.num_layers)
         candidates = [("swarm", swarm(problem))]
         reserved = reserved_problem(problem, spec, cost, cost.serving.max_batch_seqs)
         if reserved is not None:
             # A caller's start placement may not fit the caps, and its progress line shows one solve.
-            kwargs = {k: v for k, v in solve_kwargs.items() if k not in ("start", "progress")}
             try:
-                solved = solve(reserved, method, time_limit_s=share, **kwargs)
+                solved = solve(reserved, each.replace(start=None, progress=None))
                 candidates.insert(0, (f"milp, KV reserve {cost.serving.max_batch_seqs} requests",
                                       as_placement(solved.placements)))
             except InfeasibleError:  # the cluster cannot hold the model with that reserve
@@ -271,8 +276,8 @@ def plan(spec: ClusterSpec, method: str = "milp", *, model: ModelSpec | None = N
                       if p and all(e - s >= min_k for s, e in p.values())]
         routed = len({spec.region_of(n.name) for n in spec.nodes}) > 1 and \
             len(candidates) <= ROUTED_CANDIDATES
-        best = best_candidate(spec, problem, cost, best, candidates,
-                              gap=solve_kwargs.get("gap", 0.01), routed=routed)
+        best = best_candidate(spec, problem, cost, best, candidates, gap=options.gap,
+                              routed=routed)
         best = dataclasses.replace(best, solve_seconds=time.perf_counter() - t0)
     return best
 
@@ -354,8 +359,8 @@ def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: Cost
                 if flow.value_tokens_per_s <= 0:
                     continue
                 try:   # a chain whose prediction finds no fixed point is not a candidate
-                    prediction = predict(spec, _with_placement(template, placement, flow), cost,
-                                         latencies=False, strict=True)[0]
+                    prediction = predict_plan(spec, _with_placement(template, placement, flow),
+                                              cost, latencies=False, strict=True)[0]
                 except NoFixedPoint:
                     log.debug("kv stages: %s dropped (its prediction finds no fixed point)", name)
                     continue
@@ -418,7 +423,7 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
             value = found.prediction.prompt_decode_tokens_per_s
         else:
             rough = _with_placement(incumbent, placement, flow)
-            value = predict(spec, rough, cost)[0].prompt_decode_tokens_per_s
+            value = predict_plan(spec, rough, cost)[0].prompt_decode_tokens_per_s
         scores.append([name, round(value, 1)])
         if value > top:
             winner, top = (name, placement), value

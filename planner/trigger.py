@@ -20,8 +20,8 @@ and :meth:`~ReplanTrigger.poll` says whether to re-plan now. It considers a re-p
   tried first: on a geo24 simulation it passed 15 % at most polls, up to 321 %; the placement's
   max flow is the figure re-planning would change.)
 
-Considering means: plan the cluster as it is (nodes present, observed mix) warm-started from the
-running placement, and also the running placement with only its idle nodes (a node that joined)
+Considering means: plan the cluster as it is (nodes present, observed mix) with the planner's one
+verb (:func:`planner.plan`, as ``helix plan`` would), warm-started from the running placement, and also the running placement with only its idle nodes (a node that joined)
 given layers (:func:`extend`: nobody else moves); :func:`planner.replan.decide` weighs each: adopt
 only when the gain over ``horizon_s`` pays for the moves (weights over each node's link) by the
 ``hysteresis`` margin, the one with the most net gain when both do. A full re-plan of a
@@ -47,6 +47,7 @@ from helix.slices import as_placement
 from helix.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from planner.build import build_problem, with_serving
 from planner.flowgraph import Placement, with_flow_capacities
+from planner.options import METHODS, PlanOptions
 from planner.problem import PlacementProblem
 from planner.replan import HORIZON_S, HYSTERESIS, Decision, decide
 
@@ -72,8 +73,10 @@ class TriggerConfig:
     hysteresis: float = HYSTERESIS
     """A new plan must beat the running one by this fraction after its moves' cost."""
     time_limit_s: float = 5.0
-    """Planner time per re-plan (the default proposal: ``milp``, warm-started)."""
+    """Planner time per re-plan (the default proposal: :attr:`method`, warm-started)."""
     threads: int = 1
+    method: str = "milp"
+    """The planner method of the default proposal (:func:`default_proposal`)."""
 
     def __post_init__(self) -> None:
         positive = ("window_s", "horizon_s", "time_limit_s")
@@ -85,6 +88,14 @@ class TriggerConfig:
         if self.min_requests < 1 or self.threads < 1:
             raise ValueError(f"min_requests and threads must be >= 1, got {self.min_requests}, "
                              f"{self.threads}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+
+    def plan_options(self, start: Placement | None = None) -> PlanOptions:
+        """What the default proposal plans with: :attr:`method`, :attr:`time_limit_s`,
+        :attr:`threads`, seed 0, warm-started from ``start``."""
+        return PlanOptions(method=self.method, time_limit_s=self.time_limit_s,
+                           threads=self.threads, seed=0, start=start)
 
 
 @dataclass(frozen=True)
@@ -125,16 +136,16 @@ class Replan:
                 "mean_output_tokens": self.mix.mean_output_tokens}
 
 
-def milp_proposal(config: TriggerConfig) -> Propose:
-    """The default proposal: ``helix plan``'s (highest predicted throughput), ``milp`` warm-started
-    from the running placement."""
+def default_proposal(config: TriggerConfig) -> Propose:
+    """The default proposal: the planner's one verb (:func:`planner.plan`, what ``helix plan``
+    gives) with ``config``'s options (:meth:`TriggerConfig.plan_options`), warm-started from the
+    running placement."""
     def propose(spec: ClusterSpec, problem: PlacementProblem, running: Placement) -> Plan:
-        from planner import predicted
-        kw = dict(problem=problem, time_limit_s=config.time_limit_s, threads=config.threads, seed=0)
+        from planner.planning import plan
         try:
-            return predicted.plan(spec, "milp", start=running or None, **kw)
+            return plan(spec, config.plan_options(start=running or None), problem=problem)
         except HelixUserError:   # under another mix a node may keep fewer layers beside its KV
-            return predicted.plan(spec, "milp", **kw)
+            return plan(spec, config.plan_options(), problem=problem)
     return propose
 
 
@@ -152,7 +163,8 @@ class ReplanTrigger:
         if unknown:
             raise ValueError(f"present names node(s) {unknown} that the spec lacks")
         self.plan = plan
-        self._propose = propose or milp_proposal(config)
+        self.propose: Propose = propose or default_proposal(config)
+        """The planner's proposal for the cluster as it is (default: :func:`default_proposal`)."""
         self._window: deque[tuple[float, int, int]] = deque()
         self._pending: list[str] = []
         self.mix: WorkloadSpec = spec.workload
@@ -240,7 +252,7 @@ class ReplanTrigger:
             cause += f" ({', '.join(unfit)}: too little KV room for their layers under this mix)"
         current = predicted.evaluate(spec, running, problem=problem, source="running")
         try:
-            proposals = [self._propose(spec, problem, running)]
+            proposals = [self.propose(spec, problem, running)]
         except HelixUserError:   # e.g. under this mix no placement fits: keep what runs
             proposals = [current]
         extended = extend(problem, running)
@@ -255,6 +267,8 @@ class ReplanTrigger:
             return (d.adopt, d.gain_tokens - d.cost_tokens if d.adopt else 0.0, -i)
         best = max(range(len(proposals)), key=net)
         decision, chosen = decisions[best], proposals[best]
+        # The verb's proposal carries its serving limits and flow capacities already (adding
+        # them again changes nothing); an evaluated placement (extend, current) gets them here.
         plan = with_flow_capacities(with_serving(chosen, spec), problem) if decision.adopt else \
             self.plan if unfit else with_flow_capacities(with_serving(current, spec), problem)
         self.plan = plan

@@ -2,8 +2,8 @@
 
 For each case (LLaMA-2 70B on single24, geo24, hetero42; LLaMA-1 30B on single24):
 
-1. plan it as ``helix plan`` does (``planner.predicted.plan``: the placement with the highest
-   predicted throughput) and read its prediction;
+1. plan it as ``helix plan`` does (``planner.plan``: the placement with the highest predicted
+   throughput) and read its prediction;
 2. offline simulation (saturated): prompt + decode and decode tokens/s against the prediction
    (target: within 15 %). The prediction is a steady state at the spec's mean lengths (the whole
    filtered trace's), so the run is made to have one (:func:`stationary_offline_workload`,
@@ -41,13 +41,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from helix.costmodel import CostModel
-from helix.prediction import predict
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.sim.workload import poisson_workload
 from helix.spec import WorkloadSpec, load_cluster
+from planner import PlanOptions
+from planner import plan as plan_for_users
 from planner.budget import at_budget
-from planner.predicted import plan as plan_for_users
+from planner.prediction import predict
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from benchdoc import write_section
@@ -136,7 +137,7 @@ def fidelity(name: str, duration_s: float, time_limit_s: float,
     if chunk_tokens is not None:
         spec = at_budget(spec, chunk_tokens)
     t0 = time.perf_counter()
-    plan = plan_for_users(spec, "milp", time_limit_s=time_limit_s, threads=1)
+    plan = plan_for_users(spec, PlanOptions(time_limit_s=time_limit_s, threads=1))
     plan_s = time.perf_counter() - t0
     pr = plan.prediction
     off, _, served = run_sim(spec, plan, "offline", duration_s)
@@ -172,7 +173,7 @@ def steady_of(result) -> float:
 
 def versus_swarm(cluster: str, helix_plan, spec, helix_offline, duration_s: float,
                  time_limit_s: float) -> str:
-    swarm_plan = plan_for_users(spec, "swarm", time_limit_s=time_limit_s)
+    swarm_plan = plan_for_users(spec, PlanOptions(method="swarm", time_limit_s=time_limit_s))
     swarm, _, _ = run_sim(spec, swarm_plan, "offline", duration_s, scheduler="swarm")
     h, s = helix_offline, steady_of(swarm)
     return (f"| {cluster} | {h:,.1f} | {s:,.1f} | {h / s:.2f}x | "

@@ -273,17 +273,18 @@ def scale_one(nodes: int, args) -> dict:
     t2 = time.perf_counter()
     # What `helix plan` adds: the routing users get the most from, and its prediction; how many
     # evaluations each of the prediction's fixed points took (offline per routing, online once).
-    import helix.prediction
     from helix.costmodel import CostModel
     from planner.predicted import best_routing
+    from planner.prediction import MAX_ITERATIONS
+    from planner.prediction.model import Model
     evaluations: list[int] = []
-    solve_fixed_point = helix.prediction._Model.solve
+    solve_fixed_point = Model.solve
 
     def counted(model, in_flight_of):
         out = solve_fixed_point(model, in_flight_of)
         evaluations.append(model.iterations[-1])
         return out
-    helix.prediction._Model.solve = counted
+    Model.solve = counted
     predicted, _ = best_routing(spec, problem, plan, CostModel.for_cluster(spec))
     e = plan.extras
     row = {"nodes": nodes, "regions": SCALE_REGIONS, "build_s": t1 - t0, "solve_s": t2 - t1,
@@ -294,7 +295,7 @@ def scale_one(nodes: int, args) -> dict:
            "gap": plan.gap, "status": e.get("status"), "bound_from": e.get("bound_source"),
            "found_by": e.get("found_by"), "placed": len(plan.placements),
            "fixed_points": len(evaluations), "evaluations_max": max(evaluations, default=0),
-           "capped": sum(n >= helix.prediction.MAX_ITERATIONS for n in evaluations)}
+           "capped": sum(n >= MAX_ITERATIONS for n in evaluations)}
     print(json.dumps(row), flush=True)
     return row
 

@@ -21,7 +21,7 @@ PACKAGES = ("helix", "planner", "coordinator", "worker")
 VOCABULARY = ("helix/errors.py", "helix/units.py", "helix/hardware.py", "helix/models.py",
               "helix/costmodel.py", "helix/calibration.py", "helix/profiles.py", "helix/plan.py",
               "helix/spec.py", "helix/spec_errors.py", "helix/yamlio.py", "helix/helix_ini.py",
-              "helix/serving.py", "helix/slices.py", "helix/pipelines.py", "helix/prediction.py",
+              "helix/serving.py", "helix/slices.py", "helix/pipelines.py",
               "helix/link_table.py", "helix/tokens.py", "helix/cache.py", "helix/gguf.py",
               "helix/gguf_tokenizer.py")
 

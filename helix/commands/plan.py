@@ -57,54 +57,52 @@ def plan_command(
     one-copy chains of one-kind stages that keep the most KV are candidates)."""
     from rich.console import Console
 
+    import planner
     from helix.errors import HelixUserError
     from helix.models import resolve_model
     from helix.spec import load_cluster
-    from planner import METHODS
-    from planner import predicted
-    from planner import budget
+    from planner import METHODS, PlanOptions, predicted
     from planner.build import build_problem, with_serving
     from planner.flowgraph import with_flow_capacities
-    from planner.solve import check_options
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     # Bad options fail now, in one line, not after a minute of solving.
-    check_options(time_limit_s=time_limit, threads=threads, gap=gap, max_depth=max_depth)
+    options = PlanOptions(method=method, solver=solver, time_limit_s=time_limit, gap=gap,
+                          threads=threads or (os.cpu_count() or 1), seed=seed, max_depth=max_depth,
+                          partial_inference=not no_partial)
     _check_output_path(output, "-o")
     _check_output_path(draw, "--draw", suffix=(".png", ".svg", ".pdf", ".html"))
     spec = load_cluster(cluster)
     chosen = resolve_model(model, base_dir=cluster.parent) if model else None
+    options = options.replace(model=chosen)
     problem = build_problem(spec, chosen)
-
-    def solve(problem, method, **kw):   # the planner, optimizing what users get (planner.predicted)
-        return predicted.plan(spec, method, model=chosen, problem=problem, **kw)
-    kwargs = dict(solver=solver, time_limit_s=time_limit, threads=threads or (os.cpu_count() or 1),
-                  seed=seed, gap=gap, partial_inference=not no_partial, max_depth=max_depth)
     console = Console(stderr=as_json)
     if horizon <= 0 or hysteresis < 0:
         raise HelixUserError(f"--horizon must be > 0 and --hysteresis >= 0, got {horizon:g} and "
                              f"{hysteresis:g}")
     dropped: tuple[str, ...] = ()
     if start_from is not None:
-        kwargs["start"], dropped = _evaluate_start(console, problem, start_from, method, compare,
-                                                   partial=not no_partial and max_depth is None)
+        start, dropped = _evaluate_start(console, problem, start_from, method, compare,
+                                         partial=options.partial)
+        options = options.replace(start=start)
     if compare:
-        plans = [_run(console, problem, m, kwargs, solve) for m in METHODS]
+        # Every method's search and choice (planner.predicted), side by side.
+        plans = [_run(console, options.replace(method=m),
+                      lambda o: predicted.choose(spec, o, problem=problem)) for m in METHODS]
         if as_json:
             print(json.dumps([p.to_dict() if p else None for p in plans], indent=1))
         else:
             # Ten columns: wider than 80 characters rather than cut.
             Console(width=max(console.width, 110)).print(_compare_table(problem, METHODS, plans))
         return
-    plan = with_serving(_run(console, problem, method, kwargs, solve, must=True), spec, chosen)
-    plan = budget.apply(spec, plan, chosen)   # serving.chunk_tokens: auto
-    plan = with_flow_capacities(plan, problem)   # helix serve re-solves the flow when nodes die
+    # The planner's one verb: search, prediction, choice, serving limits, step budget, flow
+    # capacities (helix serve re-solves the flow with them when nodes die).
+    plan = _run(console, options, lambda o: planner.plan(spec, o, problem=problem), must=True)
     decision = None
     if start_from is not None and start_from.suffix.lower() != ".ini":
         from planner import replan
-        running = predicted.evaluate(spec, kwargs["start"], model=chosen, problem=problem,
-                                     partial_inference=kwargs["partial_inference"] and max_depth is None,
-                                     source="running")
+        running = predicted.evaluate(spec, options.start, model=chosen, problem=problem,
+                                     partial_inference=options.partial, source="running")
         decision = replan.decide(spec, problem, running, plan, horizon_s=horizon,
                                  hysteresis=hysteresis, dropped_nodes=dropped)
         plan = dataclasses.replace(plan, extras={**plan.extras, "replan": decision.to_dict()})
@@ -191,18 +189,20 @@ def _check_output_path(path: Optional[Path], option: str,
         raise HelixUserError(f"{option} {path}: folder {parent} does not exist")
 
 
-def _run(console, problem, method, kwargs, solve, must=False):
+def _run(console, options, make, must=False):
+    """``make(options)``, with the live progress line on a terminal; an infeasible method is a
+    yellow line and None unless ``must``."""
     from helix.errors import InfeasibleError
-    progress = _progress(console, method) if console.is_terminal else None
+    progress = _progress(console, options.method) if console.is_terminal else None
     try:
         if progress is None:
-            return solve(problem, method, **kwargs)
+            return make(options)
         with progress as p:
-            return solve(problem, method, progress=p.update, **kwargs)
+            return make(options.replace(progress=p.update))
     except InfeasibleError as exc:
         if must:
             raise
-        console.print(f"[yellow]{method}: {exc}[/yellow]")
+        console.print(f"[yellow]{options.method}: {exc}[/yellow]")
         return None
 
 
@@ -241,7 +241,8 @@ def _placement_table(problem, plan):
         cap = n.throughput(p.num_layers)
         t.add_row(p.node, n.gpu, n.region or "-", f"[{p.start}, {p.end})", str(p.num_layers),
                   f"{f:,.1f}", f"{f / cap:.0%}" if cap else "-")
-    for name in plan.extras.get("unused_nodes", []):
+    found = _search(plan)
+    for name in () if found is None else found.unused_nodes:
         n = problem.node(name)
         t.add_row(name, n.gpu, n.region or "-", "unused", "0", "0", "-")
     return t
@@ -259,91 +260,121 @@ def _fmt_gap(plan) -> str:
     return "-" if plan.gap is None else f"{plan.gap * 100:.2f} %"
 
 
+def _search(plan):
+    """What the search found and proved (:class:`planner.SearchReport`; None: not searched)."""
+    from planner import SearchReport
+    return SearchReport.of(plan)
+
+
+def _choice(plan):
+    """What the outer loop chose (:class:`planner.report.ChoiceReport`)."""
+    from planner.report import ChoiceReport
+    return ChoiceReport.of(plan)
+
+
 def _bound_label(plan) -> str:
     """How far the bound reaches: every placement, or only those --max-depth allows."""
-    scope = plan.extras.get("bound_scope")
-    source = plan.extras.get("bound_source")
+    found = _search(plan)
+    scope = None if found is None else found.bound_scope
     label = "proven" if scope is None else f"proven only for {scope}"
-    return label if source is None else f"{label}; {source.replace('_', ' ')} bound"
+    return label if found is None else f"{label}; {found.bound_source.replace('_', ' ')} bound"
 
 
 def _prediction_lines(plan) -> list[str]:
-    """What users get (helix.prediction), beside the max flow of the inner model."""
+    """What users get (planner.prediction), beside the max flow of the inner model."""
     pr = plan.prediction
     if pr is None:
         return []
+    routing = _choice(plan).routing
     ttft = "-" if pr.ttft_p50_s is None else f"{pr.ttft_p50_s:.2f} s"
     tpot = "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s * 1e3:.0f} ms"
     return [f"predicted  {pr.prompt_decode_tokens_per_s:,.1f} tokens/s prompt + decode, "
             f"{pr.decode_tokens_per_s:,.1f} decode tokens/s at saturation "
             f"({pr.requests_in_flight:.0f} requests in flight, {pr.pipelines} "
             f"pipeline{'' if pr.pipelines == 1 else 's'}"
-            + (f"; routing: {plan.extras['routing']}" if plan.extras.get("routing") else "") + ")",
+            + (f"; routing: {routing}" if routing else "") + ")",
             f"           at {pr.online_load:.0%} of that (Poisson): TTFT p50 {ttft}, "
             f"time per output token p50 {tpot}"]
 
 
 def _summary(plan) -> str:
-    e = plan.extras
+    found, choice = _search(plan), _choice(plan)
+    depth_max, depth_mean, latency_s, status, found_by = (None, None, 0, "heuristic", None) \
+        if found is None else (found.depth_max, found.depth_mean, found.latency_mean_s,
+                               found.status, found.found_by)
     bound = plan.upper_bound_tokens_per_s
     lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s "
-             f"(node capacities: {e.get('capacities', 'T(k)')})",
+             f"(node capacities: {choice.capacities})",
              f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s ({_bound_label(plan)})"
              f"   gap {_fmt_gap(plan)}",
-             f"depth      {e.get('depth_max')} nodes max, {e.get('depth_mean')} mean per pipeline;  "
-             f"{e.get('latency_mean_s', 0) * 1e3:.1f} ms for a token to cross a pipeline (mean)",
-             f"solver     {plan.solver or '-'} ({e.get('status', 'heuristic')}), "
-             f"{plan.solve_seconds:.1f} s; best placement came from the {e.get('found_by')} method",
-             *_prediction_lines(plan), *_caution_line(plan), *_chosen_line(e), *_budget_line(e)]
+             f"depth      {depth_max} nodes max, {depth_mean} mean per pipeline;  "
+             f"{latency_s * 1e3:.1f} ms for a token to cross a pipeline (mean)",
+             f"solver     {plan.solver or '-'} ({status}), "
+             f"{plan.solve_seconds:.1f} s; best placement came from the {found_by} method",
+             *_prediction_lines(plan), *_caution_line(plan), *_chosen_line(choice),
+             *_budget_line(choice)]
     return "\n".join(lines)
 
 
 def _caution_line(plan) -> list[str]:
     """Where the plan's step budget lies outside those the prediction is checked at."""
-    from helix.prediction import unchecked_budget_note
     if plan.prediction is None or plan.serving is None:
         return []
     note = unchecked_budget_note(plan.serving.chunk_tokens)
     return [] if note is None else [f"caution    {note}"]
 
 
-def _budget_line(extras) -> list[str]:
+def unchecked_budget_note(chunk_tokens: int) -> str | None:
+    """One line for a plan whose step budget lies outside the prediction's
+    :data:`~helix.serving.CHECKED_STEP_BUDGETS` (None inside them)."""
+    from helix.serving import CHECKED_STEP_BUDGETS, DEFAULT_STEP_TOKENS
+    if chunk_tokens in CHECKED_STEP_BUDGETS:
+        return None
+    at = "with chunking off" if chunk_tokens == 0 else f"at a step budget of {chunk_tokens:,}"
+    return (f"{at} this prediction is unchecked: it holds within 15 % of `helix simulate` at "
+            f"{' and '.join(map(str, CHECKED_STEP_BUDGETS))} tokens, and has erred by up to 41 % "
+            f"at 1,024-2,048 and with chunking off (BENCHMARKS.md); check the plan with "
+            f"`helix simulate` or plan at the default ({DEFAULT_STEP_TOKENS})")
+
+
+def _budget_line(choice) -> list[str]:
     """When the planner chose the step budget (serving.chunk_tokens: auto, planner.budget)."""
-    if "chunk_tokens_chosen" not in extras:
+    if choice.chunk_tokens_chosen is None:
         return []
-    each = ", ".join(f"{c}: {v:,.1f}" for c, v in extras["chunk_tokens_predicted"].items())
-    return [f"step budget {extras['chunk_tokens_chosen']} tokens (chunk_tokens: auto), the most "
+    each = ", ".join(f"{c}: {v:,.1f}" for c, v in choice.chunk_tokens_predicted.items())
+    return [f"step budget {choice.chunk_tokens_chosen} tokens (chunk_tokens: auto), the most "
             f"predicted decode tokens/s of {each}"]
 
 
-def _chosen_line(extras) -> list[str]:
+def _chosen_line(choice) -> list[str]:
     """When a candidate placement replaced the max-flow one (planner.predicted.best_candidate)."""
-    other = extras.get("max_flow_placement")
-    if not extras.get("chosen_by") or not other:
+    other = choice.max_flow_placement
+    if not choice.chosen_by or not other:
         return []
-    return [f"chosen     by the prediction ({extras['chosen_by'].removeprefix('prediction: ')}) "
+    return [f"chosen     by the prediction ({choice.chosen_by.removeprefix('prediction: ')}) "
             f"over the max-flow placement ({other['max_flow_tokens_per_s']:,.1f} tokens/s max "
             f"flow, {other['predicted_tokens_per_s']:,.1f} predicted)"]
 
 
 def _compare_table(problem, methods, plans):
     from rich.table import Table
-    scopes = {p.extras["bound_scope"] for p in plans if p and p.extras.get("bound_scope")}
+    found = [None if p is None else _search(p) for p in plans]
+    scopes = {f.bound_scope for f in found if f is not None and f.bound_scope}
     t = Table(title=f"{problem.model} on {len(problem.nodes)} nodes: every method (predicted, "
               "decode: tokens/s at saturation; TTFT, TPOT: p50 s at 75 % of it)",
               caption="".join(f"* bound only for {s}" for s in sorted(scopes)) or None)
     # predicted: prompt + decode tokens/s at saturation, decode: its decode part; TTFT and TPOT:
-    # p50 seconds at 75 % of it (helix.prediction); max flow and bound: the inner flow model.
+    # p50 seconds at 75 % of it (planner.prediction); max flow and bound: the inner flow model.
     cols = ("method", "predicted", "decode", "TTFT", "TPOT", "max flow", "bound", "gap", "status",
             "s")
     for col in cols:
         t.add_column(col, justify="left" if col == "method" else "right")
-    for m, p in zip(methods, plans):
+    for m, p, f in zip(methods, plans, found):
         if p is None:
             t.add_row(m, "infeasible", *["-"] * (len(cols) - 2))
             continue
         bound = p.upper_bound_tokens_per_s
-        mark = "*" if p.extras.get("bound_scope") else ""
+        mark = "*" if f is not None and f.bound_scope else ""
         pr = p.prediction
         predicted = ["-"] * 4 if pr is None else [
             f"{pr.prompt_decode_tokens_per_s:.0f}", f"{pr.decode_tokens_per_s:.0f}",
@@ -351,5 +382,5 @@ def _compare_table(problem, methods, plans):
             "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s:.3f}"]
         t.add_row(m, *predicted, f"{p.max_flow_tokens_per_s:.0f}",
                   "-" if bound is None else f"{bound:.0f}{mark}", _fmt_gap(p),
-                  p.extras.get("status", "-"), f"{p.solve_seconds:.1f}")
+                  "-" if f is None else f.status, f"{p.solve_seconds:.1f}")
     return t

@@ -1,7 +1,7 @@
 """The simulator's front door: pick a workload, get plans, run one simulation or a comparison.
 
-Used by ``helix simulate`` and ``scripts/bench_sim.py``. Placements come from the planner's Python
-API (``planner.build.build_problem`` + ``planner.solve.solve``); this module places nothing itself.
+Used by ``helix simulate`` and ``scripts/bench_sim.py``. Plans come from the planner's one verb
+(``planner.plan``); this module places nothing itself.
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0,
 
 
 def make_plan(spec: ClusterSpec, method: str, time_limit_s: float = 60.0, seed: int = 0) -> Plan:
-    """Ask the planner for ``method``'s placement of ``spec`` (the one ``helix plan`` gives: the
-    highest predicted throughput, ``planner.predicted``)."""
-    from planner.predicted import plan
-    return plan(spec, method, time_limit_s=time_limit_s, seed=seed)
+    """Ask the planner's one verb (:func:`planner.plan`) for ``method``'s plan of ``spec``: the
+    one ``helix plan`` gives (the highest predicted throughput, its serving limits, the step
+    budget it chose for ``chunk_tokens: auto``, its flow capacities), one solver thread."""
+    from planner import PlanOptions, plan
+    return plan(spec, PlanOptions(method=method, time_limit_s=time_limit_s, seed=seed))
 
 
 def simulate(spec: ClusterSpec, plan: Plan, workload: tuple[TraceRequest, ...], config: SimConfig,

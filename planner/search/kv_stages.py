@@ -45,7 +45,7 @@ MAX_CHOICES = 512
 PER_CHOICE = 2
 
 #: Stages in a chain at most. The prediction that scores the candidates takes a pipeline's
-#: decodes to travel in two waves (``helix.prediction.DECODE_WAVES``, measured on 10- and
+#: decodes to travel in two waves (``planner.prediction.DECODE_WAVES``, measured on 10- and
 #: 12-stage chains); deeper chains keep more waves apart and it overstates them (single24,
 #: 300 s offline at a 256-token budget: 16 stages predicted 783 decode tokens/s, simulated 591;
 #: 18 stages 768 vs 508; 12 stages 726 vs 633), so choosing among them by it would not hold.

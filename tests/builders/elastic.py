@@ -14,12 +14,8 @@ def plan_without(spec, node: str | None, base_dir: Path = LOCAL3.parent):
     """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node`` (None:
     every node)."""
     from helix.spec import parse_cluster
-    from planner import predicted
-    from planner.build import build_problem, with_serving
-    from planner.flowgraph import with_flow_capacities
+    from planner import PlanOptions, plan
     data = spec.to_dict()
     data["nodes"] = [n for n in data["nodes"] if n["name"] != node]
     less = parse_cluster(data, base_dir=base_dir)
-    problem = build_problem(less)
-    plan = predicted.plan(less, "milp", problem=problem, time_limit_s=10, threads=1, seed=0)
-    return with_flow_capacities(with_serving(plan, less), problem)
+    return plan(less, PlanOptions(time_limit_s=10, threads=1, seed=0))

@@ -7,12 +7,12 @@ import yaml
 
 from helix.cli import main
 from helix.plan import ArcFlow, Plan
-from helix.prediction import predict
 from helix.serving import CHECKED_STEP_BUDGETS
 from helix.slices import LayerSlice
 from helix.spec import ClusterSpec
 from planner import budget
 from planner.build import serving_limits, with_serving
+from planner.prediction import predict
 
 REPO = Path(__file__).resolve().parents[2]
 

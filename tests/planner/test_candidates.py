@@ -18,9 +18,9 @@ from helix.slices import as_placement
 from helix.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
-from planner.predicted import (CANDIDATE_MARGIN, best_candidate, evaluate, plan,
-                               reserved_problem)
 from planner.flowgraph import max_flow
+from planner.options import PlanOptions
+from planner.predicted import CANDIDATE_MARGIN, best_candidate, choose, evaluate, reserved_problem
 from planner.search import construct
 from planner.search.baselines import uniform
 
@@ -112,7 +112,7 @@ def test_plan_scores_the_reserve_candidate():
     """helix plan's path: the reserve MILP, Swarm and the KV stage chains are scored; whatever wins beats the max-flow
     pick's prediction by the margin, or the max-flow pick stays."""
     spec = small_spec()
-    found = plan(spec, "milp", time_limit_s=8, threads=1)
+    found = choose(spec, PlanOptions(time_limit_s=8, threads=1))
     names = [name for name, _ in found.extras["candidates"]]
     firsts = [n for n in names if not n.startswith("kv stages: ")]   # planner.search.kv_stages
     assert firsts == ["milp, KV reserve 128 requests", "swarm"] or \

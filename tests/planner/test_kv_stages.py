@@ -8,11 +8,11 @@ import itertools
 import pytest
 
 from helix.costmodel import CostModel
-from helix.prediction import NoFixedPoint, predict
 from helix.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
 from planner.predicted import (MAX_CROSSING_LOAD, _crossing_load, best_candidate, evaluate,
                                evaluate_placement, kv_stage_candidates)
+from planner.prediction import NoFixedPoint, predict
 from planner.search import kv_stages
 from planner.search.kv_stages import MAX_STAGES, kv_stage_placements
 from tests.conftest import CLUSTER_SPECS
@@ -169,7 +169,7 @@ def test_the_prediction_picks_one_chain_through_all_three_regions_on_geo24(caplo
                 **{f"west-l4-{i}": (8 * i, 8 * i + 8) for i in range(2)},
                 **{f"west-t4-{i}": (16 + 8 * i, 24 + 8 * i) for i in range(8)}}
     before = evaluate(spec, regional, problem=problem)
-    with caplog.at_level("WARNING", logger="helix.prediction"):
+    with caplog.at_level("WARNING", logger="helix.planner.prediction"):
         candidates = kv_stage_candidates(spec, problem, cost, before)
     assert "no fixed point" not in caplog.text   # such chains are dropped, not warned about
     assert len(candidates) <= len(kv_stages.region_partitions(["eu-west", "us-east", "us-west"]))
@@ -245,6 +245,6 @@ def test_a_chain_whose_prediction_finds_no_fixed_point_is_said_or_refused(caplog
     plan_ = evaluate_placement(problem, placement, True, "one-pair crossings")
     with pytest.raises(NoFixedPoint):
         predict(spec, plan_, cost, latencies=False, strict=True)
-    with caplog.at_level("WARNING", logger="helix.prediction"):
+    with caplog.at_level("WARNING", logger="helix.planner.prediction"):
         predict(spec, plan_, cost, latencies=False)
     assert "no fixed point within" in caplog.text

@@ -145,8 +145,11 @@ def test_heuristics_ignore_max_depth_and_keep_an_unrestricted_bound(method):
 def test_a_late_phase_gets_only_the_time_left():
     import time
 
-    from planner.solve import _options
-    late = _options(1.0, 1, 0, 0.01, None, time.perf_counter() - 5.0)
+    from planner.options import PlanOptions
+    from planner.solve import _Search
+    run = _Search(reference_single24_70b(), PlanOptions(time_limit_s=1.0), None,
+                  time.perf_counter() - 5.0)
+    late = run.solver_options(1.0)
     assert late.time_limit_s == 0.0  # used to be max(1.0, remaining): a full extra second
 
 

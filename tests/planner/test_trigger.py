@@ -5,7 +5,7 @@ import pytest
 
 from helix.slices import as_placement
 from helix.spec import parse_cluster
-from planner import predicted
+from planner import PlanOptions, predicted
 from planner.trigger import ReplanTrigger, TriggerConfig
 
 THREE = {"l4-0", "l4-1", "l4-2"}
@@ -21,8 +21,9 @@ def _trigger(config: TriggerConfig = TriggerConfig(time_limit_s=3, window_s=60, 
                                                    min_interval_s=0)) -> ReplanTrigger:
     """Three of four L4s running the planner's placement for them; the fourth may join."""
     spec = _spec()
-    probe = ReplanTrigger(spec, predicted.plan(spec, "separate"), config, present=THREE)
-    running = predicted.plan(probe.cluster(), "milp", time_limit_s=3, threads=1)
+    probe = ReplanTrigger(spec, predicted.choose(spec, PlanOptions(method="separate")), config,
+                          present=THREE)
+    running = predicted.choose(probe.cluster(), PlanOptions(time_limit_s=3, threads=1))
     return ReplanTrigger(spec, running, config, present=THREE)
 
 
@@ -129,7 +130,8 @@ def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="drift must be >= 0"):
         TriggerConfig(drift=-0.1)
     with pytest.raises(ValueError, match="spec lacks"):
-        ReplanTrigger(_spec(), predicted.plan(_spec(), "separate"), present={"x"})
+        ReplanTrigger(_spec(), predicted.choose(_spec(), PlanOptions(method="separate")),
+                      present={"x"})
 
 
 def test_extend_gives_only_the_idle_node_layers():
@@ -158,7 +160,7 @@ def test_a_join_takes_the_extension_when_the_full_replan_moves_everyone_for_less
     bounds = (0, 10, 20, 26, 32)
     chain = {n: (bounds[i], bounds[i + 1]) for i, n in enumerate(names)}
     t = _trigger()
-    t._propose = lambda s, problem, running: predicted.evaluate(s, chain, problem=problem)
+    t.propose = lambda s, problem, running: predicted.evaluate(s, chain, problem=problem)
     t.node_joined(5.0, "l4-3")
     r = t.poll(5.0)
     assert r.adopted and r.proposal == "extend"
@@ -175,7 +177,7 @@ def test_a_mix_the_running_placement_cannot_hold_is_judged_not_raised():
     from helix.spec import load_cluster
     from tests.conftest import REPO_ROOT
     spec = load_cluster(REPO_ROOT / "cluster_specs" / "local3.yaml")
-    running = predicted.plan(spec, "milp", time_limit_s=2, threads=1)
+    running = predicted.choose(spec, PlanOptions(time_limit_s=2, threads=1))
     config = TriggerConfig(time_limit_s=2, window_s=60, min_requests=5, min_interval_s=0)
     results = {}
     for output in (64, 1024):

@@ -15,8 +15,7 @@ from helix.sim.replan import ReplanConfig
 from helix.sim.workload import TraceRequest
 from helix.slices import as_placement
 from helix.spec import parse_cluster
-from planner import predicted
-from planner.build import with_serving
+from planner import PlanOptions, plan
 from planner.trigger import TriggerConfig, respec
 from tests.builders.sims import burst
 from tests.helix.sim.test_failures import _conserved
@@ -31,7 +30,7 @@ def _spec(model: str, count: int):
 
 
 def _plan(spec):
-    return with_serving(predicted.plan(spec, "milp", time_limit_s=3, threads=1), spec)
+    return plan(spec, PlanOptions(time_limit_s=3, threads=1))
 
 
 def _join_run(n=400, gap_s=0.25):

@@ -1,4 +1,4 @@
-"""The pipeline-aware prediction (helix.prediction): a hand-computed 2-stage pipeline, the pipeline
+"""The pipeline-aware prediction (planner.prediction): a hand-computed 2-stage pipeline, the pipeline
 enumeration, the planner's outer loop (terminates, deterministic) and the prediction in plan files."""
 
 import json
@@ -12,10 +12,11 @@ from helix.cli import main
 from helix.costmodel import CostModel
 from helix.pipelines import enumerate_pipelines
 from helix.plan import ArcFlow, Plan
-from helix.prediction import (DECODE_WAVES, PROMPT_CV, _Model, convoy_delay_s, online_rates,
-                               predict, scheduler_fallback)
 from helix.slices import LayerSlice
 from helix.spec import ClusterSpec
+from planner.prediction import DECODE_WAVES, PROMPT_CV, online_rates, predict
+from planner.prediction.fallback import scheduler_fallback
+from planner.prediction.model import Model, convoy_delay_s
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
@@ -157,10 +158,11 @@ def test_pipeline_shares_follow_the_flow_splits():
 
 def test_outer_loop_terminates_and_is_deterministic():
     from helix.spec import load_cluster
-    from planner.predicted import ITERATIONS, plan
+    from planner.options import ITERATIONS, PlanOptions
+    from planner.predicted import choose
     spec = load_cluster(LOCAL3)
-    first = plan(spec, "milp", time_limit_s=6, threads=1, iterations=3)
-    again = plan(spec, "milp", time_limit_s=6, threads=1, iterations=3)
+    options = PlanOptions(time_limit_s=6, threads=1, iterations=3)
+    first, again = choose(spec, options), choose(spec, options)
     assert 1 <= len(first.extras["predicted_by_round"]) <= 3
     assert ITERATIONS >= 1
     assert first.placements == again.placements
@@ -189,7 +191,8 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     which batch the most decodes, now step slower at those batches, so it is ~1.17x."""
     from helix.spec import load_cluster
     from planner.build import build_problem
-    from planner.predicted import plan, routings
+    from planner.options import PlanOptions
+    from planner.predicted import choose, routings
     from planner.solve import solve
     spec = load_cluster(REPO / "cluster_specs" / "single24.yaml")
     problem = build_problem(spec)
@@ -204,7 +207,7 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     assert all(kind[a.src] == kind[a.dst] for a in chains[0].arc_flows
                if "coordinator" not in (a.src, a.dst))
     assert chains[0].extras["routed_tokens_per_s"] <= found.max_flow_tokens_per_s * (1 + 1e-9)
-    best = plan(spec, "separate")
+    best = choose(spec, PlanOptions(method="separate"))
     assert best.extras["routing"] == "kind chains"
     assert best.prediction.decode_tokens_per_s > predict(spec, found)[0].decode_tokens_per_s * 1.1
 
@@ -241,7 +244,7 @@ def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
                 arc_flows=(ArcFlow("coordinator", "a", 1.0), ArcFlow("a", "b", 0.5),
                            ArcFlow("a", "c", 0.5), ArcFlow("b", "coordinator", 0.5),
                            ArcFlow("c", "coordinator", 0.5)), max_flow_tokens_per_s=1.0)
-    model = _Model(spec, plan, CostModel.for_cluster(spec))
+    model = Model(spec, plan, CostModel.for_cluster(spec))
     assert len(model.paths) == 2
     p, o, batch, rate = 400.0, 100.0, 4.0, np.array([0.3, 0.3])
 
@@ -259,11 +262,11 @@ def test_a_link_with_every_kth_prompt_of_its_boundary_waits_less():
 
 
 def test_sparse_incidence_matches_dense_numpy():
-    """helix.prediction.Incidence (paths x nodes as nonzero entries) computes what the dense arrays
+    """planner.prediction.incidence.Incidence (paths x nodes as nonzero entries) computes what the dense arrays
     did: products both ways, column scaling, columns touched by a row mask, row maxima."""
     import numpy as np
 
-    from helix.prediction import Incidence
+    from planner.prediction.incidence import Incidence
     rng = np.random.default_rng(3)
     for shape in ((1, 1), (7, 4), (40, 25)):
         dense = (rng.random(shape) < 0.3).astype(float)

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from helix.costmodel import CostModel
 from helix.plan import ArcFlow, Plan
-from helix.prediction import _Model, predict
 from helix.serving import UNCHUNKED_STEP_TOKENS
 from helix.slices import LayerSlice
 from helix.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
 from planner.predicted import evaluate
+from planner.prediction import predict
+from planner.prediction.model import Model
 from planner.search.baselines import uniform
 
 REFERENCE = Path(__file__).resolve().parents[2] / "cluster_specs" / "reference" / \
@@ -54,7 +55,7 @@ def test_with_chunking_off_a_step_holds_no_more_decodes_than_the_unchunked_budge
                 max_flow_tokens_per_s=1.0)
     cost = CostModel.for_cluster(spec)
     assert cost.operating_point(spec.node("a"), 8).decode_seqs <= UNCHUNKED_STEP_TOKENS
-    model = _Model(spec, plan, cost)
+    model = Model(spec, plan, cost)
     *_, batch, busy = model.solve(model.fill)
     assert batch.max() <= UNCHUNKED_STEP_TOKENS
     assert busy.max() <= 1.0 + 1e-6   # the node's steps fit in a second

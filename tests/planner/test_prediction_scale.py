@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-import helix.prediction as prediction
 from helix.costmodel import CostModel
 from helix.spec import parse_cluster
+from planner import prediction
 from planner.build import build_problem
+from planner.prediction import fixed_point
+from planner.prediction.model import Model
 from planner.search.baselines import swarm
 from planner.solve import evaluate
 from scripts.gen_cluster import generate
@@ -30,13 +32,13 @@ def large():
 def counting(monkeypatch) -> list[int]:
     """Map evaluations of every solve of the fixed point from now on (offline, online, ...)."""
     counts: list[int] = []
-    real = prediction._Model.solve
+    real = Model.solve
 
     def solve(self, in_flight_of):
         out = real(self, in_flight_of)
         counts.append(self.iterations[-1])
         return out
-    monkeypatch.setattr(prediction._Model, "solve", solve)
+    monkeypatch.setattr(Model, "solve", solve)
     return counts
 
 
@@ -45,11 +47,11 @@ def test_fixed_point_converges_on_300_nodes(large, monkeypatch):
     iterations = counting(monkeypatch)
     pred, _ = prediction.predict(spec, plan, cost)
     assert len(iterations) == 2                      # offline and online
-    assert max(iterations) < prediction.MAX_ITERATIONS // 4   # converged, far from the cap
+    assert max(iterations) < fixed_point.MAX_ITERATIONS // 4   # converged, far from the cap
     assert pred.prompt_decode_tokens_per_s > 0
     # Converged, so the cap does not matter: one evaluation more allowed, the same answer (the
     # cycle gave 17,422 and 38,001 tokens/s).
-    monkeypatch.setattr(prediction, "MAX_ITERATIONS", prediction.MAX_ITERATIONS + 1)
+    monkeypatch.setattr(fixed_point, "MAX_ITERATIONS", fixed_point.MAX_ITERATIONS + 1)
     again, _ = prediction.predict(spec, plan, cost)
     assert again == pred                             # deterministic, and not a phase of a cycle
 
@@ -57,8 +59,8 @@ def test_fixed_point_converges_on_300_nodes(large, monkeypatch):
 def test_cap_reached_is_said(large, monkeypatch, caplog):
     """A fixed point cut short by the cap is not silent."""
     spec, plan, cost = large
-    monkeypatch.setattr(prediction, "MAX_ITERATIONS", 3)
-    with caplog.at_level("WARNING", logger="helix.prediction"):
+    monkeypatch.setattr(fixed_point, "MAX_ITERATIONS", 3)
+    with caplog.at_level("WARNING", logger="helix.planner.prediction"):
         prediction.predict(spec, plan, cost)
     assert "no fixed point within 3 evaluations" in caplog.text
 
@@ -94,8 +96,8 @@ def test_fixed_point_on_a_steep_slope_converges():
     cost = CostModel.for_cluster(spec)
     answers = []
     for _ in range(2):
-        model = prediction._Model(spec, routed, cost)
+        model = Model(spec, routed, cost)
         N, rate, *_ = model.solve(model.fill)
-        assert model.iterations[0] < prediction.MAX_ITERATIONS // 4
+        assert model.iterations[0] < fixed_point.MAX_ITERATIONS // 4
         answers.append((N.tolist(), rate.tolist()))
     assert answers[0] == answers[1]
