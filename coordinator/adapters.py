@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from coordinator.task_placement import LOOKAHEAD, Move, TaskPlacement
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import ControlError
-from helix.pipelines import enumerate_pipelines
+from helix.core.pipelines import enumerate_pipelines
 
 log = logging.getLogger("helix.coordinator")
 

@@ -6,7 +6,7 @@ With the flow graph's capacities in the plan (``extras["flow_capacities"]``, as 
 writes them) the max flow is solved again over the serving nodes only
 (:func:`coordinator.reflow.surviving_flows`, the flow the coordinator then routes on), so a node
 that others can stand in for costs less than its own share. Without them, each of the plan's
-pipelines (:func:`helix.pipelines.enumerate_pipelines`) counts with its share of the requests when
+pipelines (:func:`helix.core.pipelines.enumerate_pipelines`) counts with its share of the requests when
 all its nodes serve.
 
 Pure: a plan and a set of node names in, a number out; results are kept per set of nodes.
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from coordinator.reflow import surviving_flows
-from helix.pipelines import enumerate_pipelines
-from helix.plan import COORDINATOR, Plan
+from helix.core.pipelines import enumerate_pipelines
+from helix.core.plan import COORDINATOR, Plan
 
 
 class Capacity:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 FLAG = "--chat-template"

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from coordinator.health import NodeState
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import ControlError
 
 log = logging.getLogger("helix.coordinator")

@@ -37,7 +37,7 @@ from coordinator.adapters import UnknownAdapter
 from coordinator.drain import ADMIN_NEEDS_KEY, DrainRefused, UnknownNode
 from coordinator.requests import Delta, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull, WorkerHandle
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import COORDINATOR_SERVICE, service_handler
 from helix.net.sampling import SamplingParams
 

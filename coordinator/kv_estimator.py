@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
-from helix.serving import ServingSpec
-from helix.spec import WorkloadSpec
+from helix.core.serving import ServingSpec
+from helix.core.spec import WorkloadSpec
 
 _LOG_LIMIT = 4096
 """Change-log entries kept; a reader further behind than this re-tests every node."""

@@ -31,12 +31,12 @@ from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.requests import Done, LiveRequest
 from coordinator.stalls import StallWatch
 from coordinator.workers import WorkerHandle
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.sampling import SamplingParams
 from helix.net.stats import WorkerStats
 from helix.net.wire import Release
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 
 log = logging.getLogger("helix.coordinator")
 

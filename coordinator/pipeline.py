@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from helix.pipelines import hop_usable
-from helix.plan import COORDINATOR, Plan
-from helix.slices import LayerSlice, Placement, as_placement
+from helix.core.pipelines import hop_usable
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import LayerSlice, Placement, as_placement
 
 Pick = Callable[[int], int] | int
 """What a walk does at one vertex (:meth:`Topology.walk_mask`)."""
@@ -136,7 +136,7 @@ class Topology:
 
     def usable(self, src: str, dst: str) -> bool:
         """Whether a request may hop ``src -> dst`` given the layer ranges (the rule lives in
-        :func:`helix.pipelines.hop_usable`, which the planner's prediction shares; a layer-0 node
+        :func:`helix.core.pipelines.hop_usable`, which the planner's prediction shares; a layer-0 node
         is a first stage only, see the class docstring)."""
         return hop_usable(self.ranges, self.num_layers, self.partial_inference, src, dst)
 

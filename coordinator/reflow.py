@@ -19,7 +19,7 @@ import networkx as nx
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import HelixScheduler
-from helix.plan import COORDINATOR, ArcFlow, Plan
+from helix.core.plan import COORDINATOR, ArcFlow, Plan
 
 _SOURCE, _SINK = ("coordinator", "source"), ("coordinator", "sink")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from coordinator.pipeline import Pipeline, Topology
 from coordinator.textcodec import Detokenizer
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.sampling import MAX_LOGPROBS, SampledToken, SamplingParams
 
 

@@ -39,11 +39,11 @@ from coordinator.health import NodeState
 from coordinator.pipeline import Topology
 from coordinator.reflow import rebuilt
 from coordinator.workers import WorkerHandle, check_serving
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.stats import WorkerStats
-from helix.plan import COORDINATOR, Plan
-from helix.slices import LayerSlice, as_placement, as_slices
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import LayerSlice, as_placement, as_slices
 
 log = logging.getLogger("helix.coordinator")
 

@@ -45,12 +45,12 @@ from coordinator.schedulers import HelixScheduler, make_scheduler
 from coordinator.task_placement import PlacementConfig
 from coordinator.textcodec import Detokenizer, TextCodec
 from coordinator.workers import PLAN_ENGINE_OPTIONS, WorkerHandle, check_serving, engine_options
-from helix.errors import USER_FAILURE, HelixUserError
-from helix.gguf import checkpoint_folder
-from helix.plan import COORDINATOR, Plan
-from helix.serving import ServingLimits
-from helix.slices import LayerSlice
-from helix.spec import WorkloadSpec
+from helix.core.errors import USER_FAILURE, HelixUserError
+from helix.core.gguf import checkpoint_folder
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.serving import ServingLimits
+from helix.core.slices import LayerSlice
+from helix.core.spec import WorkloadSpec
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams

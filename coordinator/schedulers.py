@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from coordinator.iwrr import IWRR
 from coordinator.kv_estimator import FitMask, KVEstimator
 from coordinator.pipeline import Pick, Pipeline, RequestInfo, Topology
-from helix.errors import HelixUserError
-from helix.plan import COORDINATOR, Plan
+from helix.core.errors import HelixUserError
+from helix.core.plan import COORDINATOR, Plan
 
 SCHEDULERS = ("helix", "swarm", "random", "shortest-queue")
 

@@ -1,6 +1,6 @@
 """Which replicas hold which fine-tuned task, and when to move them.
 
-A *replica* is one of the plan's pipelines (:func:`helix.pipelines.enumerate_pipelines`: a
+A *replica* is one of the plan's pipelines (:func:`helix.core.pipelines.enumerate_pipelines`: a
 source-to-sink path with the share of requests the max-flow solution sends it). A task is *placed*
 on a set of replicas; the nodes holding it are the union of their stages. A request of the task is
 routed only over nodes that hold it (:meth:`TaskPlacement.nodes_of`, the scheduler's ``only``), so

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from coordinator.chat_template import (DEFAULT_CHAT_TEMPLATE, ChatTemplate, checkpoint_chat_template,
                                        missing_template_message)
-from helix.errors import HelixUserError
-from helix.tokens import piece_bytes, tokenizer_kind
+from helix.core.errors import HelixUserError
+from helix.core.tokens import piece_bytes, tokenizer_kind
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "Detokenizer", "TextCodec"]
 

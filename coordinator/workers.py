@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
-from helix.plan import Plan
-from helix.serving import ServingLimits
+from helix.core.errors import HelixUserError
+from helix.core.plan import Plan
+from helix.core.serving import ServingLimits
 
 
 @dataclass(frozen=True)

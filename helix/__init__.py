@@ -1,8 +1,9 @@
 """Helix: serve one LLM across mixed GPUs in several regions.
 
-The package root is the vocabulary (spec, units, hardware and model catalogs, cost model, plan
-types, errors); ``helix.net`` is the protocol, ``helix.sim`` the simulator, and ``helix.server``,
-``helix.commands``, ``helix.cli`` and ``helix.client`` the front doors.
+The package's floors (README "Layout"; ``tests/test_layering.py`` keeps imports going down):
+``helix.core`` the vocabulary (spec, units, catalogs, cost model, plan types, errors),
+``helix.net`` the protocol, ``helix.sim`` the simulator, ``helix.server`` the serving stack, and
+``helix.commands``, ``helix.cli``, ``helix.client`` and ``helix.loadgen`` the front doors.
 """
 
 

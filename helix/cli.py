@@ -1,6 +1,6 @@
 """The ``helix`` command line: one Typer app, commands contributed by ``helix.commands.*``.
 
-User errors (:class:`helix.errors.HelixUserError`) are printed as one red line with exit code 2;
+User errors (:class:`helix.core.errors.HelixUserError`) are printed as one red line with exit code 2;
 anything else is a bug and keeps its traceback.
 """
 
@@ -17,7 +17,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer
 
 from helix.commands import COMMAND_MODULES
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 app = typer.Typer(
     name="helix",

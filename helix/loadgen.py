@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.sim.metrics import LatencyStats
 from helix.sim.workload import TraceRequest
 

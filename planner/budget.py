@@ -4,8 +4,8 @@ A smaller budget cuts prompts into more, shorter steps: fewer decodes wait behin
 step at every stage they cross (the convoy of :mod:`planner.prediction`), but a prompt takes more
 steps. Which wins depends on the placement's pipelines, so the planner predicts the placement it
 chose (routing and all) at each budget the prediction is checked at
-(:data:`helix.serving.CHECKED_STEP_BUDGETS`) that holds a decode with its share of prompt tokens
-(:func:`helix.spec.step_budget_floor`) and keeps the one with the most decode tokens/s (ties: the
+(:data:`helix.core.serving.CHECKED_STEP_BUDGETS`) that holds a decode with its share of prompt tokens
+(:func:`helix.core.spec.step_budget_floor`) and keeps the one with the most decode tokens/s (ties: the
 larger budget). Deterministic; the placement itself is not searched again.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from helix.costmodel import CostModel
-from helix.models import ModelSpec
-from helix.plan import Plan, Prediction
-from helix.serving import CHECKED_STEP_BUDGETS
-from helix.spec import ClusterSpec, step_budget_floor
+from helix.core.costmodel import CostModel
+from helix.core.models import ModelSpec
+from helix.core.plan import Plan, Prediction
+from helix.core.serving import CHECKED_STEP_BUDGETS
+from helix.core.spec import ClusterSpec, step_budget_floor
 from planner.predicted import predict_plan
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from helix.costmodel import CostModel
-from helix.models import ModelSpec
-from helix.plan import COORDINATOR, Plan
-from helix.serving import ServingLimits
-from helix.spec import ClusterSpec, NodeSpec
+from helix.core.costmodel import CostModel
+from helix.core.models import ModelSpec
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.serving import ServingLimits
+from helix.core.spec import ClusterSpec, NodeSpec
 from planner.problem import Link, NodeCapacity, PlacementProblem
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 from planner.draw_html import write_html
 from planner.draw_layout import (BULGE_IN, CROSS_REGION, MIN_SHARE, ROW_IN, Layout, fmt_rate,
                                  gpu_colours, layout, rate_label, summary, title)

@@ -12,7 +12,7 @@ import json
 from html import escape
 from pathlib import Path
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 from planner.draw_layout import (CROSS_REGION, Layout, gpu_colours, layout, rate_label, summary,
                                  title)
 from planner.problem import PlacementProblem

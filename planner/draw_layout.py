@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helix.plan import COORDINATOR, Plan
+from helix.core.plan import COORDINATOR, Plan
 from planner.problem import PlacementProblem
 
 MIN_SHARE = 0.02

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import networkx as nx
 from networkx.algorithms.flow import edmonds_karp, preflow_push
 
-from helix.slices import Placement, as_placement
+from helix.core.slices import Placement, as_placement
 from planner.problem import COORDINATOR, PlacementProblem
 
 SOURCE = ("source",)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helix.errors import HelixUserError, SpecError
-from helix.slices import as_placement
-from helix.units import format_size
+from helix.core.errors import HelixUserError, SpecError
+from helix.core.slices import as_placement
+from helix.core.units import format_size
 from planner.flowgraph import Placement
 from planner.search.baselines import fits
 from planner.problem import PlacementProblem
@@ -20,8 +20,8 @@ from planner.problem import PlacementProblem
 
 def load_placement(path: str | Path, problem: PlacementProblem) -> Placement:
     """The placement stored in ``path`` (a reference ``.ini`` layout or a plan YAML), checked."""
-    from helix.helix_ini import read_layout
-    from helix.plan import Plan
+    from helix.core.helix_ini import read_layout
+    from helix.core.plan import Plan
 
     p = Path(path)
     try:
@@ -46,7 +46,7 @@ def load_running(path: str | Path, problem: PlacementProblem) -> tuple[Placement
     differs), its nodes that the cluster no longer has (they left) are dropped and returned, not
     refused; otherwise (the same spec: a typo) and for everything else it is checked as
     :func:`load_placement` does."""
-    from helix.plan import Plan
+    from helix.core.plan import Plan
 
     p = Path(path)
     if p.suffix.lower() == ".ini":

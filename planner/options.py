@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from helix.errors import HelixUserError
-from helix.models import ModelSpec
+from helix.core.errors import HelixUserError
+from helix.core.models import ModelSpec
 from planner.flowgraph import Placement
 from planner.milp.solvers import SOLVERS
 from planner.search.baselines import HEURISTICS

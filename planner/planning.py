@@ -15,8 +15,8 @@ server's joins, departures and drift. One plan is, in order:
 
 from __future__ import annotations
 
-from helix.plan import Plan
-from helix.spec import ClusterSpec
+from helix.core.plan import Plan
+from helix.core.spec import ClusterSpec
 from planner import budget, predicted
 from planner.build import build_problem, with_serving
 from planner.flowgraph import with_flow_capacities

@@ -2,7 +2,7 @@
 loop (the first step of :func:`planner.plan`).
 
 The flow graph needs node capacities that are linear in the placement; what a node delivers inside
-a pipeline depends on the pipelines (``helix.costmodel``, *Inside a pipeline*). So, from outside
+a pipeline depends on the pipelines (``helix.core.costmodel``, *Inside a pipeline*). So, from outside
 ``planner.solve``:
 
 1. solve with T(k) (a node batching every request its KV holds);
@@ -19,7 +19,7 @@ Then, for ``milp`` on cost-model clusters of at most :data:`CANDIDATE_MAX_NODES`
 that trade weight copies for KV are scored by the same prediction, and one replaces the solver's
 when it is predicted to serve :data:`CANDIDATE_MARGIN` more. The max flow rewards every copy of
 the weights and every layer a node can hold, while users are served the requests in flight the
-KV holds divided by the round trip (``helix.costmodel``, *Inside a pipeline*): a node filled with
+KV holds divided by the round trip (``helix.core.costmodel``, *Inside a pipeline*): a node filled with
 layers up to the spec's small KV reserve (``serving.min_kv_requests``, 4 requests) keeps KV for
 a handful of requests on each of them. The candidates are
 
@@ -61,12 +61,12 @@ import dataclasses
 import logging
 import time
 
-from helix.costmodel import CostModel
-from helix.errors import InfeasibleError
-from helix.models import ModelSpec
-from helix.plan import COORDINATOR, ArcFlow, Plan, Prediction
-from helix.spec import ClusterSpec
-from helix.slices import as_placement, as_slices
+from helix.core.costmodel import CostModel
+from helix.core.errors import InfeasibleError
+from helix.core.models import ModelSpec
+from helix.core.plan import COORDINATOR, ArcFlow, Plan, Prediction
+from helix.core.spec import ClusterSpec
+from helix.core.slices import as_placement, as_slices
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.options import PlanOptions

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 
 __all__ = ["COORDINATOR", "NodeCapacity", "Link", "PlacementProblem"]
 

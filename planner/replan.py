@@ -12,7 +12,7 @@ capacities. :func:`decide` weighs the placement the planner proposes against the
   seconds. A node whose memory holds its old and its new layers side by side (the union within
   its most layers, :class:`~planner.problem.NodeCapacity`) loads beside the slice it serves and
   loses nothing; otherwise it stops serving while it loads, and every running pipeline through
-  it (:func:`helix.pipelines.enumerate_pipelines`) loses its share of the requests until its
+  it (:func:`helix.core.pipelines.enumerate_pipelines`) loses its share of the requests until its
   longest such load is done (the *cost*, in tokens).
 - *switch*: routing switches when the slowest load is done; until then the current placement
   serves. *gain* = (proposed - current) tokens/s x (horizon - switch seconds).
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from helix.pipelines import enumerate_pipelines
-from helix.plan import COORDINATOR, Plan
-from helix.slices import as_placement
-from helix.spec import ClusterSpec
+from helix.core.pipelines import enumerate_pipelines
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import as_placement
+from helix.core.spec import ClusterSpec
 from planner.flowgraph import Placement
 from planner.problem import PlacementProblem
 
@@ -82,7 +82,7 @@ def _throughput(plan: Plan) -> float:
 def moves(spec: ClusterSpec, problem: PlacementProblem, current: Placement,
           proposed: Placement) -> tuple[Move, ...]:
     """The moves from ``current`` to ``proposed`` (module docstring), in node order."""
-    from helix.costmodel import CostModel
+    from helix.core.costmodel import CostModel
     cost = CostModel.for_cluster(spec)
     model, b = cost.model, cost.dtype_bytes
     L = problem.num_layers

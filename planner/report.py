@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ import math
 import time
 from dataclasses import dataclass
 
-from helix.errors import InfeasibleError
-from helix.plan import ArcFlow, Plan
-from helix.slices import as_placement, as_slices
+from helix.core.errors import InfeasibleError
+from helix.core.plan import ArcFlow, Plan
+from helix.core.slices import as_placement, as_slices
 from planner.flowgraph import FlowResult, Placement, max_flow
 from planner.latency import path_stats
 from planner.milp import class_model, paper_model

@@ -4,10 +4,10 @@ launcher drive with their own clocks.
 A :class:`ReplanTrigger` is fed what the coordinator sees, with the time passed in:
 
 - membership: :meth:`~ReplanTrigger.node_joined` (a node of the spec, or a new
-  :class:`~helix.spec.NodeSpec`), :meth:`~ReplanTrigger.node_left` (gone, or drained for good);
+  :class:`~helix.core.spec.NodeSpec`), :meth:`~ReplanTrigger.node_left` (gone, or drained for good);
 - the workload mix: :meth:`~ReplanTrigger.observe` for every completed request (prompt and output
   tokens). The mix is the mean prompt, mean output and resident prompt (E[p x o] / E[o], the
-  prompt of the requests in flight: :class:`helix.spec.WorkloadSpec`) of the requests completed in
+  prompt of the requests in flight: :class:`helix.core.spec.WorkloadSpec`) of the requests completed in
   the last ``window_s`` seconds.
 
 and :meth:`~ReplanTrigger.poll` says whether to re-plan now. It considers a re-plan
@@ -41,10 +41,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
-from helix.plan import COORDINATOR, Plan
-from helix.slices import as_placement
-from helix.spec import ClusterSpec, NodeSpec, WorkloadSpec
+from helix.core.errors import HelixUserError
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import as_placement
+from helix.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
 from planner.build import build_problem, with_serving
 from planner.flowgraph import Placement, with_flow_capacities
 from planner.options import METHODS, PlanOptions
@@ -335,7 +335,7 @@ def respec(spec: ClusterSpec, nodes: list[NodeSpec], mix: WorkloadSpec) -> Clust
     validated again; link overrides naming other nodes are left out."""
     if list(spec.nodes) == nodes and spec.workload == mix:
         return spec
-    from helix.spec import parse_cluster
+    from helix.core.spec import parse_cluster
     data = spec.to_dict()
     data["nodes"] = [n.model_dump(by_alias=True, exclude_none=True, mode="json") for n in nodes]
     names = {n.name for n in nodes}

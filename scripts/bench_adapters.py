@@ -43,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.models import ModelSpec, resolve_model
+from helix.core.models import ModelSpec, resolve_model
 from helix.net.sampling import SamplingParams
 from worker.adapters import (
     TARGETS,

@@ -42,11 +42,11 @@ from profile_vs_roofline import (
     read_folder,
 )
 
-from helix.calibration import CalibrationRow, PhaseError, calibrate
-from helix.costmodel import analytic_layer_time_s, layer_work, work_time_s
-from helix.errors import HelixUserError, SpecError
-from helix.hardware import GpuKind, lookup_gpu
-from helix.models import MODEL_CATALOG, ModelSpec
+from helix.core.calibration import CalibrationRow, PhaseError, calibrate
+from helix.core.costmodel import analytic_layer_time_s, layer_work, work_time_s
+from helix.core.errors import HelixUserError, SpecError
+from helix.core.hardware import GpuKind, lookup_gpu
+from helix.core.models import MODEL_CATALOG, ModelSpec
 
 HEADING = "## Cost model (`scripts/bench_costmodel.py`)"
 

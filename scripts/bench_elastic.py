@@ -45,14 +45,13 @@ def geo24_plan(time_limit_s: float, without: str | None = None, cluster: str = "
     """geo24 (or ``cluster``) and the planner's placement for it (``time_limit_s`` of MILP), or for
     it without the node ``without`` (the plan runs on the whole cluster; the node may join)."""
     from helix.sim import run as simrun
-    from helix.spec import load_cluster
-    from planner.build import with_serving
+    from helix.core.spec import load_cluster
     from planner.trigger import respec
     spec = load_cluster(ROOT / "cluster_specs" / f"{cluster}.yaml")
     if without is None:
         return spec, simrun.make_plan(spec, "milp", time_limit_s=time_limit_s)
     smaller = respec(spec, [n for n in spec.nodes if n.name != without], spec.workload)
-    return spec, with_serving(simrun.make_plan(smaller, "milp", time_limit_s=time_limit_s), smaller)
+    return spec, simrun.make_plan(smaller, "milp", time_limit_s=time_limit_s)
 
 
 def trace_replans(spec, plan, configs: dict, trace: str = "conv") -> list[dict]:
@@ -181,8 +180,8 @@ def live_run(ckpt: Path, before_s: float, after_s: float, rate_per_s: float, max
 
     from coordinator.runtime import RuntimeConfig, WorkerHandle
     from helix.server.elastic import Elastic
-    from helix.slices import as_placement
-    from helix.spec import load_cluster
+    from helix.core.slices import as_placement
+    from helix.core.spec import load_cluster
     from tests.builders.elastic import LOCAL3, plan_without
     from tests.builders.stack import local_stack
     from worker.server import WorkerServer

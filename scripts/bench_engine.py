@@ -137,7 +137,7 @@ def serve_request_level(ckpt: Path, reqs: list[Req], config: EngineConfig,
 
 
 def _layers(ckpt: Path) -> int:
-    from helix.models import ModelSpec
+    from helix.core.models import ModelSpec
     return ModelSpec.from_pretrained_dir(ckpt).num_layers
 
 
@@ -260,7 +260,7 @@ def layer_flops(spec, tokens: int, mean_context: float) -> float:
 
 
 def bench_roofline(lines: list[str], backends: list[str], reps: int = 5) -> None:
-    from helix.models import ModelSpec
+    from helix.core.models import ModelSpec
     from worker.profile import ProfileGrid, measure
     spec = ModelSpec(name="bench-engine", num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4,
                      intermediate_size=512 * HIDDEN_TO_INTER // 4, vocab_size=VOCAB,

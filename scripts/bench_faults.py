@@ -171,7 +171,7 @@ def geo24_case(duration_s: float):
     ``(spec, plan, node, workload)`` (bench_drain.py uses it too)."""
     from coordinator.pipeline import Topology
     from helix.sim import run as simrun
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     spec = load_cluster(ROOT / "cluster_specs" / "geo24.yaml")
     plan = simrun.make_plan(spec, "milp", time_limit_s=60.0)
     topo = Topology.from_plan(plan)

@@ -40,11 +40,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.costmodel import CostModel
+from helix.core.costmodel import CostModel
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.sim.workload import poisson_workload
-from helix.spec import WorkloadSpec, load_cluster
+from helix.core.spec import WorkloadSpec, load_cluster
 from planner import PlanOptions
 from planner import plan as plan_for_users
 from planner.budget import at_budget

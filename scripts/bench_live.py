@@ -127,7 +127,7 @@ class LiveStack:
 
 def bench(url: str, workload, duration_s: float | None, max_concurrency: int | None = None):
     from helix.loadgen import BenchConfig, run_bench
-    from helix.models import MODEL_CATALOG
+    from helix.core.models import MODEL_CATALOG
     config = BenchConfig(url, duration_s=duration_s, max_concurrency=max_concurrency,
                          vocab_size=MODEL_CATALOG[MODEL].vocab_size)
     r = run_bench(config, workload)
@@ -237,7 +237,7 @@ class HostCosts:
 
 def with_host_costs(spec_path: Path, costs: HostCosts, out: Path) -> Path:
     """``spec_path`` with the measured figures in its ``coordinator`` section (``token_cpu``,
-    ``request_cpu``, ``shared_cpu``: :class:`helix.spec.CoordinatorSpec`), written to ``out``."""
+    ``request_cpu``, ``shared_cpu``: :class:`helix.core.spec.CoordinatorSpec`), written to ``out``."""
     import yaml
     data = yaml.safe_load(spec_path.read_text())
     data["coordinator"] = {**(data.get("coordinator") or {}),
@@ -358,9 +358,9 @@ def main() -> None:
     loads = [float(x) for x in args.loads.split(",")]
     load_at_start = os.getloadavg()[0]
 
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     from helix.sim.workload import load_azure_trace, mean_lengths, resolve_trace
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
 
     ckpt = write_checkpoint(args.cache)
     work = args.keep or Path(tempfile.mkdtemp(prefix="helix-bench-live-"))

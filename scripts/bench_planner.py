@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from helix.models import resolve_model
-from helix.spec import load_cluster
+from helix.core.models import resolve_model
+from helix.core.spec import load_cluster
 from planner import METHODS, solve
 from planner.build import build_problem
 from planner.reference import REFERENCE_MAX_FLOW
@@ -46,7 +46,7 @@ PUBLISHED = {"ref-3cluster24": 1212.18, "ref-cluster42": 4892.24, "ref-cluster10
 
 def reference_problem(case: str):
     """A published case through ``helix convert --throughput-tables`` (the same function)."""
-    from helix.helix_ini import convert_ini, load_throughput_tables
+    from helix.core.helix_ini import convert_ini, load_throughput_tables
     model = "llama-1-30b" if case == "cluster10" else "llama-2-70b"
     tables = load_throughput_tables(REFERENCE_CASES / "throughput_tables.yaml", case)
     conv = convert_ini(REFERENCE_CASES / f"{case}.ini",
@@ -263,7 +263,7 @@ def scale_one(nodes: int, args) -> dict:
     import resource
     import time
 
-    from helix.spec import parse_cluster
+    from helix.core.spec import parse_cluster
     from scripts.gen_cluster import generate
     t0 = time.perf_counter()
     spec = parse_cluster(generate(nodes, SCALE_REGIONS, seed=0), source=f"gen_cluster {nodes}")
@@ -273,7 +273,7 @@ def scale_one(nodes: int, args) -> dict:
     t2 = time.perf_counter()
     # What `helix plan` adds: the routing users get the most from, and its prediction; how many
     # evaluations each of the prediction's fixed points took (offline per routing, online once).
-    from helix.costmodel import CostModel
+    from helix.core.costmodel import CostModel
     from planner.predicted import best_routing
     from planner.prediction import MAX_ITERATIONS
     from planner.prediction.model import Model

@@ -234,7 +234,7 @@ def _data_plane_rows(quick: bool, code: dict[str, str | None], rounds: int) -> l
 def bench_decisions(quick: bool) -> list[tuple]:
     import logging
     logging.disable(logging.CRITICAL)
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from planner.build import build_problem
     from planner.solve import solve
     plan = solve(build_problem(load_cluster(ROOT / "cluster_specs" / "hetero42.yaml")), method="petals")

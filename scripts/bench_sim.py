@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helix.serving import CHECKED_STEP_BUDGETS
+from helix.core.serving import CHECKED_STEP_BUDGETS
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 
 TRIO = (("milp", "helix"), ("swarm", "swarm"), ("separate", "random"))
 

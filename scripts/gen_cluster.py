@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gen_cluster: {exc}") from None
     text = to_yaml(spec, _command(argv if argv is not None else sys.argv[1:]))
     # Refuse to write what helix would not read (a bad --model or --intra-bandwidth).
-    from helix.errors import HelixUserError
-    from helix.spec import parse_cluster
+    from helix.core.errors import HelixUserError
+    from helix.core.spec import parse_cluster
     try:
         parse_cluster(yaml.safe_load(text), source="generated cluster")
     except HelixUserError as exc:

@@ -89,9 +89,9 @@ def three_stage_plan(regions: tuple[str, ...]):
     """The tiny model's 8 layers cut into one contiguous slice per region, in region order."""
     import dataclasses
 
-    from helix.plan import ArcFlow, Plan
-    from helix.serving import ServingLimits, ServingSpec
-    from helix.slices import LayerSlice
+    from helix.core.plan import ArcFlow, Plan
+    from helix.core.serving import ServingLimits, ServingSpec
+    from helix.core.slices import LayerSlice
     nodes = [f"{r}-cpu" for r in regions]
     cuts = [round(8 * k / len(nodes)) for k in range(len(nodes) + 1)]
     hops = ["coordinator", *nodes, "coordinator"]

@@ -1,6 +1,6 @@
 """One measured profile folder (written by ``helix profile``) beside the analytic roofline.
 
-For every measured point the roofline (:func:`helix.costmodel.analytic_layer_time_s`, one
+For every measured point the roofline (:func:`helix.core.costmodel.analytic_layer_time_s`, one
 device, no tensor parallelism) times the same step of one layer: a prompt point of P tokens in
 prompts of length L at a mean attention context of L / 2 (a whole prompt's tokens attend over
 half of it on average; the planner charges prompts the same way), a decode point of D sequences
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from helix.costmodel import analytic_layer_time_s
-from helix.errors import HelixUserError
-from helix.hardware import GPU_CATALOG, GiB, GpuKind, known_gpu_names, lookup_gpu
-from helix.models import DTYPE_BYTES, ModelSpec
-from helix.profiles import MeasuredProfile, load_profile
+from helix.core.costmodel import analytic_layer_time_s
+from helix.core.errors import HelixUserError
+from helix.core.hardware import GPU_CATALOG, GiB, GpuKind, known_gpu_names, lookup_gpu
+from helix.core.models import DTYPE_BYTES, ModelSpec
+from helix.core.profiles import MeasuredProfile, load_profile
 
 #: Devices the catalog lacks, each as (the entry whose figures stand in, the figures replaced,
 #: why). NVIDIA H200 datasheet (SXM): 4.8 TB/s HBM3e and the H100 SXM's 989 TFLOPS dense FP16.
@@ -250,7 +250,7 @@ def describe(folder: ProfileFolder, roof: Roofline) -> str:
     return (f"{folder.model.name} {folder.dtype}, one layer, measured by `helix profile` on "
             f"{m.get('device_name', m.get('device', '?'))} ({m.get('torch_threads', '?')} torch "
             f"threads, torch {m.get('torch_version', '?')}, {m.get('measured_at', '?')}), against "
-            f"`helix.costmodel.analytic_layer_time_s` on one device: {roof.source}. Figures: "
+            f"`helix.core.costmodel.analytic_layer_time_s` on one device: {roof.source}. Figures: "
             f"{k.fp16_flops / 1e12:g} TFLOP/s x {k.compute_efficiency:g}, "
             f"{k.memory_bandwidth_bytes_per_s / 1e9:g} GB/s x {k.memory_efficiency:g}, "
             f"{k.layer_overhead_s * 1e6:g} us per layer; prompt points at a mean attention "

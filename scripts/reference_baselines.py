@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from helix.helix_ini import convert_ini, load_throughput_tables, read_layout
+from helix.core.helix_ini import convert_ini, load_throughput_tables, read_layout
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.reference import reference_single24_70b

@@ -88,7 +88,7 @@ def run_bench(net, work: Path, checkpoint: Path, serving_cls, load: dict) -> lis
                 raise RuntimeError(f"helix bench ({method}) wrote nothing: {done.stderr[-2000:]}")
         finally:
             serving.close()
-        from helix.plan import Plan
+        from helix.core.plan import Plan
         placed = Plan.load(plan).placements
         rows.append({"method": method,
                      "placement": ", ".join(f"{p.node} [{p.start},{p.end})" for p in placed),

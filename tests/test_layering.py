@@ -1,9 +1,18 @@
-"""The direction of imports between the packages (README "Layout"), read from the source itself.
+"""The floors of the source tree (README "Layout"), read from the source itself.
 
-Every ``import`` and ``from ... import`` statement is found with ``ast`` (lazy imports inside
-functions included, ``TYPE_CHECKING`` blocks too: a reader still sees the edge), and imports built
-from strings (``importlib.import_module("worker...")``, ``__import__``) are refused outright, so the
-rule cannot be dodged.
+Every source file sits on one floor, by its folder:
+
+    4  helix/commands/, helix/cli.py, helix/client.py, helix/loadgen.py   the front doors
+    3  helix/sim/, helix/server/                                          simulator, serving stack
+    2  planner/, coordinator/, worker/                                    the subsystems
+    1  helix/net/                                                         the protocol
+    0  helix/core/                                                        the vocabulary
+
+Imports only go down a floor or stay on it, rooms on one floor below the front doors never import
+each other, and the file-level import graph has no cycle. Every ``import`` and ``from ... import``
+statement is found with ``ast`` (lazy imports inside functions included, ``TYPE_CHECKING`` blocks
+too: a reader still sees the edge), and imports built from strings (``importlib.import_module``,
+``__import__``) are refused outright, so the rules cannot be dodged.
 """
 
 from __future__ import annotations
@@ -11,33 +20,45 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from tests.conftest import REPO_ROOT
 
 PACKAGES = ("helix", "planner", "coordinator", "worker")
 
-# helix/'s ground floor: the vocabulary every other package may import.
-VOCABULARY = ("helix/errors.py", "helix/units.py", "helix/hardware.py", "helix/models.py",
-              "helix/costmodel.py", "helix/calibration.py", "helix/profiles.py", "helix/plan.py",
-              "helix/spec.py", "helix/spec_errors.py", "helix/yamlio.py", "helix/helix_ini.py",
-              "helix/serving.py", "helix/slices.py", "helix/pipelines.py",
-              "helix/link_table.py", "helix/tokens.py", "helix/cache.py", "helix/gguf.py",
-              "helix/gguf_tokenizer.py")
+#: Path prefix (relative to the repository) -> (floor, room). The longest prefix wins.
+FLOORS = {
+    "helix/core": (0, "vocabulary"),
+    "helix/net": (1, "protocol"),
+    "planner": (2, "planner"),
+    "coordinator": (2, "coordinator"),
+    "worker": (2, "worker"),
+    "helix/sim": (3, "simulator"),
+    "helix/server": (3, "server"),
+    "helix/commands": (4, "front doors"),
+    "helix/cli.py": (4, "front doors"),
+    "helix/client.py": (4, "front doors"),
+    "helix/loadgen.py": (4, "front doors"),
+    "helix/__init__.py": (4, "front doors"),   # only a lazy ``helix.Client``
+}
+FRONT_DOORS = 4
 
-# (files under this path, modules they must never import)
-RULES = [
-    ("worker", ("coordinator", "planner", "helix.server", "helix.sim", "helix.commands", "helix.cli")),
-    ("coordinator", ("worker", "planner", "helix.server", "helix.sim", "helix.commands", "helix.cli")),
-    ("planner", ("coordinator", "worker", "helix.server", "helix.sim", "helix.commands", "helix.cli",
-                 "helix.net")),
-    ("helix/net", ("coordinator", "worker", "planner", "helix.server", "helix.sim", "helix.commands",
-                   "helix.cli")),
-    ("helix/sim", ("helix.server", "helix.commands", "helix.cli")),
-]
+#: Rooms that never meet although one floor allows it: the planner has no use for the protocol.
+NEVER = {("planner", "protocol")}
 
 
-def imported_modules(path: Path) -> list[str]:
+def source_files(root: Path = REPO_ROOT) -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def floor_of(rel: str) -> tuple[int, str] | None:
+    hits = [p for p in FLOORS if rel == p or rel.startswith(p + "/")]
+    return FLOORS[max(hits, key=len)] if hits else None
+
+
+def imported_modules(path: Path, root: Path = REPO_ROOT) -> list[str]:
     """Every module an ``import`` statement in ``path`` names (absolute form)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     mods: list[str] = []
@@ -46,13 +67,52 @@ def imported_modules(path: Path) -> list[str]:
             mods += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                pkg = path.relative_to(REPO_ROOT).with_suffix("").parts[:-node.level]
+                pkg = path.relative_to(root).with_suffix("").parts[:-node.level]
                 base = ".".join(pkg + ((node.module,) if node.module else ()))
             else:
                 base = node.module or ""
-            mods.append(base)
-            mods += [f"{base}.{a.name}" for a in node.names]   # `from helix import net` imports helix.net
+            names = [f"{base}.{a.name}" for a in node.names]   # `from helix import net`: helix.net
+            mods += names
+            if not all(_is_module(n, root) for n in names):
+                mods.append(base)   # a name defined in the package's __init__, not a submodule
     return mods
+
+
+def _is_module(name: str, root: Path) -> bool:
+    base = root.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def module_file(name: str, root: Path = REPO_ROOT) -> str | None:
+    """The source file (relative path) that importing ``name`` runs; None outside the packages.
+    ``a.b.c`` is ``a/b/c.py`` or ``a/b/c/__init__.py``, else ``c`` is a name inside ``a.b``."""
+    parts = name.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    while parts:
+        base = root.joinpath(*parts)
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return str(cand.relative_to(root))
+        parts = parts[:-1]
+    return None
+
+
+def import_graph(root: Path = REPO_ROOT) -> nx.DiGraph:
+    """File -> file for every import between source files."""
+    g = nx.DiGraph()
+    for f in source_files(root):
+        src = str(f.relative_to(root))
+        g.add_node(src)
+        for mod in imported_modules(f, root):
+            dst = module_file(mod, root)
+            if dst is not None and dst != src:
+                g.add_edge(src, dst)
+    return g
+
+
+def cycles(g: nx.DiGraph) -> list[list[str]]:
+    return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
 
 
 def string_imports(path: Path) -> list[str]:
@@ -67,55 +127,61 @@ def string_imports(path: Path) -> list[str]:
     return found
 
 
-def _files(prefix: str) -> list[Path]:
-    root = REPO_ROOT / prefix
-    return sorted(root.rglob("*.py")) if root.is_dir() else [root]
+@pytest.fixture(scope="module")
+def graph() -> nx.DiGraph:
+    return import_graph()
 
 
-def _hits(mods: list[str], banned: tuple[str, ...]) -> list[str]:
-    return sorted({m for m in mods for b in banned if m == b or m.startswith(b + ".")})
+def test_every_source_file_is_on_a_floor():
+    """A new folder or a module at helix/'s root must be placed on purpose."""
+    lost = [str(f.relative_to(REPO_ROOT)) for f in source_files()
+            if floor_of(str(f.relative_to(REPO_ROOT))) is None]
+    assert not lost, f"not on any floor (add them to FLOORS and README's Layout): {lost}"
 
 
-@pytest.mark.parametrize("prefix,banned", RULES, ids=[r[0] for r in RULES])
-def test_package_never_imports_the_other_side(prefix, banned):
-    bad = {str(f.relative_to(REPO_ROOT)): hits for f in _files(prefix)
-           if (hits := _hits(imported_modules(f), banned))}
-    assert not bad, f"{prefix} must not import {banned}: {bad}"
+def test_imports_only_go_down(graph):
+    up, across = [], []
+    for src, dst in graph.edges:
+        if floor_of(src) is None or floor_of(dst) is None:
+            continue   # test_every_source_file_is_on_a_floor names them
+        (fs, rs), (fd, rd) = floor_of(src), floor_of(dst)
+        if fd > fs:
+            up.append(f"{src} (floor {fs}) -> {dst} (floor {fd})")
+        elif (fd == fs < FRONT_DOORS and rs != rd) or (rs, rd) in NEVER:
+            across.append(f"{src} ({rs}) -> {dst} ({rd})")
+    assert not up, "imports that climb a floor:\n" + "\n".join(sorted(up))
+    assert not across, "imports between rooms that never meet:\n" + "\n".join(sorted(across))
 
 
-def test_vocabulary_imports_no_subsystem():
-    banned = ("planner", "coordinator", "worker", "helix.server", "helix.sim", "helix.commands",
-              "helix.cli", "helix.net", "helix.client")
-    bad = {}
-    for rel in VOCABULARY:
-        path = REPO_ROOT / rel
-        assert path.exists(), f"{rel} is listed as vocabulary but does not exist"
-        if hits := _hits(imported_modules(path), banned):
-            bad[rel] = hits
-    assert not bad, f"vocabulary modules import subsystems: {bad}"
-
-
-def test_every_helix_root_module_is_vocabulary_or_a_front_door():
-    """A new module at helix/'s root must be placed on purpose: vocabulary or a front door."""
-    # __init__: lazy helix.Client; loadgen: helix bench's client side of an endpoint
-    doors = {"helix/__init__.py", "helix/cli.py", "helix/client.py", "helix/loadgen.py"}
-    root = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "helix").glob("*.py")}
-    assert root - set(VOCABULARY) - doors == set()
+def test_no_import_cycles(graph):
+    found = cycles(graph)
+    assert not found, f"import cycles between source files: {found}"
 
 
 def test_no_import_by_string():
     """Only ``helix.cli`` loads its command modules by name (from ``helix.commands``'s own list)."""
-    bad = {str(f.relative_to(REPO_ROOT)): calls for p in PACKAGES for f in _files(p)
+    bad = {str(f.relative_to(REPO_ROOT)): calls for f in source_files()
            if (calls := string_imports(f)) and f != REPO_ROOT / "helix" / "cli.py"}
     assert not bad, f"imports built from strings hide edges from this test: {bad}"
 
 
-def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
-    """The rule is only as good as the parser: a lazy import and a relative one are both seen."""
-    f = REPO_ROOT / "coordinator" / "_layering_probe.py"
-    f.write_text("def f():\n    from worker.engine import SliceEngine\nfrom .runtime import x\n")
-    try:
-        mods = imported_modules(f)
-    finally:
-        f.unlink()
-    assert "worker.engine" in mods and "coordinator.runtime" in mods
+def test_the_checker_sees_lazy_relative_and_circular_imports(tmp_path):
+    """The rules are only as good as the parser: a lazy import, a relative one and a circle through
+    them are all seen (in a throwaway tree, nothing written into the source)."""
+    for pkg in ("coordinator", "worker"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "coordinator" / "runtime.py").write_text("from .probe import x\n")
+    (tmp_path / "coordinator" / "probe.py").write_text(
+        "def f():\n    from worker.engine import SliceEngine\n    from coordinator import runtime\n")
+    (tmp_path / "worker" / "engine.py").write_text("import coordinator.probe\n")
+    probe = tmp_path / "coordinator" / "probe.py"
+    assert {"worker.engine", "coordinator.runtime"} <= set(imported_modules(probe, tmp_path))
+    assert set(imported_modules(tmp_path / "coordinator" / "runtime.py", tmp_path)) == {
+        "coordinator.probe", "coordinator.probe.x"}
+    g = import_graph(tmp_path)
+    assert ("worker/engine.py", "coordinator/probe.py") in g.edges
+    assert cycles(g) == [["coordinator/probe.py", "coordinator/runtime.py", "worker/engine.py"]]
+    # one floor, two rooms: test_imports_only_go_down refuses the edge
+    assert floor_of("worker/engine.py") == (2, "worker")
+    assert floor_of("coordinator/probe.py") == (2, "coordinator")

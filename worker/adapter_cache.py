@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from worker.adapters import SliceAdapter
 
 LOAD_TIMES_KEPT = 1024

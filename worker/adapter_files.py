@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from worker.adapters import (ACTIVATIONS, KINDS, TARGETS, BiasTerm, BottleneckTerm, LoRATerm, SliceAdapter,
                              TermAt, pack_adapter, sparse_term, target_columns, target_shape)
 from worker.model import SliceWeights

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helix.errors import HelixUserError
-from helix.serving import ServingSpec
+from helix.core.errors import HelixUserError
+from helix.core.serving import ServingSpec
 from worker.adapter_cache import AdapterCache, CacheStats, NoRoom
 from worker.adapter_files import AdapterLimits, AdapterProbe, probe_adapter, read_adapter
 from worker.adapters import SliceAdapter

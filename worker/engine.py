@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from helix.errors import USER_FAILURE, HelixUserError
-from helix.gguf import checkpoint_folder
+from helix.core.errors import USER_FAILURE, HelixUserError
+from helix.core.gguf import checkpoint_folder
 from helix.net.io_types import NewRequest, StageInput, StageOutput
 from helix.net.sampling import SampledToken
-from helix.serving import ENGINE_STEP_TOKENS, ServingSpec
+from helix.core.serving import ENGINE_STEP_TOKENS, ServingSpec
 from worker.adapter_cache import NoRoom
 from worker.adapter_registry import AdapterRegistry
 from worker.adapter_stack import StackCache

@@ -2,7 +2,7 @@
 
 The server turns a ``response_format`` into a regex (``helix.server.structured``); here
 ``outlines_core`` compiles it, over this checkpoint's vocabulary (``tokenizer.json``, each token as
-the raw bytes it stands for, :mod:`helix.tokens`), into an ``Index``: per automaton state, the tokens
+the raw bytes it stands for, :mod:`helix.core.tokens`), into an ``Index``: per automaton state, the tokens
 that keep the reply a prefix of some match and the state each leads to. The sampler keeps only those
 tokens (:class:`Guide` per request); a state where the match is complete also allows the EOS tokens,
 and one where nothing but EOS could follow ends the request (finish reason ``stop``) without
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from helix.errors import HelixUserError
-from helix.tokens import piece_bytes, tokenizer_kind
+from helix.core.errors import HelixUserError
+from helix.core.tokens import piece_bytes, tokenizer_kind
 
 _CACHE_SIZE = 16
 """Compiled regexes kept per engine."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from helix.errors import InfeasibleError
+from helix.core.errors import InfeasibleError
 
 
 def kv_bytes_per_block(num_layers: int, block_size_tokens: int, num_kv_heads: int, head_dim: int,

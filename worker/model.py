@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from helix.models import ModelSpec
+from helix.core.models import ModelSpec
 from worker.adapters import TaskRows, add_task_terms
 from worker.attention import PagedLayout
 from worker.kv_cache import PagedKVCache

@@ -20,7 +20,7 @@ How a figure is taken:
   cost, reported apart. Each is the fastest of ``reps`` steps after a warm-up (other processes only
   ever slow a step down).
 
-The figures are written by :func:`helix.profiles.write_profile` in the format
+The figures are written by :func:`helix.core.profiles.write_profile` in the format
 ``performance.profiles`` reads.
 """
 
@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
-from helix.errors import HelixUserError
-from helix.models import ModelSpec
+from helix.core.errors import HelixUserError
+from helix.core.models import ModelSpec
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
-from helix.profiles import ProfileRow
-from helix.serving import ServingSpec
+from helix.core.profiles import ProfileRow
+from helix.core.serving import ServingSpec
 from worker.engine import EngineConfig, SliceEngine, torch_dtype
 from worker.kv_blocks import blocks_for_tokens
 from worker.model import LayerWeights, SliceWeights

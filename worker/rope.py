@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from helix.errors import SpecError
-from helix.models import ModelSpec
+from helix.core.errors import SpecError
+from helix.core.models import ModelSpec
 
 
 def inverse_frequencies(spec: ModelSpec) -> torch.Tensor:

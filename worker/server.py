@@ -29,8 +29,8 @@ from collections import OrderedDict, defaultdict
 from dataclasses import fields, replace
 from typing import Any
 
-from helix.errors import HelixUserError
-from helix.plan import COORDINATOR
+from helix.core.errors import HelixUserError
+from helix.core.plan import COORDINATOR
 from helix.net.control import ControlServer, WORKER_SERVICE, service_handler, start_server
 from helix.net.stats import WorkerStats
 from worker.adapter_cache import CacheStats

@@ -48,7 +48,7 @@ admission, preemption). A step therefore costs time in proportion to the request
 ready requests it copies and the requests a call touched, not to every request resident: a pipeline
 stage holding thousands of requests of which a few are ready steps as fast as one holding a few.
 
-Admission (``add``) raises :class:`helix.errors.HelixUserError` when ``num_prompt_tokens +
+Admission (``add``) raises :class:`helix.core.errors.HelixUserError` when ``num_prompt_tokens +
 max_new_tokens`` exceeds the KV capacity of the whole pool: such a request could never finish.
 """
 
@@ -59,8 +59,8 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
-from helix.serving import ENGINE_STEP_TOKENS, ServingSpec
+from helix.core.errors import HelixUserError
+from helix.core.serving import ENGINE_STEP_TOKENS, ServingSpec
 from worker.kv_blocks import KVBlockManager
 
 

@@ -1,14 +1,14 @@
 """Load only one slice's tensors from a Hugging Face safetensors checkpoint or a GGUF file.
 
-Reads ``config.json`` through :class:`helix.models.ModelSpec`, then ``model.safetensors`` or the shards
+Reads ``config.json`` through :class:`helix.core.models.ModelSpec`, then ``model.safetensors`` or the shards
 named by ``model.safetensors.index.json``. The safetensors format is an 8-byte little-endian header
 length, a JSON header (name -> dtype, shape, byte offsets) and the raw data; we read the header and then
 exactly the byte ranges of the tensors the slice needs with ``os.pread``, so memory and I/O grow with the
 slice, not the model (``LoadReport.bytes_read`` counts every byte read, headers included).
 
 A GGUF file (or a folder holding one) is first given its converted folder
-(:func:`helix.gguf.checkpoint_folder`), whose ``model.gguf`` link is read through
-:class:`helix.gguf.GGUFFile`: each tensor the slice needs is dequantized to float32 and then cast to
+(:func:`helix.core.gguf.checkpoint_folder`), whose ``model.gguf`` link is read through
+:class:`helix.core.gguf.GGUFFile`: each tensor the slice needs is dequantized to float32 and then cast to
 the serving dtype; ``bytes_read`` counts the file's header and those tensors' quantized bytes.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from helix.errors import HelixUserError, SpecError
-from helix.gguf import GGUF_LINK, checkpoint_folder, open_gguf
-from helix.models import ModelSpec
+from helix.core.errors import HelixUserError, SpecError
+from helix.core.gguf import GGUF_LINK, checkpoint_folder, open_gguf
+from helix.core.models import ModelSpec
 from worker.model import LayerWeights, SliceWeights
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

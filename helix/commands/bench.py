@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 
 def bench(

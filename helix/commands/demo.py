@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helix.errors import HelixUserError
-from helix.plan import Plan
+from helix.core.errors import HelixUserError
+from helix.core.plan import Plan
 
 LOCAL3 = Path(__file__).resolve().parents[2] / "cluster_specs" / "local3.yaml"
 _PROMPTS = ["Helix serves one large language model", "Each worker holds a contiguous slice",
@@ -49,11 +49,10 @@ class DemoReport:
 
 
 def plan_local3(spec_path: Path = LOCAL3, time_limit_s: float = 20.0) -> Plan:
-    from helix.spec import load_cluster
-    from planner.build import build_problem, with_serving
-    from planner.solve import solve
-    spec = load_cluster(spec_path)
-    return with_serving(solve(build_problem(spec), time_limit_s=time_limit_s), spec)
+    """The demo's plan of local3, the one `helix plan` gives (the planner's one verb)."""
+    from helix.core.spec import load_cluster
+    from planner import PlanOptions, plan
+    return plan(load_cluster(spec_path), PlanOptions(time_limit_s=time_limit_s))
 
 
 def _messages(i: int) -> list[dict]:
@@ -91,7 +90,7 @@ async def _burst(url: str, num_requests: int, max_tokens: int):
 def reference_outputs(ckpt: Path, prompts: list[tuple[int, ...]], max_tokens: int,
                       eos: tuple[int, ...]) -> list[list[int]]:
     """Greedy tokens of the whole model in one engine, one process (the single-process reference)."""
-    from helix.models import ModelSpec
+    from helix.core.models import ModelSpec
     from worker.engine import EngineConfig, SliceEngine
     from worker.local_pipeline import LocalPipeline, Prompt
     from helix.net.sampling import SamplingParams

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helix.cache import cache_dir
-from helix.models import MODEL_CATALOG
+from helix.core.cache import cache_dir
+from helix.core.models import MODEL_CATALOG
 
 TEXT = ("Helix serves one large language model over a cluster of mixed GPUs in several regions. "
         "Each worker holds a contiguous slice of layers and runs whatever requests reach it. "

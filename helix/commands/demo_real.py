@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.", "What is 2 + 3?")
 

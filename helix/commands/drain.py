@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 _SERVER_HELP = "the server's root URL (helix serve --host/--port)"
 _KEY_HELP = "the server's --api-key (env HELIX_API_KEY)"

@@ -58,9 +58,9 @@ def plan_command(
     from rich.console import Console
 
     import planner
-    from helix.errors import HelixUserError
-    from helix.models import resolve_model
-    from helix.spec import load_cluster
+    from helix.core.errors import HelixUserError
+    from helix.core.models import resolve_model
+    from helix.core.spec import load_cluster
     from planner import METHODS, PlanOptions, predicted
     from planner.build import build_problem, with_serving
     from planner.flowgraph import with_flow_capacities
@@ -154,7 +154,7 @@ def _evaluate_start(console, problem, path: Path, method: str, compare: bool, pa
 def _print_replan(console, d) -> None:
     """The re-plan dry run: the moves the proposal needs and whether it pays for them."""
     from rich.table import Table
-    from helix.units import format_size
+    from helix.core.units import format_size
 
     def rng(r):
         return "-" if r is None else f"[{r[0]}, {r[1]})"
@@ -177,7 +177,7 @@ def _print_replan(console, d) -> None:
 def _check_output_path(path: Optional[Path], option: str,
                        suffix: Optional[tuple[str, ...]] = None) -> None:
     """Raise :class:`HelixUserError` unless ``path`` can be written (its folder exists)."""
-    from helix.errors import HelixUserError
+    from helix.core.errors import HelixUserError
     if path is None:
         return
     if suffix is not None and path.suffix.lower() not in suffix:
@@ -192,7 +192,7 @@ def _check_output_path(path: Optional[Path], option: str,
 def _run(console, options, make, must=False):
     """``make(options)``, with the live progress line on a terminal; an infeasible method is a
     yellow line and None unless ``must``."""
-    from helix.errors import InfeasibleError
+    from helix.core.errors import InfeasibleError
     progress = _progress(console, options.method) if console.is_terminal else None
     try:
         if progress is None:
@@ -326,8 +326,8 @@ def _caution_line(plan) -> list[str]:
 
 def unchecked_budget_note(chunk_tokens: int) -> str | None:
     """One line for a plan whose step budget lies outside the prediction's
-    :data:`~helix.serving.CHECKED_STEP_BUDGETS` (None inside them)."""
-    from helix.serving import CHECKED_STEP_BUDGETS, DEFAULT_STEP_TOKENS
+    :data:`~helix.core.serving.CHECKED_STEP_BUDGETS` (None inside them)."""
+    from helix.core.serving import CHECKED_STEP_BUDGETS, DEFAULT_STEP_TOKENS
     if chunk_tokens in CHECKED_STEP_BUDGETS:
         return None
     at = "with chunking off" if chunk_tokens == 0 else f"at a step budget of {chunk_tokens:,}"

@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 
 def register(app: typer.Typer) -> None:
@@ -61,8 +61,8 @@ def profile_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from helix.models import DTYPE_BYTES, resolve_model
-    from helix.profiles import write_profile
+    from helix.core.models import DTYPE_BYTES, resolve_model
+    from helix.core.profiles import write_profile
     spec = resolve_model(model)
     dev = _device(device)
     dtype = ("float32" if dev == "cpu" else "float16") if dtype == "auto" else dtype
@@ -173,7 +173,7 @@ def _label(dev: str) -> str:
 def gpu_label(device_name: str, memory_bytes: float) -> str:
     """The catalog GPU whose name is in ``device_name`` (``NVIDIA A100-SXM4-80GB`` -> A100-*),
     the one whose memory is closest when several are; ``LABEL`` when none is."""
-    from helix.hardware import GPU_CATALOG
+    from helix.core.hardware import GPU_CATALOG
     squashed = device_name.lower().replace(" ", "").replace("-", "")
     kinds = [k for k in GPU_CATALOG.values()
              if k.name != "CPU" and k.name.split("-")[0].lower() in squashed]

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from helix.commands.drain import _KEY_HELP, _SERVER_HELP, AdminClient, _line
-from helix.errors import HelixUserError
-from helix.slices import LayerSlice, as_placement
+from helix.core.errors import HelixUserError
+from helix.core.slices import LayerSlice, as_placement
 
 
 def nodes(server: str = typer.Option("http://127.0.0.1:8000", "--server", help=_SERVER_HELP),
@@ -68,7 +68,7 @@ def replan(plan: Path = typer.Argument(..., help="the new plan.yaml (e.g. from `
     without dropping requests. Nodes PLAN places must all be serving (a new node joins with
     `helix worker --gpu` instead); a node PLAN drops leaves routing at the switch and is let go
     once its requests are done (its worker stays up, idle)."""
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     if not plan.is_file():
         raise HelixUserError(f"no such plan file {str(plan)!r}")
     new = Plan.load(plan).to_dict()

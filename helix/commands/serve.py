@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 
 def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix plan`"),
@@ -40,7 +40,7 @@ def serve(plan: Path = typer.Argument(..., help="plan.yaml written by `helix pla
     from helix.server.launcher import LaunchConfig
     from coordinator.runtime import RuntimeConfig
     from coordinator.task_placement import PlacementConfig
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     from helix.server.guard import HttpOptions
     from helix.server.http import bind_http, run_blocking
     from helix.server.reaper import Watchdog
@@ -159,7 +159,7 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
     typer.echo(format_report(report))
     failed = bool(report.mismatches)
     if real_model:
-        from helix.cache import cache_dir
+        from helix.core.cache import cache_dir
         from helix.commands.demo_model import ensure_smollm2
         from helix.commands.demo_real import format_real_report, run_real_demo
         gguf = ensure_smollm2(log=typer.echo)
@@ -173,7 +173,7 @@ def demo(cache: Optional[Path] = typer.Option(None, help="checkpoint cache folde
 def _cluster(path: Optional[Path]):
     if path is None:
         return None
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     return load_cluster(path)
 
 

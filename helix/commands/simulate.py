@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from helix.errors import HelixUserError
-from helix.serving import DEFAULT_STEP_TOKENS
+from helix.core.errors import HelixUserError
+from helix.core.serving import DEFAULT_STEP_TOKENS
 
 
 def _summary_table(results, title: str):
@@ -128,7 +128,7 @@ def simulate(
     from coordinator.schedulers import SCHEDULERS
     from helix.sim import run as simrun
     from helix.sim.engine import MODES, SimConfig
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
 
     if mode not in MODES:
         raise HelixUserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -172,7 +172,7 @@ def _task_mix(tasks: int, skew: str, rank: int, replicas: int | None):
         if skew != "uniform" or replicas is not None:
             raise HelixUserError("--task-skew and --task-replicas need --tasks N")
         return None
-    from helix.costmodel import AdapterShape
+    from helix.core.costmodel import AdapterShape
     from helix.sim.tasks import TaskMix
     return TaskMix(tasks, skew, shape=AdapterShape(rank), replicas=replicas)
 
@@ -246,7 +246,7 @@ def _check_events_in_plan(config, plan) -> None:
 def _load_plan(spec, path: Path):
     """The plan at ``path``: refused (one line) unless made for ``spec``'s model and nodes; a
     one-line warning on stderr when made for another version of the spec."""
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     from helix.sim.build import check_plan_matches, plan_spec_warning
     the_plan = Plan.load(path)
     check_plan_matches(spec, the_plan)

@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from helix.errors import SpecError
-from helix.spec import ClusterSpec, load_cluster, parse_cluster
-from helix.units import format_bandwidth, format_duration, format_size
+from helix.core.errors import SpecError
+from helix.core.spec import ClusterSpec, load_cluster, parse_cluster
+from helix.core.units import format_bandwidth, format_duration, format_size
 
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -20,7 +20,7 @@ _SPARK = "▁▂▃▄▅▆▇█"
 def load_any(path: Path, helix_ini: Optional[list[Path]], model: Optional[str]) -> ClusterSpec:
     """A YAML spec, or a reference-format cluster.ini + machine_profile.ini pair."""
     if helix_ini:
-        from helix.helix_ini import read_helix_ini
+        from helix.core.helix_ini import read_helix_ini
         if len(helix_ini) != 1:
             raise SpecError("--from-helix-ini takes the machine_profile.ini; the cluster .ini is "
                             "the positional argument")
@@ -60,7 +60,7 @@ def _check_fits(spec: ClusterSpec, capacity: dict[str, int], source: Path) -> No
 def cut_off_nodes(spec: ClusterSpec) -> set[str]:
     """Nodes with no network path from the coordinator or none back to it (a region left
     unconnected; with directed links the two can differ)."""
-    from helix.plan import COORDINATOR
+    from helix.core.plan import COORDINATOR
     names = [n.name for n in spec.nodes]
 
     def reached(step) -> set[str]:
@@ -77,7 +77,7 @@ def cut_off_nodes(spec: ClusterSpec) -> set[str]:
 
 
 def summary_table(spec: ClusterSpec) -> tuple[Table, dict[str, int]]:
-    from helix.costmodel import CostModel
+    from helix.core.costmodel import CostModel
     cost = CostModel.for_cluster(spec)
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for node in spec.nodes:
@@ -184,8 +184,8 @@ def convert(
     bandwidth gap) and printed one per line; links are written as region, inter-region and
     coordinator figures plus per-pair overrides where a link differs from them.
     """
-    from helix.helix_ini import convert_ini, load_throughput_tables, spec_yaml
-    from helix.yamlio import read_yaml
+    from helix.core.helix_ini import convert_ini, load_throughput_tables, spec_yaml
+    from helix.core.yamlio import read_yaml
     given = read_yaml(regions, "regions") if regions is not None else None
     table = load_throughput_tables(tables, tables_case or cluster_ini.stem) \
         if tables is not None else None

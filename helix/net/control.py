@@ -2,7 +2,7 @@
 
 No protoc step: a service is a name plus a table of methods, each ``fn(request: dict, context) ->
 dict`` (unary) or ``-> Iterator[dict]`` (server streaming); requests and replies are JSON objects.
-A handler that raises :class:`~helix.errors.HelixUserError` answers ``INVALID_ARGUMENT`` with the
+A handler that raises :class:`~helix.core.errors.HelixUserError` answers ``INVALID_ARGUMENT`` with the
 message; any other exception answers ``INTERNAL`` with its text (and is a bug on the serving side).
 
 Two services use it: ``helix.Worker`` (configure slice and peers, health, stats, drain, shutdown;
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.data_plane import advertised_host
 from helix.net.keys import TLS_SERVER_NAME, ClusterKeys
 

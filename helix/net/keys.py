@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 #: The name in the certificate; clients verify it instead of the host they dial, so one certificate
 #: serves workers at any address.

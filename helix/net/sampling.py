@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from helix.slices import LayerSlice
+from helix.core.slices import LayerSlice
 
 
 @dataclass(frozen=True)

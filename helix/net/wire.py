@@ -49,7 +49,7 @@ import msgpack
 import numpy as np
 import torch
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import INT64_MAX, INT64_MIN, SampledToken, SamplingParams
 

@@ -26,8 +26,8 @@ from starlette.exceptions import HTTPException
 
 from coordinator.drain import ADMIN_NEEDS_KEY, DrainRefused, UnknownNode
 from coordinator.reshape import ApplyBusy
-from helix.errors import HelixUserError
-from helix.plan import Plan
+from helix.core.errors import HelixUserError
+from helix.core.plan import Plan
 
 
 class DrainRequest(BaseModel):

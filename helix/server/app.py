@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.requests import Delta, Done, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.server.adapters import add_adapter_routes, resolve_model, task_cards
 from helix.server.admin import add_admin_routes
 from helix.server.choices import Choice, child_params, merged, usage

@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 
 from coordinator.runtime import Coordinator, WorkerHandle
-from helix.errors import HelixUserError
-from helix.spec import ClusterSpec, NodeSpec
+from helix.core.errors import HelixUserError
+from helix.core.spec import ClusterSpec, NodeSpec
 
 log = logging.getLogger("helix.serve")
 

@@ -10,7 +10,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 
 class HttpThread:

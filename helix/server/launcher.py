@@ -15,7 +15,7 @@ other work they then get little CPU. The workers run at the raylet's priority in
 is ``helix serve``'s) unless :attr:`LaunchConfig.worker_niceness` asks for Ray's lower one.
 
 Every wait has a timeout; an actor that fails to start or a node resource that never appears is a
-:class:`~helix.errors.HelixUserError` naming the node.
+:class:`~helix.core.errors.HelixUserError` naming the node.
 
 Restarts: Ray does not restart the actors (``max_restarts=0``); :class:`helix.server.restarts.Supervisor`
 watches them (:meth:`RayLauncher.check`) and starts a new one for a worker that died
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.runtime import WorkerHandle
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.server.restarts import RestartPolicy, WorkerProbe
 
 log = logging.getLogger("helix.launcher")

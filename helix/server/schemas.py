@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.sampling import MAX_LOGPROBS, SamplingParams
 from helix.server.structured import guided_regex
 

@@ -21,11 +21,11 @@ from helix.server.launcher import LaunchConfig, RayLauncher
 from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
 from coordinator.chat_template import ChatTemplate
 from coordinator.textcodec import TextCodec
-from helix.errors import HelixUserError
-from helix.gguf import checkpoint_folder
-from helix.models import ModelSpec
-from helix.plan import Plan
-from helix.spec import ClusterSpec
+from helix.core.errors import HelixUserError
+from helix.core.gguf import checkpoint_folder
+from helix.core.models import ModelSpec
+from helix.core.plan import Plan
+from helix.core.spec import ClusterSpec
 from helix.server.admin import add_join_routes
 from helix.server.app import create_app
 from helix.server.elastic import Elastic, ObservedMix, RayJoins

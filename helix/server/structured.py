@@ -24,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 WHITESPACE = r"[ ]?"
 """Whitespace allowed between JSON tokens (one optional space)."""

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.server.schemas import ChatMessage, message_dicts
 
 

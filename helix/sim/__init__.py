@@ -3,7 +3,7 @@
 It replays a workload through a plan with the *same* pure scheduling objects the live system uses:
 the coordinator's schedulers (:mod:`coordinator.schedulers`) pick every request's pipeline and the
 workers' step policy (:mod:`worker.step_policy`, over :mod:`worker.kv_blocks`) batches every step;
-only the clock is simulated, with step times from :class:`helix.costmodel.CostModel` and transfers
+only the clock is simulated, with step times from :class:`helix.core.costmodel.CostModel` and transfers
 over the spec's links.
 
 Modelling choices, so numbers can be read correctly:

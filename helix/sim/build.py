@@ -7,17 +7,17 @@ import functools
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import make_scheduler
-from helix.costmodel import CostModel
-from helix.errors import InfeasibleError, SpecError
-from helix.plan import COORDINATOR, Plan
+from helix.core.costmodel import CostModel
+from helix.core.errors import InfeasibleError, SpecError
+from helix.core.plan import COORDINATOR, Plan
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.hop import CoordinatorHop
 from helix.sim.network import LinkParams, Network
 from helix.sim.tasks import assign_tasks, task_name, task_placement
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
-from helix.spec import ClusterSpec
-from helix.serving import ServingLimits, ServingSpec
+from helix.core.spec import ClusterSpec
+from helix.core.serving import ServingLimits, ServingSpec
 # The planner's figures, so both count the same bytes and size the same KV pools:
 from planner.build import build_problem, serving_limits, token_id_bytes
 from planner.flowgraph import with_flow_capacities

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from coordinator.kv_estimator import KVEstimator
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.schedulers import Scheduler
-from helix.plan import Plan
+from helix.core.plan import Plan
 from helix.sim.events import NO_EVENTS, DrainStart, Event, NodeJoins
 from helix.sim.replan import ReplanHandlers
 

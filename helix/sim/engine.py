@@ -23,8 +23,8 @@ from coordinator.pipeline import Pipeline, RequestInfo
 from coordinator.schedulers import Scheduler
 from coordinator.task_placement import TaskPlacement
 from coordinator.kv_estimator import KVEstimator
-from helix.plan import COORDINATOR, Plan
-from helix.serving import UNCHUNKED_STEP_TOKENS
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.serving import UNCHUNKED_STEP_TOKENS
 from helix.sim.elastic import ElasticHandlers, NodeDrain, NodeJoin
 from helix.sim.replan import ReplanConfig
 from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event, LinkWake, NodeDetected,

@@ -5,7 +5,7 @@ On a GPU cluster the coordinator has a machine of its own: a token costs it micr
 simulator charges nothing (the spec's ``coordinator`` section gives no figures). When the
 coordinator shares one machine's cores with pinned CPU workers (``cluster_specs/local2.yaml`` under
 ``scripts/bench_live.py``) it is not free, and two things follow, each from a measured figure of
-:class:`helix.spec.CoordinatorSpec`:
+:class:`helix.core.spec.CoordinatorSpec`:
 
 - ``token_cpu``: every token the last stage samples passes the coordinator (one Python process:
   ZeroMQ receive, detokenize, stream it to the caller), a FIFO server with that service time per
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from helix.spec import CoordinatorSpec
+from helix.core.spec import CoordinatorSpec
 from helix.sim.worker import SimWorker
 
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 from helix.sim.events import NO_EVENTS, Event, LayersLoaded, NodeAppears, ReplanPoll
 from helix.sim.worker import SimWorker
-from helix.spec import ClusterSpec
+from helix.core.spec import ClusterSpec
 from planner.trigger import Replan, ReplanTrigger, TriggerConfig
 
 #: Makes the simulated workers of a plan (``helix.sim.build`` binds its config and cost model).

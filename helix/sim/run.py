@@ -11,14 +11,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from helix.errors import HelixUserError
-from helix.plan import Plan
+from helix.core.errors import HelixUserError
+from helix.core.plan import Plan
 from helix.sim.build import build_simulator  # noqa: F401  (re-exported for the CLI)
 from helix.sim.engine import SimConfig
 from helix.sim.metrics import SimResult
 from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, resolve_trace,
                                 timed_workload)
-from helix.spec import ClusterSpec
+from helix.core.spec import ClusterSpec
 
 #: Placement methods and schedulers of ``--compare`` (the paper's comparison grid).
 COMPARE_METHODS = ("milp", "petals", "swarm", "separate", "uniform")

@@ -4,7 +4,7 @@ adapter terms, and the tasks placed across the plan's pipelines by the live coor
 - :class:`TaskMix` says how many tasks the requests name and how skewed their popularity is
   (``helix simulate --tasks 64 --task-skew zipf:1.1``); :func:`assign_tasks` gives each request of
   a workload its task (seeded, so runs repeat). A trace may also carry a task per request.
-- Each simulated step pays :meth:`helix.costmodel.CostModel.adapter_step_s` for its task groups
+- Each simulated step pays :meth:`helix.core.costmodel.CostModel.adapter_step_s` for its task groups
   (:class:`~helix.sim.worker.SimWorker`).
 - :class:`TaskRouting` (a mixin of :class:`~helix.sim.engine.Simulator`) drives
   :class:`coordinator.task_placement.TaskPlacement`, the object the live coordinator drives: a
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 
 from coordinator.pipeline import RequestInfo
 from coordinator.task_placement import LOOKAHEAD, PlacementConfig, TaskPlacement
-from helix.costmodel import AdapterShape
-from helix.errors import HelixUserError
-from helix.pipelines import enumerate_pipelines
-from helix.plan import Plan
+from helix.core.costmodel import AdapterShape
+from helix.core.errors import HelixUserError
+from helix.core.pipelines import enumerate_pipelines
+from helix.core.plan import Plan
 from helix.sim.events import CoordinatorSchedule
 
 

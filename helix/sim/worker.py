@@ -36,7 +36,7 @@ class SimWorker:
         """``step_overhead``: seconds a step costs apart from its layers (same arguments as
         ``layer_time``, charged once per step); None = nothing. ``adapter_time``: seconds the
         fine-tuned tasks' terms add to a step over the whole slice, given each task group's rows
-        (:meth:`helix.costmodel.CostModel.adapter_step_s`); None = nothing."""
+        (:meth:`helix.core.costmodel.CostModel.adapter_step_s`); None = nothing."""
         self.name = name
         self.start = start
         self.end = end

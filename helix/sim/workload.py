@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 
 TRACE_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 #: Short names of the traces shipped with the package.

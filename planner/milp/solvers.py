@@ -16,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from planner.milp.linear import LinearModel
 
 log = logging.getLogger("helix.planner")

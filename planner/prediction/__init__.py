@@ -1,10 +1,10 @@
 """What a plan delivers to users: throughput at saturation and latencies at 75 % of it, analytically.
 
 The cost model's T(k) is what a node delivers when every request its KV holds is in every step
-(:mod:`helix.costmodel`). Inside a pipeline of S stages that is not so; this package predicts from
-the plan's pipelines (:func:`helix.pipelines.enumerate_pipelines`) what the simulator and the live
+(:mod:`helix.core.costmodel`). Inside a pipeline of S stages that is not so; this package predicts from
+the plan's pipelines (:func:`helix.core.pipelines.enumerate_pipelines`) what the simulator and the live
 system measure. The derivation (operating points per node, round trips per pipeline, Little's law)
-is in :mod:`helix.costmodel`'s docstring, section *Inside a pipeline*; this package computes it:
+is in :mod:`helix.core.costmodel`'s docstring, section *Inside a pipeline*; this package computes it:
 
 1. start with one decode per step everywhere;
 2. step times of every node at its batch (:meth:`CostModel.stage_step_parts`: a plain step and
@@ -42,7 +42,7 @@ Pure and fast (milliseconds to a second for 40 nodes): no simulation, numbers on
 
 from planner.prediction.fixed_point import MAX_ITERATIONS, NoFixedPoint
 from planner.prediction.model import DECODE_WAVES, PROMPT_CV
-from helix.serving import CHECKED_STEP_BUDGETS
+from helix.core.serving import CHECKED_STEP_BUDGETS
 from planner.prediction.predictor import ONLINE_LOAD, PipelineState, online_rates, predict
 
 __all__ = ["CHECKED_STEP_BUDGETS", "DECODE_WAVES", "MAX_ITERATIONS", "ONLINE_LOAD", "PROMPT_CV",

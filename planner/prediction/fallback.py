@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from helix.pipelines import PlanPipeline, hop_usable
-from helix.plan import COORDINATOR, Plan
-from helix.slices import LayerSlice, as_placement
+from helix.core.pipelines import PlanPipeline, hop_usable
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import LayerSlice, as_placement
 
 #: Rounds of :func:`scheduler_fallback` (each routes a bulk of requests along one path).
 FALLBACK_ROUNDS = 400

@@ -5,7 +5,7 @@ Per stage a token rides a plain step, or one carrying another pipeline's prompt 
 waits out the step in progress; its own pipeline's prompts hold it up as a convoy
 (:func:`convoy_delay_s`); links are FIFO queues (:meth:`Model.link_waits`). Requests in flight
 per pipeline come from progressive filling (:meth:`Model.fill`). Derivation:
-:mod:`helix.costmodel`, *Inside a pipeline*; the steps in order: :mod:`planner.prediction`.
+:mod:`helix.core.costmodel`, *Inside a pipeline*; the steps in order: :mod:`planner.prediction`.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helix.costmodel import CostModel
-from helix.pipelines import enumerate_pipelines
-from helix.plan import COORDINATOR, Plan
-from helix.serving import UNCHUNKED_STEP_TOKENS
-from helix.spec import ClusterSpec
+from helix.core.costmodel import CostModel
+from helix.core.pipelines import enumerate_pipelines
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.serving import UNCHUNKED_STEP_TOKENS
+from helix.core.spec import ClusterSpec
 from planner.prediction import fixed_point
 from planner.prediction.fallback import scheduler_fallback
 from planner.prediction.incidence import Incidence
 
-#: A pipeline's decodes travel around it in about this many waves (see helix.costmodel: measured
+#: A pipeline's decodes travel around it in about this many waves (see helix.core.costmodel: measured
 #: in the simulator on single24, 2.1-2.5 on 10- and 12-stage T4 chains; an approximation).
 DECODE_WAVES = 2.0
 
@@ -182,7 +182,7 @@ class Model:
 
         Per stage a token rides a plain step, or one carrying another pipeline's prompt piece,
         and first waits out the step in progress; its own pipeline's prompts hold it up as a
-        convoy (:func:`convoy_delay_s`). Derivation: :mod:`helix.costmodel`, *Inside a pipeline*."""
+        convoy (:func:`convoy_delay_s`). Derivation: :mod:`helix.core.costmodel`, *Inside a pipeline*."""
         o, p, A = self.o, self.p, self.incidence
         budget = self.cost.serving.chunk_tokens   # a step's tokens; 0: whole prompts
         base, full, share, pieces = self.step_times(batch)

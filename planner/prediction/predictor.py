@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helix.costmodel import CostModel
-from helix.pipelines import PlanPipeline
-from helix.plan import Plan, Prediction
-from helix.spec import ClusterSpec
+from helix.core.costmodel import CostModel
+from helix.core.pipelines import PlanPipeline
+from helix.core.plan import Plan, Prediction
+from helix.core.spec import ClusterSpec
 from planner.prediction.model import PROMPT_CV, Model
 
 #: Fraction of the predicted saturated request rate at which latencies are predicted.

@@ -1,6 +1,6 @@
 """KV stages: one copy of the weights as a chain of one-kind stages, split to hold the most requests.
 
-Users get the requests in flight over the round trip (``helix.costmodel``, *Inside a pipeline*);
+Users get the requests in flight over the round trip (``helix.core.costmodel``, *Inside a pipeline*);
 on a cluster whose nodes hold the model only a few times over, the requests in flight are bound
 by the KV of the stage that keeps the least of it per layer it holds. The max flow rewards every
 copy of the weights and every layer a node can hold, so its placements (the capped-KV re-solve
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import itertools
 
-from helix.costmodel import CostModel
-from helix.spec import ClusterSpec, NodeSpec
+from helix.core.costmodel import CostModel
+from helix.core.spec import ClusterSpec, NodeSpec
 
 #: Choices of per-kind stage counts enumerated at most (each gives up to :data:`PER_CHOICE`
 #: candidates, each scored by a prediction of ~30 ms on 24 nodes).

@@ -13,7 +13,7 @@ LOCAL3 = REPO_ROOT / "cluster_specs" / "local3.yaml"
 def plan_without(spec, node: str | None, base_dir: Path = LOCAL3.parent):
     """``helix plan``'s plan (serving limits, flow capacities) of ``spec`` less ``node`` (None:
     every node)."""
-    from helix.spec import parse_cluster
+    from helix.core.spec import parse_cluster
     from planner import PlanOptions, plan
     data = spec.to_dict()
     data["nodes"] = [n for n in data["nodes"] if n["name"] != node]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from helix.commands.demo_checkpoint import TEXT, build_tokenizer
-from helix.models import MODEL_CATALOG, ModelSpec
+from helix.core.models import MODEL_CATALOG, ModelSpec
 
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
                  "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -44,7 +44,7 @@ def sentencepiece_vocab() -> tuple[list[str], list[int], list[float]]:
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's ``LlamaModel.permute`` of q/k rows (what :mod:`helix.gguf` undoes)."""
+    """llama.cpp's ``LlamaModel.permute`` of q/k rows (what :mod:`helix.core.gguf` undoes)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -75,7 +75,7 @@ def write_tiny_gguf(path: str | Path, tokenizer: str = "gpt2", quant: dict[str, 
     returns the spec and the float32 weights written (before quantization). ``quant``: llama.cpp
     tensor-name suffix (``attn_q.weight``) -> ggml type name (``Q8_0``), others float32."""
     import gguf
-    from helix.gguf import gguf_name
+    from helix.core.gguf import gguf_name
     if tokenizer == "gpt2":
         tokens, types, merges = byte_level_vocab()
         scores = None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helix.plan import COORDINATOR, ArcFlow, Plan
-from helix.slices import as_slices
+from helix.core.plan import COORDINATOR, ArcFlow, Plan
+from helix.core.slices import as_slices
 
 
 def make_plan(num_layers: int, ranges: dict[str, tuple[int, int]],

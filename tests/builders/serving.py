@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from helix.plan import ArcFlow, Plan
-from helix.serving import ServingLimits, ServingSpec
-from helix.slices import LayerSlice
+from helix.core.plan import ArcFlow, Plan
+from helix.core.serving import ServingLimits, ServingSpec
+from helix.core.slices import LayerSlice
 
 #: KV each worker of :func:`branching_plan` holds: the old engine default's room for the tests'
 #: longest requests and bursts, and little memory.

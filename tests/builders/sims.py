@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from coordinator.kv_estimator import KVEstimator
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR, ArcFlow, Plan
-from helix.serving import ServingSpec
+from helix.core.plan import COORDINATOR, ArcFlow, Plan
+from helix.core.serving import ServingSpec
 from helix.sim.build import policy_config
 from helix.sim.engine import SimConfig, Simulator
 from helix.sim.network import LinkParams, Network
 from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
-from helix.slices import LayerSlice
+from helix.core.slices import LayerSlice
 
 PROMPT_S_PER_TOKEN = 1e-3
 DECODE_S_PER_SEQ = 10e-3
@@ -48,7 +48,7 @@ def burst(n: int, prompt: int, output: int, gap_s: float = 0.0) -> tuple[TraceRe
 
 def pipelines_plan(spec, groups: list[tuple[list[str], list[int]]]) -> Plan:
     """Disjoint pipelines over ``spec``'s nodes; each pipeline's flow is its slowest stage's T(k)."""
-    from helix.costmodel import CostModel
+    from helix.core.costmodel import CostModel
     cost = CostModel.for_cluster(spec)
     placements, arcs, total = [], [], 0.0
     for names, layers in groups:

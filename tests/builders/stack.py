@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from coordinator.grpc_api import CoordinatorService, Registry
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
-from helix.plan import Plan
+from helix.core.plan import Plan
 from helix.server.app import create_app
 from helix.server.http import HttpThread
 from helix.server.metrics import ServingMetrics

@@ -11,7 +11,7 @@ import random
 
 from coordinator.iwrr import IWRR
 from coordinator.schedulers import HelixScheduler, RandomScheduler, Scheduler, SwarmScheduler
-from helix.plan import COORDINATOR, Plan
+from helix.core.plan import COORDINATOR, Plan
 
 
 class ReferenceKV:

@@ -9,7 +9,7 @@ import random
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 from tests.builders.plans import make_plan
 from tests.conftest import CLUSTER_SPECS
 from tests.coordinator.reference_scheduler import ReferenceKV, ReferenceScheduler
@@ -35,7 +35,7 @@ def random_plan(seed: int, num_nodes: int = 42, num_layers: int = 80):
 
 def hetero42_plan():
     logging.disable(logging.CRITICAL)
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from planner.build import build_problem
     from planner.solve import solve
     return solve(build_problem(load_cluster(CLUSTER_SPECS / "hetero42.yaml")),

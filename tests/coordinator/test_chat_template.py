@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from coordinator.chat_template import (BUILTIN_NAME, DEFAULT_CHAT_TEMPLATE,  # noqa: E402
                                        load_chat_template)
 from coordinator.textcodec import TextCodec  # noqa: E402
-from helix.errors import HelixUserError  # noqa: E402
+from helix.core.errors import HelixUserError  # noqa: E402
 
 from tests.builders.chat_checkpoint import (MULTI_TURN, SMOLLM2_TEMPLATE, SYSTEM_USER,  # noqa: E402
                                             TOOL_TEMPLATE, chat_tokenizer, input_ids)

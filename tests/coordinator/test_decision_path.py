@@ -14,7 +14,7 @@ from coordinator.iwrr import IWRR
 from coordinator.kv_estimator import FitMask, KVEstimator
 from coordinator.pipeline import Topology
 from coordinator.schedulers import SCHEDULERS
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 from tests.builders.plans import make_plan
 from tests.coordinator.replay import replay
 

@@ -5,8 +5,8 @@ import pytest
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import Pipeline, RequestInfo, Topology
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR
-from helix.slices import LayerSlice
+from helix.core.plan import COORDINATOR
+from helix.core.slices import LayerSlice
 from tests.builders.plans import diamond_plan
 
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.schedulers import SCHEDULERS, make_scheduler
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 from tests.builders.plans import make_plan
 
 NUM_LAYERS = 12

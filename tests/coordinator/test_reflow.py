@@ -11,8 +11,8 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.reflow import rebuilt, surviving_flows
 from coordinator.schedulers import make_scheduler
-from helix.plan import COORDINATOR, ArcFlow, Plan
-from helix.slices import as_slices
+from helix.core.plan import COORDINATOR, ArcFlow, Plan
+from helix.core.slices import as_slices
 from planner.flowgraph import capacity_table, max_flow, with_flow_capacities
 from tests.builders.problems import make_node, make_problem
 

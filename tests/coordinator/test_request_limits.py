@@ -6,8 +6,8 @@ import pytest
 
 from coordinator.pipeline import Topology
 from coordinator.requests import RequestLimits, max_kv_tokens
-from helix.errors import HelixUserError
-from helix.plan import COORDINATOR
+from helix.core.errors import HelixUserError
+from helix.core.plan import COORDINATOR
 from tests.builders.plans import make_plan
 from helix.net.sampling import SamplingParams
 

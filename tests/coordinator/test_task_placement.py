@@ -9,7 +9,7 @@ from coordinator.kv_estimator import KVEstimator
 from coordinator.pipeline import RequestInfo
 from coordinator.schedulers import make_scheduler
 from coordinator.task_placement import Move, PlacementConfig, TaskPlacement
-from helix.pipelines import enumerate_pipelines
+from helix.core.pipelines import enumerate_pipelines
 
 from tests.builders.serving import branching_plan
 

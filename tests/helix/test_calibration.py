@@ -1,7 +1,7 @@
 import pytest
 
-from helix.calibration import calibrate, parse_folder
-from helix.models import MODEL_CATALOG
+from helix.core.calibration import calibrate, parse_folder
+from helix.core.models import MODEL_CATALOG
 
 
 def test_folder_names():

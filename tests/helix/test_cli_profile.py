@@ -7,12 +7,12 @@ import pytest
 import yaml
 
 from helix.cli import main
-from helix.costmodel import CostModel
-from helix.profiles import load_profile
+from helix.core.costmodel import CostModel
+from helix.core.profiles import load_profile
 from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.workload import TraceRequest
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 
 pytest.importorskip("torch")
 
@@ -71,7 +71,7 @@ def test_quick_profile_is_what_plan_reads(tmp_path, capsys):
 
     # The simulator charges a step its 8 measured layers plus the step's measured fixed cost, a
     # last stage's (cpu-0 holds the whole model: it samples).
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     from worker.step_policy import StepPlan
     sim = build_simulator(spec, Plan.load(plan_path), (TraceRequest(0.0, 8, 2),),
                           SimConfig(duration_s=None))
@@ -123,8 +123,8 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
 
 
 def test_the_grid_fits_the_model_and_the_memory():
-    from helix.errors import HelixUserError
-    from helix.models import MODEL_CATALOG
+    from helix.core.errors import HelixUserError
+    from helix.core.models import MODEL_CATALOG
     from worker.profile import ProfileGrid
     spec = MODEL_CATALOG["llama-1-30b"]                       # 2048 positions, no GQA
     grid = ProfileGrid.default("cuda").fit_to(spec.max_position_embeddings)

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from helix.costmodel import CostModel, analytic_layer_time_s, layer_work, work_time_s
-from helix.hardware import GPU_CATALOG
-from helix.models import MODEL_CATALOG
-from helix.spec import parse_cluster
+from helix.core.costmodel import CostModel, analytic_layer_time_s, layer_work, work_time_s
+from helix.core.hardware import GPU_CATALOG
+from helix.core.models import MODEL_CATALOG
+from helix.core.spec import parse_cluster
 
 from tests.builders.specs import tiny_spec
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from helix.errors import SpecError
-from helix.gguf import GGUF_LINK, checkpoint_folder, find_gguf, open_gguf
-from helix.models import resolve_model
+from helix.core.errors import SpecError
+from helix.core.gguf import GGUF_LINK, checkpoint_folder, find_gguf, open_gguf
+from helix.core.models import resolve_model
 from tests.builders.gguf import CHAT_TEMPLATE, write_tiny_gguf
 
 pytest.importorskip("gguf")

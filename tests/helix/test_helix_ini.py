@@ -1,8 +1,8 @@
 import pytest
 
-from helix.errors import SpecError
-from helix.helix_ini import parse_quantity, read_helix_ini
-from helix.plan import COORDINATOR
+from helix.core.errors import SpecError
+from helix.core.helix_ini import parse_quantity, read_helix_ini
+from helix.core.plan import COORDINATOR
 
 CLUSTER = """
 [NodeNames]
@@ -159,7 +159,7 @@ def two_regions(tmp_path):
 
 
 def test_regions_are_inferred_from_the_link_table(two_regions):
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     result = convert_ini(*two_regions)
     spec = result.spec
     assert result.regions.members == {"region-0": ("node-0", "node-1", "node-2"),
@@ -177,7 +177,7 @@ def test_regions_are_inferred_from_the_link_table(two_regions):
 
 def test_converted_links_equal_the_ini_exactly(two_regions):
     """Every ordered pair (coordinator both ways included) reads back its INI figures."""
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     spec = convert_ini(*two_regions).spec
     names = [n.name for n in spec.nodes]
     for a in names:
@@ -192,7 +192,7 @@ def test_converted_links_equal_the_ini_exactly(two_regions):
 
 
 def test_one_region_when_links_show_no_gap(tmp_path, two_regions):
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     path = tmp_path / "flat.ini"
     path.write_text(_two_region_ini(cross_bw="1000 * mbps", cross_lat="1 * MilliSec"))
     result = convert_ini(path, two_regions[1])
@@ -204,14 +204,14 @@ def test_one_region_when_links_show_no_gap(tmp_path, two_regions):
 
 
 def test_link_tolerance_folds_near_figures(two_regions):
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     assert len(convert_ini(*two_regions, tolerance=0.5).spec.links) == 0
     with pytest.raises(SpecError, match="--link-tolerance must be >= 0"):
         convert_ini(*two_regions, tolerance=-1)
 
 
 def test_regions_file_overrides_the_inference(two_regions):
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     given = {"east": ["node-0", "node-1"], "west": ["node-2", "node-3", "node-4"]}
     spec = convert_ini(*two_regions, regions=given).spec
     assert spec.region_of("node-2") == "west" and set(spec.regions) == {"east", "west"}
@@ -230,7 +230,7 @@ def test_regions_file_overrides_the_inference(two_regions):
 
 
 def test_an_incomplete_link_table_lists_every_link(ini_files):
-    from helix.helix_ini import convert_ini
+    from helix.core.helix_ini import convert_ini
     spec = convert_ini(*ini_files).spec
     assert spec.only_listed_links and len(spec.links) == 5
     # the two A100/T4x2 nodes reach node-2 slowly / fast, but are not joined to each other
@@ -238,7 +238,7 @@ def test_an_incomplete_link_table_lists_every_link(ini_files):
 
 
 def test_throughput_tables_are_embedded(two_regions, tmp_path):
-    from helix.helix_ini import convert_ini, load_throughput_tables
+    from helix.core.helix_ini import convert_ini, load_throughput_tables
     path = tmp_path / "tables.yaml"
     path.write_text("two:\n  A100: [30, 20, 10]\n  T4: [9, 4]\n  V100: [5]\nother:\n  L4: [1]\n")
     tables = load_throughput_tables(path, "two")
@@ -253,7 +253,7 @@ def test_throughput_tables_are_embedded(two_regions, tmp_path):
 
 
 def test_read_layout(tmp_path):
-    from helix.helix_ini import read_layout
+    from helix.core.helix_ini import read_layout
     path = tmp_path / "sol.ini"
     path.write_text("[Settings]\noffset=2\n\n[Solution]\ncompute_node_2=[3, 4, 5]\n"
                     "compute_node_3=[0, 1, 2]\ncompute_node_4=[]\n")
@@ -272,7 +272,7 @@ CASES = {"3cluster24": "llama-2-70b", "cluster42": "llama-2-70b", "cluster10": "
 
 
 def _convert_case(shared_data, case):
-    from helix.helix_ini import convert_ini, load_throughput_tables
+    from helix.core.helix_ini import convert_ini, load_throughput_tables
     ref = shared_data / "reference_cases"
     tables = load_throughput_tables(ref / "throughput_tables.yaml", case)
     return convert_ini(ref / f"{case}.ini", ref / f"machine_profiles_{case}.ini", CASES[case],
@@ -280,7 +280,7 @@ def _convert_case(shared_data, case):
 
 
 def test_reference_cases_keep_their_regions_and_links(shared_data):
-    from helix.helix_ini import _links, _read
+    from helix.core.helix_ini import _links, _read
     three = _convert_case(shared_data, "3cluster24")
     assert [len(m) for m in three.regions.members.values()] == [4, 10, 10]
     assert three.regions.members["region-0"] == tuple(f"node-{i}" for i in range(4))
@@ -302,7 +302,7 @@ def test_reference_cases_keep_their_regions_and_links(shared_data):
 def test_reference_ilp_layouts_score_their_published_flow(shared_data, case, published):
     """The reference ILP ran on a pruned topology; its layouts are bound by node capacity, so
     the full topology scores them the same."""
-    from helix.helix_ini import read_layout
+    from helix.core.helix_ini import read_layout
     from planner.build import build_problem
     from planner.flowgraph import max_flow
     problem = build_problem(_convert_case(shared_data, case).spec)
@@ -314,7 +314,7 @@ def test_reference_ilp_layouts_score_their_published_flow(shared_data, case, pub
 def test_convert_command_prints_the_regions_and_writes_a_loadable_spec(two_regions, tmp_path,
                                                                           capsys):
     from helix.cli import main
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     out = tmp_path / "two.yaml"
     tables = tmp_path / "tables.yaml"
     tables.write_text("two:\n  A100: [30, 20, 10]\n  L4: [9, 4]\n  T4: [5]\n")

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from helix.errors import SpecError
-from helix.models import MODEL_CATALOG, ModelSpec, resolve_model
+from helix.core.errors import SpecError
+from helix.core.models import MODEL_CATALOG, ModelSpec, resolve_model
 
 
 def test_catalog_shapes():

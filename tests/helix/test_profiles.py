@@ -2,8 +2,8 @@
 
 import pytest
 
-from helix.errors import SpecError
-from helix.profiles import (DECODE_FILE, PROMPT_FILE, ProfileRow, load_profile, read_rows,
+from helix.core.errors import SpecError
+from helix.core.profiles import (DECODE_FILE, PROMPT_FILE, ProfileRow, load_profile, read_rows,
                             write_profile)
 
 

@@ -1,9 +1,9 @@
-"""helix.slices: a node's layers, and the one way between slices and a placement mapping."""
+"""helix.core.slices: a node's layers, and the one way between slices and a placement mapping."""
 
 from __future__ import annotations
 
-from helix.plan import Plan
-from helix.slices import LayerSlice, as_placement, as_slices
+from helix.core.plan import Plan
+from helix.core.slices import LayerSlice, as_placement, as_slices
 
 # A plan file as Helix writes it (the placements' fields, their order and the file's text are the
 # schema: a plan written before stays loadable and is written again the same).

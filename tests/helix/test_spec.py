@@ -3,9 +3,9 @@ import copy
 import pytest
 import yaml
 
-from helix.errors import SpecError
-from helix.plan import COORDINATOR
-from helix.spec import load_cluster, parse_cluster
+from helix.core.errors import SpecError
+from helix.core.plan import COORDINATOR
+from helix.core.spec import load_cluster, parse_cluster
 from tests.conftest import CLUSTER_SPECS
 
 from tests.builders.specs import tiny_spec
@@ -159,7 +159,7 @@ def test_unquoted_numeric_gpu_alias():
 
 
 def test_plan_file_errors_are_one_line(tmp_path):
-    from helix.plan import Plan
+    from helix.core.plan import Plan
     bad = tmp_path / "p.yaml"
     bad.write_text("schema_version: 1\nplacements: [\n")
     with pytest.raises(SpecError, match=r"invalid YAML at line \d+") as err:
@@ -185,7 +185,7 @@ def test_the_default_step_budget_follows_a_prompt_heavy_workload():
     """The default budget (256) cannot hold a decode with its share of prompt tokens when prompts
     are ~1,000x the outputs: a spec that never set chunk_tokens gets the smallest power of two that
     does (and 'auto' the same floor); a budget the user set is still checked (one-line error)."""
-    from helix.spec import step_budget_floor
+    from helix.core.spec import step_budget_floor
     base = yaml.safe_load((CLUSTER_SPECS / "single24.yaml").read_text())
     base["workload"] = {"mean_prompt_tokens": 4000, "mean_output_tokens": 4}
     assert step_budget_floor(4000, 4) == 1001
@@ -204,7 +204,7 @@ def test_the_step_budget_is_read_in_one_place():
     """``serving.chunk_tokens`` as written: unset and ``auto`` take the default (``auto`` also has
     the planner choose); a number, or a value the field then refuses, stays as written. A plan's
     serving section without it reads as the engine's own budget (plans written before the field)."""
-    from helix import serving
+    from helix.core import serving
     assert serving.resolve_step_budget({}) == {"chunk_tokens": serving.DEFAULT_STEP_TOKENS}
     assert serving.resolve_step_budget({"chunk_tokens": "auto"}, 1024) == \
         {"chunk_tokens": 1024, "choose_chunk_tokens": True}

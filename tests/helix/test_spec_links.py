@@ -3,9 +3,9 @@
 import networkx as nx
 import pytest
 
-from helix.errors import SpecError
-from helix.plan import COORDINATOR
-from helix.spec import parse_cluster
+from helix.core.errors import SpecError
+from helix.core.plan import COORDINATOR
+from helix.core.spec import parse_cluster
 from tests.builders.specs import tiny_spec
 
 

@@ -4,8 +4,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helix.hardware import GPU_CATALOG
-from helix.spec import parse_cluster
+from helix.core.hardware import GPU_CATALOG
+from helix.core.spec import parse_cluster
 
 regions = st.lists(st.sampled_from(["east", "west", "eu", "ap"]), min_size=1, max_size=4,
                    unique=True)

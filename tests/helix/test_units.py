@@ -1,6 +1,6 @@
 import pytest
 
-from helix.units import (UnitError, format_bandwidth, parse_bandwidth, parse_duration,
+from helix.core.units import (UnitError, format_bandwidth, parse_bandwidth, parse_duration,
                          parse_size)
 
 

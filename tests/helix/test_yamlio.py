@@ -1,4 +1,4 @@
-"""helix.yamlio: libyaml where PyYAML has it, with the same documents, text and error lines as
+"""helix.core.yamlio: libyaml where PyYAML has it, with the same documents, text and error lines as
 PyYAML's Python parser and emitter."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from helix import yamlio
-from helix.errors import SpecError
-from helix.plan import ArcFlow, Plan
-from helix.slices import LayerSlice
+from helix.core import yamlio
+from helix.core.errors import SpecError
+from helix.core.plan import ArcFlow, Plan
+from helix.core.slices import LayerSlice
 
 
 def test_plan_text_and_document_as_the_python_yaml(tmp_path):

@@ -91,8 +91,8 @@ def test_geo24_70b_beats_the_regional_milp():
 def _geo24(model: str):
     from pathlib import Path
 
-    from helix.models import resolve_model
-    from helix.spec import load_cluster
+    from helix.core.models import resolve_model
+    from helix.core.spec import load_cluster
     from planner.build import build_problem
     spec = load_cluster(Path(__file__).resolve().parents[2] / "cluster_specs" / "geo24.yaml")
     return build_problem(spec, resolve_model(model))

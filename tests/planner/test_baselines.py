@@ -15,7 +15,7 @@ CASES = {"3cluster24": "llama-2-70b", "cluster42": "llama-2-70b", "cluster10": "
 
 
 def _problem(shared_data, case):
-    from helix.helix_ini import convert_ini, load_throughput_tables
+    from helix.core.helix_ini import convert_ini, load_throughput_tables
     from planner.build import build_problem
     ref = shared_data / "reference_cases"
     tables = load_throughput_tables(ref / "throughput_tables.yaml", case)
@@ -25,7 +25,7 @@ def _problem(shared_data, case):
 
 @pytest.mark.parametrize("name,heuristic", [("petals", petals), ("swarm", swarm)])
 def test_cluster42_layouts_are_the_published_ones(shared_data, name, heuristic):
-    from helix.helix_ini import read_layout
+    from helix.core.helix_ini import read_layout
     problem = _problem(shared_data, "cluster42")
     published = {problem.nodes[i].name: r
                  for i, r in read_layout(DATA / f"cluster42_{name}_sol.ini").items()}
@@ -34,7 +34,7 @@ def test_cluster42_layouts_are_the_published_ones(shared_data, name, heuristic):
 
 def test_single24_petals_layout_is_the_published_one():
     """Needs no shared data: the reference case with the artifact's node order."""
-    from helix.helix_ini import read_layout
+    from helix.core.helix_ini import read_layout
     p = reference_single24_70b(artifact_order=True)
     published = {p.nodes[i].name: r
                  for i, r in read_layout(DATA / "single24_petals_sol.ini").items()}

@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from helix.cli import main
-from helix.plan import ArcFlow, Plan
-from helix.serving import CHECKED_STEP_BUDGETS
-from helix.slices import LayerSlice
-from helix.spec import ClusterSpec
+from helix.core.plan import ArcFlow, Plan
+from helix.core.serving import CHECKED_STEP_BUDGETS
+from helix.core.slices import LayerSlice
+from helix.core.spec import ClusterSpec
 from planner import budget
 from planner.build import serving_limits, with_serving
 from planner.prediction import predict

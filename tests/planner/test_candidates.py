@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from helix.costmodel import CostModel
+from helix.core.costmodel import CostModel
 from helix.sim.engine import SimConfig
 from helix.sim.run import build_simulator
 from helix.sim.workload import load_azure_trace, resolve_trace
-from helix.slices import as_placement
-from helix.spec import ClusterSpec, load_cluster
+from helix.core.slices import as_placement
+from helix.core.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
 from planner.flowgraph import max_flow

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helix.helix_ini import convert_ini, load_throughput_tables
+from helix.core.helix_ini import convert_ini, load_throughput_tables
 from planner import solve
 from planner.build import build_problem
 from planner.milp import cover_model

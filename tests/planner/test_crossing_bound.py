@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from helix.helix_ini import convert_ini, load_throughput_tables
+from helix.core.helix_ini import convert_ini, load_throughput_tables
 from planner import solve
 from planner.build import build_problem
 from planner.problem import COORDINATOR, Link, PlacementProblem

@@ -7,7 +7,7 @@ import sys
 from tests.conftest import CLUSTER_SPECS, REPO_ROOT
 
 SCRIPT = f"""
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from planner.build import build_problem
 from planner.solve import solve
 plan = solve(build_problem(load_cluster({str(CLUSTER_SPECS / 'single24.yaml')!r})), method='separate')

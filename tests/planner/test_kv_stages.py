@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from helix.costmodel import CostModel
-from helix.spec import ClusterSpec, load_cluster
+from helix.core.costmodel import CostModel
+from helix.core.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
 from planner.predicted import (MAX_CROSSING_LOAD, _crossing_load, best_candidate, evaluate,
                                evaluate_placement, kv_stage_candidates)

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from helix.helix_ini import convert_ini, load_throughput_tables
-from helix.models import resolve_model
-from helix.spec import load_cluster
+from helix.core.helix_ini import convert_ini, load_throughput_tables
+from helix.core.models import resolve_model
+from helix.core.spec import load_cluster
 from planner import solve
 from planner.build import build_problem
 from planner.flowgraph import max_flow

@@ -13,7 +13,7 @@ import pytest
 from helix.cli import main
 from helix.server.elastic import Elastic
 from helix.sim.run import make_plan
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from planner import PlanOptions, plan
 from planner.build import build_problem, with_serving
 from planner.flowgraph import with_flow_capacities

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from planner import PlanOptions, SearchReport, solve
 from planner.report import ClassMilpRun, CoverRun, MilpSkipped, PaperMilpRun
 from tests.builders.problems import random_problem

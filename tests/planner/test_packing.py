@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helix.spec import ClusterSpec, load_cluster
+from helix.core.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
 from planner.milp.solvers import HighsAdapter
 from planner.search.bounds import fixed_point_bound

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from helix.cli import main
-from helix.errors import HelixUserError
-from helix.plan import Plan
+from helix.core.errors import HelixUserError
+from helix.core.plan import Plan
 from planner.flowgraph import max_flow
 from planner.search.baselines import swarm
 from planner.reference import reference_single24_70b

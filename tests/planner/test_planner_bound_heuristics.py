@@ -127,7 +127,7 @@ def test_solve_reports_a_bound_above_every_heuristic_flow(threads, seed, n, L, r
     and the MILP never returns less than the best heuristic."""
     from hypothesis import assume
 
-    from helix.errors import InfeasibleError
+    from helix.core.errors import InfeasibleError
     from planner import solve
     p = random_problem(random.Random(seed), n, L, kmax=4, regions=regions, inter_region_cap=inter)
     try:

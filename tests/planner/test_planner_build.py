@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from helix.plan import COORDINATOR
-from helix.spec import parse_cluster
+from helix.core.plan import COORDINATOR
+from helix.core.spec import parse_cluster
 from planner.build import build_links, token_id_bytes
 from tests.builders.specs import tiny_spec
 

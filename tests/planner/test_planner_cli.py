@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from helix.cli import main
-from helix.plan import Plan
+from helix.core.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = str(REPO / "cluster_specs" / "reference" / "helix-single24-70b.yaml")

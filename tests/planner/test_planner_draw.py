@@ -12,7 +12,7 @@ import pytest
 from matplotlib.text import Text
 from PIL import Image
 
-from helix.serving import ServingLimits
+from helix.core.serving import ServingLimits
 from planner import solve
 from planner.draw import draw_plan, plan_figure
 from planner.draw_layout import MIN_SHARE, layout

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from helix.slices import as_placement
+from helix.core.slices import as_placement
 from planner import solve
 from planner.flowgraph import max_flow
 from planner.latency import decompose, path_stats
@@ -53,8 +53,8 @@ def test_progress_reports_incumbent_below_bound():
 def test_latency_uses_the_layer_count_each_node_holds():
     """The cost model's per-layer latency depends on k (a T4's batch shrinks as its layers grow):
     a chain of ten T4s with 8 layers each costs 8 * latency(k=8) per node, not 8 * latency(k=4)."""
-    from helix.costmodel import CostModel
-    from helix.spec import load_cluster
+    from helix.core.costmodel import CostModel
+    from helix.core.spec import load_cluster
     from planner.build import build_problem
     spec = load_cluster(REPO / "cluster_specs" / "single24.yaml")
     p = build_problem(spec)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helix.errors import HelixUserError, InfeasibleError
-from helix.plan import Plan
-from helix.spec import load_cluster
+from helix.core.errors import HelixUserError, InfeasibleError
+from helix.core.plan import Plan
+from helix.core.spec import load_cluster
 from planner import METHODS, solve
 from planner.build import build_problem
 from planner.reference import REFERENCE_MAX_FLOW, reference_single24_70b

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from helix.cli import main
-from helix.costmodel import CostModel
-from helix.pipelines import enumerate_pipelines
-from helix.plan import ArcFlow, Plan
-from helix.slices import LayerSlice
-from helix.spec import ClusterSpec
+from helix.core.costmodel import CostModel
+from helix.core.pipelines import enumerate_pipelines
+from helix.core.plan import ArcFlow, Plan
+from helix.core.slices import LayerSlice
+from helix.core.spec import ClusterSpec
 from planner.prediction import DECODE_WAVES, PROMPT_CV, online_rates, predict
 from planner.prediction.fallback import scheduler_fallback
 from planner.prediction.model import Model, convoy_delay_s
@@ -157,7 +157,7 @@ def test_pipeline_shares_follow_the_flow_splits():
 
 
 def test_outer_loop_terminates_and_is_deterministic():
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from planner.options import ITERATIONS, PlanOptions
     from planner.predicted import choose
     spec = load_cluster(LOCAL3)
@@ -189,7 +189,7 @@ def test_kind_chain_routing_keeps_pipelines_within_a_kind():
     kind-chain routing does not, and the prediction prefers it (an A100 chain is ~5x faster).
     The margin was > 1.3x before decode attention paid for GQA's KV re-reads; the A100 stages,
     which batch the most decodes, now step slower at those batches, so it is ~1.17x."""
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from planner.build import build_problem
     from planner.options import PlanOptions
     from planner.predicted import choose, routings

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helix.costmodel import CostModel
-from helix.plan import ArcFlow, Plan
-from helix.serving import UNCHUNKED_STEP_TOKENS
-from helix.slices import LayerSlice
-from helix.spec import ClusterSpec, load_cluster
+from helix.core.costmodel import CostModel
+from helix.core.plan import ArcFlow, Plan
+from helix.core.serving import UNCHUNKED_STEP_TOKENS
+from helix.core.slices import LayerSlice
+from helix.core.spec import ClusterSpec, load_cluster
 from planner.budget import at_budget
 from planner.build import build_problem
 from planner.predicted import evaluate
@@ -40,7 +40,7 @@ def test_a_wave_bigger_than_the_budget_takes_more_steps_not_fewer_prompts():
 
 def test_with_chunking_off_a_step_holds_no_more_decodes_than_the_unchunked_budget():
     """Chunking off (whole prompts), a worker step still holds at most
-    :data:`helix.serving.UNCHUNKED_STEP_TOKENS` tokens of decodes (the step policy; only a step's
+    :data:`helix.core.serving.UNCHUNKED_STEP_TOKENS` tokens of decodes (the step policy; only a step's
     first prompt may exceed it). With ``max_batch_seqs`` above it, T(k) and the prediction let a
     step hold 4,096 decodes (tiny-llama on an A100-80G: ~11,000 requests in flight, decode
     3.4 M tokens/s, 1.4x what 2,048-decode steps serve)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from helix.costmodel import CostModel
-from helix.spec import parse_cluster
+from helix.core.costmodel import CostModel
+from helix.core.spec import parse_cluster
 from planner import prediction
 from planner.build import build_problem
 from planner.prediction import fixed_point

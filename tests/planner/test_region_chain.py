@@ -45,7 +45,7 @@ def test_3cluster24_crossing_stage_counts_what_its_nodes_would_hold_elsewhere(sh
     """The crossing stage into a region is chosen for the layers the whole region then covers:
     three T4 x 4 layers into region 2 (the L4s keep 3 layers each) instead of three L4 x 6, so
     the A100s' T(9) = 1,754.4 binds (was 1,595.1 with the L4s at T(7) x 3)."""
-    from helix.helix_ini import convert_ini, load_throughput_tables
+    from helix.core.helix_ini import convert_ini, load_throughput_tables
     from planner.build import build_problem
     cases = shared_data / "reference_cases"
     tables = load_throughput_tables(cases / "throughput_tables.yaml", "3cluster24")

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from helix.cli import main
-from helix.plan import Plan
-from helix.spec import load_cluster
+from helix.core.plan import Plan
+from helix.core.spec import load_cluster
 from planner import predicted, replan
 from planner.build import build_problem
 

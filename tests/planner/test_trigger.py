@@ -3,8 +3,8 @@ margin, a minimum interval; deterministic for a clock passed in."""
 
 import pytest
 
-from helix.slices import as_placement
-from helix.spec import parse_cluster
+from helix.core.slices import as_placement
+from helix.core.spec import parse_cluster
 from planner import PlanOptions, predicted
 from planner.trigger import ReplanTrigger, TriggerConfig
 
@@ -174,7 +174,7 @@ def test_a_mix_the_running_placement_cannot_hold_is_judged_not_raised():
     room for the layers it holds, so the planner refuses the running placement as it is (the
     trigger raised PlannerBug); it is judged without that node, and where no placement fits at all
     the running one is kept."""
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from tests.conftest import REPO_ROOT
     spec = load_cluster(REPO_ROOT / "cluster_specs" / "local3.yaml")
     running = predicted.choose(spec, PlanOptions(time_limit_s=2, threads=1))

@@ -1,5 +1,5 @@
 """scripts/bench_costmodel.py --profile: every measured point of a profile folder beside the
-roofline of its device, the ratio being measured / model as helix.costmodel computes it."""
+roofline of its device, the ratio being measured / model as helix.core.costmodel computes it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from statistics import median
 
 import pytest
 
-from helix.costmodel import analytic_layer_time_s
-from helix.hardware import GpuKind, lookup_gpu
-from helix.models import MODEL_CATALOG, ModelSpec
-from helix.profiles import ProfileRow, write_profile
+from helix.core.costmodel import analytic_layer_time_s
+from helix.core.hardware import GpuKind, lookup_gpu
+from helix.core.models import MODEL_CATALOG, ModelSpec
+from helix.core.profiles import ProfileRow, write_profile
 from tests.conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "bench_costmodel.py"
@@ -147,7 +147,7 @@ def test_a_folder_without_model_metadata_is_one_line_of_error(tmp_path, capsys,
 
 def test_on_a_folder_helix_profile_wrote(tmp_path, capsys, benchmarks_unchanged):
     from helix.cli import main as helix
-    from helix.profiles import load_profile
+    from helix.core.profiles import load_profile
     folder = tmp_path / "measured"
     assert helix(["profile", "tiny-llama", "--quick", "--threads", "1", "-o", str(folder)]) == 0
     capsys.readouterr()

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from helix.plan import ArcFlow, Plan
+from helix.core.plan import ArcFlow, Plan
 from helix.sim import run as simrun
 from helix.sim.workload import mean_lengths
-from helix.slices import LayerSlice
+from helix.core.slices import LayerSlice
 from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))

@@ -12,7 +12,7 @@ import pytest
 from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.workload import TraceRequest
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from tests.builders.sims import pipelines_plan
 from tests.conftest import REPO_ROOT
 

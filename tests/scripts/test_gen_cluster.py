@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from helix.hardware import GPU_CATALOG
-from helix.spec import load_cluster, parse_cluster
+from helix.core.hardware import GPU_CATALOG
+from helix.core.spec import load_cluster, parse_cluster
 from tests.conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gen_cluster.py"

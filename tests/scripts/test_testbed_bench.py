@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from helix.spec import parse_cluster
+from helix.core.spec import parse_cluster
 from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))

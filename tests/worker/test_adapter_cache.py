@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helix.errors import USER_FAILURE, HelixUserError
+from helix.core.errors import USER_FAILURE, HelixUserError
 from helix.net.sampling import SamplingParams
 from tests.builders.adapters import random_task, write_task
 from worker.adapter_cache import AdapterCache, NoRoom

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helix.errors import USER_FAILURE, HelixUserError
+from helix.core.errors import USER_FAILURE, HelixUserError
 from helix.net.sampling import SamplingParams
 from tests.builders.adapters import merged_model, random_task, write_peft_lora, write_task
 from tests.builders.threads import one_torch_thread

@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from worker.engine import EngineConfig, SliceEngine
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams

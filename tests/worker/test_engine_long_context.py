@@ -4,7 +4,7 @@ attention gathers into buffers kept across steps (no fresh pages each step)."""
 
 import torch
 
-from helix.models import MODEL_CATALOG
+from helix.core.models import MODEL_CATALOG
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from worker.engine import EngineConfig, SliceEngine, _hidden_rows

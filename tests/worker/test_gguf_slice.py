@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helix.gguf import open_gguf
+from helix.core.gguf import open_gguf
 from helix.net.sampling import SamplingParams
 from worker.engine import EngineConfig, SliceEngine
 from worker.local_pipeline import LocalPipeline, Prompt

@@ -8,7 +8,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.sampling import SamplingParams
 from worker.sampling import Sampler, processed_probs
 

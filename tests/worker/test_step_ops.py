@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from helix.models import resolve_model  # noqa: E402
+from helix.core.models import resolve_model  # noqa: E402
 from helix.net.io_types import NewRequest, StageInput  # noqa: E402
 from helix.net.sampling import SamplingParams  # noqa: E402
 from worker import native  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from worker.kv_blocks import KVBlockManager, KVCacheFullError
 from worker.step_policy import PolicyConfig, PrefillChunk, StepPolicy
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from worker.kv_blocks import KVBlockManager
 from worker.step_policy import PolicyConfig, PrefillChunk, StepPlan, StepPolicy, _StepBuilder
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helix.errors import HelixUserError, SpecError
+from helix.core.errors import HelixUserError, SpecError
 from worker.engine import EngineConfig, SliceEngine
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from worker.weights import expected_shapes, load_slice
-from helix.models import ModelSpec
+from helix.core.models import ModelSpec
 
 
 def _rchar() -> int:

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from helix.cli import main
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net import keys as keys_mod
 from helix.net.control import ControlClient, service_handler, start_server
 from helix.net.keys import FILES, TLS_SERVER_NAME, ClusterKeys

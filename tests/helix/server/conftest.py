@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helix.plan import Plan
+from helix.core.plan import Plan
 from tests.builders.serving import branching_plan
 
 torch = pytest.importorskip("torch")
@@ -46,7 +46,7 @@ def smollm2():
     """The SmolLM2-135M-Instruct GGUF (``helix.commands.demo_model``); skipped, saying why, where
     it is neither installed, cached nor downloadable."""
     from helix.commands.demo_model import ensure_smollm2
-    from helix.errors import HelixUserError
+    from helix.core.errors import HelixUserError
     try:
         return ensure_smollm2()
     except HelixUserError as exc:

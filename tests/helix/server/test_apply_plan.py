@@ -13,8 +13,8 @@ httpx = pytest.importorskip("httpx")
 
 from coordinator.reshape import mixed_plan, next_move
 from coordinator.runtime import RuntimeConfig
-from helix.plan import ArcFlow
-from helix.slices import LayerSlice, as_placement
+from helix.core.plan import ArcFlow
+from helix.core.slices import LayerSlice, as_placement
 
 from tests.builders.serving import PROMPTS, branching_plan, hf_greedy, with_kv
 from tests.builders.stack import local_stack
@@ -177,7 +177,7 @@ def test_a_plan_that_drops_a_node_retires_it_once_empty_and_it_can_join_again(st
 
 def test_a_slice_that_fails_to_load_stops_the_change_and_the_node_serves_on(stack, reference):
     import coordinator.reshape as reshape
-    from helix.errors import HelixUserError
+    from helix.core.errors import HelixUserError
     coord = stack.coordinator
     prompts = list(reference)
     before = as_placement(coord.plan.placements)

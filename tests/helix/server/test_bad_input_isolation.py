@@ -14,7 +14,7 @@ import zmq
 from coordinator.grpc_api import CoordinatorService, Registry
 from coordinator.requests import Delta
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, start_server
 from helix.net.sampling import SamplingParams
 from worker.server import WorkerServer

@@ -10,7 +10,7 @@ import pytest
 from coordinator.chat_template import load_chat_template
 from coordinator.textcodec import DEFAULT_CHAT_TEMPLATE, Detokenizer, TextCodec
 from helix.cli import main
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.commands.demo_checkpoint import CHAT_TEMPLATE, build_tokenizer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import ControlClient, ControlError, service_handler, start_server
 
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from helix.plan import ArcFlow, Plan
-from helix.slices import LayerSlice
+from helix.core.plan import ArcFlow, Plan
+from helix.core.slices import LayerSlice
 from tests.builders.serving import with_kv
 from tests.builders.stack import MODEL_NAME, local_stack
 

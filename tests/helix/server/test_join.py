@@ -21,8 +21,8 @@ from coordinator.runtime import RuntimeConfig
 from helix.cli import main
 from helix.net.control import COORDINATOR_SERVICE, ControlClient, ControlError, start_server
 from helix.server.elastic import Elastic
-from helix.slices import as_placement
-from helix.spec import load_cluster
+from helix.core.slices import as_placement
+from helix.core.spec import load_cluster
 
 from tests.builders.cli import helix_env
 from tests.builders.elastic import LOCAL3, plan_without

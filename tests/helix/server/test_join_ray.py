@@ -15,7 +15,7 @@ from coordinator.runtime import RuntimeConfig
 from helix.net.sampling import SamplingParams
 from helix.server.launcher import LaunchConfig
 from helix.server.stack import ServeOptions, ServeStack
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 
 from tests.builders.elastic import LOCAL3, plan_without
 from tests.builders.ray_cluster import ray_cluster

@@ -12,7 +12,7 @@ from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
 from helix.net.sampling import SamplingParams
 from helix.server.elastic import Elastic
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 
 from tests.builders.elastic import LOCAL3, plan_without
 from tests.builders.serving import PROMPTS, hf_greedy

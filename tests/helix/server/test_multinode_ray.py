@@ -28,7 +28,7 @@ import pytest
 
 from helix.cli import main
 from helix.client import Client
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient
 from helix.server.http import HttpThread
 from helix.server.launcher import LaunchConfig, RayLauncher, _check_coordinator_reachable

@@ -8,7 +8,7 @@ import pytest
 
 from coordinator.requests import Delta, Done
 from coordinator.runtime import Coordinator, QueueFull, RuntimeConfig, WorkerHandle
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient, ControlError
 from helix.net.sampling import SamplingParams
 from worker.server import WorkerServer
@@ -183,8 +183,8 @@ def test_worker_that_cannot_load_its_slice_stops_startup_with_node_and_reason(ti
 
 def test_whole_model_node_beside_a_two_stage_pipeline(tiny_model):
     """A node holding every layer (it feeds its own tokens back) next to cpu-2 [0,4) -> cpu-1 [4,8)."""
-    from helix.plan import ArcFlow, Plan
-    from helix.slices import LayerSlice
+    from helix.core.plan import ArcFlow, Plan
+    from helix.core.slices import LayerSlice
     ckpt, model = tiny_model
     plan = Plan(model="tiny-llama", num_layers=8,
                 placements=(LayerSlice("cpu-0", 0, 8), LayerSlice("cpu-1", 4, 8),
@@ -216,8 +216,8 @@ def test_live_scheduler_never_enters_a_layer0_node_mid_pipeline():
     from coordinator.kv_estimator import KVEstimator
     from coordinator.pipeline import RequestInfo
     from coordinator.runtime import live_scheduler
-    from helix.plan import ArcFlow, Plan
-    from helix.slices import LayerSlice
+    from helix.core.plan import ArcFlow, Plan
+    from helix.core.slices import LayerSlice
     plan = Plan(model="tiny-llama", num_layers=8,
                 placements=(LayerSlice("cpu-0", 0, 8), LayerSlice("cpu-1", 4, 8),
                             LayerSlice("cpu-2", 0, 4)),

@@ -10,15 +10,15 @@ import os
 import pytest
 
 from coordinator.runtime import Coordinator, RuntimeConfig, WorkerHandle
-from helix.costmodel import CostModel
-from helix.errors import HelixUserError
+from helix.core.costmodel import CostModel
+from helix.core.errors import HelixUserError
 from helix.net.control import WORKER_SERVICE, ControlClient
 from helix.net.sampling import SamplingParams
-from helix.plan import Plan
+from helix.core.plan import Plan
 from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.workload import TraceRequest
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from worker.server import WorkerServer
 
 from tests.builders.serving import branching_plan
@@ -144,7 +144,7 @@ def test_ray_workers_of_a_planned_cluster_run_with_its_serving_limits(tiny_model
 
 def test_the_step_budget_travels_in_the_plan_and_old_plans_keep_512():
     """New specs default to 256; plans written before the field say what their workers ran (512)."""
-    from helix.serving import ServingLimits, ServingSpec, UNCHUNKED_STEP_TOKENS
+    from helix.core.serving import ServingLimits, ServingSpec, UNCHUNKED_STEP_TOKENS
     assert ServingSpec().chunk_tokens == 256
     limits = ServingLimits.of(ServingSpec(chunk_tokens=0), "float16", {"a": 64})
     assert ServingLimits.from_dict(limits.to_dict()) == limits

@@ -40,6 +40,6 @@ def test_workers_run_at_the_drivers_priority_unless_asked(tiny_model):
 
 
 def test_niceness_out_of_range_is_refused():
-    from helix.errors import HelixUserError
+    from helix.core.errors import HelixUserError
     with pytest.raises(HelixUserError, match=r"--worker-niceness must be in \[0, 19\], got 20"):
         LaunchConfig(worker_niceness=20)

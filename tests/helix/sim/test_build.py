@@ -2,11 +2,11 @@ from pathlib import Path
 
 import pytest
 
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.workload import TraceRequest
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from planner.build import build_problem
 from tests.builders.sims import single24_plan
 

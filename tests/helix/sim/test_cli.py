@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from helix.cli import main
-from helix.spec import load_cluster
+from helix.core.spec import load_cluster
 from tests.builders.sims import single24_plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -99,7 +99,7 @@ def test_out_of_range_numbers_are_one_line_errors(plan_file, capsys, args, messa
 
 
 def test_make_workload_rejects_zero_requests_and_zero_rate():
-    from helix.errors import HelixUserError
+    from helix.core.errors import HelixUserError
     from helix.sim.run import WorkloadOptions, make_workload
     plan = single24_plan(load_cluster(SINGLE24))
     with pytest.raises(HelixUserError, match="num-requests must be >= 1, got 0"):
@@ -197,7 +197,7 @@ def test_load_help_says_what_the_rate_is_based_on(capsys):
 
 
 def test_online_rate_follows_the_prediction():
-    from helix.plan import Plan, Prediction
+    from helix.core.plan import Plan, Prediction
     from helix.sim.run import online_rate_per_s
     from helix.sim.workload import TraceRequest
     plan = Plan(model="m", num_layers=2, placements=(), arc_flows=(), max_flow_tokens_per_s=1000.0)

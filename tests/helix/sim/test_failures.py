@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from helix.plan import COORDINATOR
+from helix.core.plan import COORDINATOR
 from helix.sim.engine import NodeFailure, SimConfig
 from tests.builders.plans import make_plan
 from tests.builders.sims import burst, make_sim

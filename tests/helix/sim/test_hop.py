@@ -11,7 +11,7 @@ from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.hop import CoordinatorHop
 from helix.sim.workload import TraceRequest
-from helix.spec import parse_cluster
+from helix.core.spec import parse_cluster
 from tests.builders.plans import two_node_plan
 from tests.builders.sims import burst, make_sim, single24_plan
 

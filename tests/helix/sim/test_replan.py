@@ -13,8 +13,8 @@ from helix.sim.elastic import NodeDrain, NodeJoin
 from helix.sim.engine import SimConfig
 from helix.sim.replan import ReplanConfig
 from helix.sim.workload import TraceRequest
-from helix.slices import as_placement
-from helix.spec import parse_cluster
+from helix.core.slices import as_placement
+from helix.core.spec import parse_cluster
 from planner import PlanOptions, plan
 from planner.trigger import TriggerConfig, respec
 from tests.builders.sims import burst

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from helix.costmodel import AdapterShape, CostModel, adapter_layer_time_s
-from helix.errors import HelixUserError
-from helix.hardware import lookup_gpu
-from helix.models import resolve_model
+from helix.core.costmodel import AdapterShape, CostModel, adapter_layer_time_s
+from helix.core.errors import HelixUserError
+from helix.core.hardware import lookup_gpu
+from helix.core.models import resolve_model
 from helix.sim.build import build_simulator
 from helix.sim.engine import SimConfig
 from helix.sim.request import SimRequest
@@ -81,7 +81,7 @@ def test_task_mix_assigns_tasks_deterministically():
 @pytest.fixture(scope="module")
 def single24():
     from helix.sim.workload import load_azure_trace, resolve_trace
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from tests.builders.sims import single24_plan
     spec = load_cluster("cluster_specs/single24.yaml")
     return spec, single24_plan(spec), load_azure_trace(resolve_trace("conv"))[:1500]
@@ -125,7 +125,7 @@ def test_64_tasks_cost_throughput_and_placement_runs_the_same_policy(single24):
 
 def test_simulate_cli_runs_tasks_and_refuses_bad_options(tmp_path, capsys):
     from helix.cli import main
-    from helix.spec import load_cluster
+    from helix.core.spec import load_cluster
     from tests.builders.sims import single24_plan
     spec_path = "cluster_specs/single24.yaml"
     plan_file = tmp_path / "plan.yaml"

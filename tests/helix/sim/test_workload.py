@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from helix.errors import HelixUserError
+from helix.core.errors import HelixUserError
 from helix.sim.workload import (load_azure_trace, mean_lengths, mean_rate_per_s, poisson_workload,
                                 rescale_to_rate, resolve_trace, timed_workload)
 

@@ -20,8 +20,8 @@ family gets its own roofline and their times ADD (:class:`LayerWork`, :func:`wor
 
 with W the layer's matrix parameters, b bytes per element, H_q = heads x head_dim, kv the KV bytes
 per token per layer, A the activation bytes a token moves through memory in one layer, e_c and e_m
-the kind's achievable fractions of peak (calibrated, see ``helix.hardware``), G = query heads / KV
-heads and rho the kind's ``kv_reread_cost`` (:data:`~helix.hardware.DEFAULT_KV_REREAD_COST` for
+the kind's achievable fractions of peak (calibrated, see ``helix.core.hardware``), G = query heads / KV
+heads and rho the kind's ``kv_reread_cost`` (:data:`~helix.core.hardware.DEFAULT_KV_REREAD_COST` for
 GPUs, 0 for the CPU kind: helix's own engine attends each KV head with its whole group at once).
 
 *Why a sum and not one max.* The earlier model took ``max(all flops / compute, all bytes / bw)``,
@@ -151,7 +151,7 @@ simulator*): at step budgets of 256 (the default) and 512 every case holds (thro
 15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode is overstated by up to 24 % and
 41 % (many thin pipelines through a node: two waves each sum to a wave per request, where the
 simulator's decodes move in platoons that a long prompt step gathers), so those budgets are
-outside ``helix.serving.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
+outside ``helix.core.serving.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
 read as the prediction is meant: a steady state at the spec's lengths (lengths drawn from the
 whole trace, the run's second half; the trace in order drifts to ~20 % longer prompts, and the
 first minutes are the fill, every request the KV holds prefilled at once; in the steady state a
@@ -200,11 +200,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from helix.hardware import GiB, GpuKind
-from helix.models import ModelSpec
-from helix.profiles import MeasuredProfile
-from helix.serving import UNCHUNKED_STEP_TOKENS
-from helix.spec import ClusterSpec, NodeSpec, ServingSpec, WorkloadSpec
+from helix.core.hardware import GiB, GpuKind
+from helix.core.models import ModelSpec
+from helix.core.profiles import MeasuredProfile
+from helix.core.serving import UNCHUNKED_STEP_TOKENS
+from helix.core.spec import ClusterSpec, NodeSpec, ServingSpec, WorkloadSpec
 
 #: Memory kept free on each GPU for activations and the CUDA context, bytes.
 WORKSPACE_BYTES_PER_GPU = 0.5 * GiB
@@ -230,7 +230,7 @@ class LayerWork:
 def layer_work(model: ModelSpec, dtype_bytes: int, prompt_tokens: float, decode_seqs: float,
                decode_context: float, prompt_context: float, kv_reread_cost: float) -> LayerWork:
     """One layer's work for a step (formulas in the module docstring); ``kv_reread_cost`` is the
-    GPU kind's (:attr:`~helix.hardware.GpuKind.kv_reread_cost`)."""
+    GPU kind's (:attr:`~helix.core.hardware.GpuKind.kv_reread_cost`)."""
     b, tokens = dtype_bytes, prompt_tokens + decode_seqs
     kv = model.kv_bytes_per_token_per_layer(b)
     group = model.num_heads / model.num_kv_heads

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from helix.errors import SpecError
-from helix.models import known_dtype
+from helix.core.errors import SpecError
+from helix.core.models import known_dtype
 
 
 #: A spec's step token budget (``serving.chunk_tokens``) when it sets none or says ``auto``; why
-#: 256: :attr:`ServingSpec.chunk_tokens`. A prompt-heavy workload raises it (``helix.spec``).
+#: 256: :attr:`ServingSpec.chunk_tokens`. A prompt-heavy workload raises it (``helix.core.spec``).
 DEFAULT_STEP_TOKENS = 256
 
 #: A worker engine's step budget when nothing configures it (an engine built on its own: tests,

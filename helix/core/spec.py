@@ -31,15 +31,15 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
                       PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator)
 
-from helix.errors import SpecError
-from helix.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
-from helix.models import DTYPE_BYTES, ModelSpec, known_dtype, resolve_model
-from helix.plan import COORDINATOR
-from helix.profiles import MeasuredProfile, load_profile
-from helix.serving import DEFAULT_STEP_TOKENS, ServingSpec, resolve_step_budget, sets_step_budget
-from helix.spec_errors import expand_node_groups, first_error, point_at_entries
-from helix.yamlio import read_yaml
-from helix.units import UnitError, parse_bandwidth, parse_duration, parse_size
+from helix.core.errors import SpecError
+from helix.core.hardware import GPU_CATALOG, GpuKind, known_gpu_names, lookup_gpu
+from helix.core.models import DTYPE_BYTES, ModelSpec, known_dtype, resolve_model
+from helix.core.plan import COORDINATOR
+from helix.core.profiles import MeasuredProfile, load_profile
+from helix.core.serving import DEFAULT_STEP_TOKENS, ServingSpec, resolve_step_budget, sets_step_budget
+from helix.core.spec_errors import expand_node_groups, first_error, point_at_entries
+from helix.core.yamlio import read_yaml
+from helix.core.units import UnitError, parse_bandwidth, parse_duration, parse_size
 
 
 def _unit_parser(parse: Callable[[Any], float]) -> Callable[[Any], float]:

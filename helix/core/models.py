@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helix.errors import SpecError
-from helix.gguf import find_gguf, open_gguf
+from helix.core.errors import SpecError
+from helix.core.gguf import find_gguf, open_gguf
 
 #: Architectures whose decoder layer is the LLaMA block (RMSNorm, RoPE, GQA, SwiGLU, no biases).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -207,7 +207,7 @@ MODEL_CATALOG: dict[str, ModelSpec] = {m.name: m for m in (
 
 def resolve_model(ref: str | Path, base_dir: Path | None = None) -> ModelSpec:
     """A catalog name (case-insensitive), or a path to a checkpoint folder / ``config.json``, or to a
-    GGUF file / a folder holding one (its shape from the file's metadata, :mod:`helix.gguf`).
+    GGUF file / a folder holding one (its shape from the file's metadata, :mod:`helix.core.gguf`).
 
     Relative paths are taken against ``base_dir`` (the spec file's folder) first, then the CWD.
     """

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from helix.errors import SpecError
+from helix.core.errors import SpecError
 
 #: libyaml's parser and emitter where PyYAML has them, with the Python resolver, constructor and
 #: representer: the same documents and the same text, faster (a 1,000-node plan.yaml, 5.7 MB,

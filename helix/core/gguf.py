@@ -5,7 +5,7 @@ under llama.cpp's names. :class:`GGUFFile` (the ``gguf`` package's reader undern
 
 - the Hugging Face ``config.json`` fields the metadata implies, as ``transformers``' GGUF loader maps
   them (``llama.block_count`` -> ``num_hidden_layers``, ...; no ``output.weight`` means tied
-  embeddings), from which :func:`helix.models.resolve_model` builds the model's shape;
+  embeddings), from which :func:`helix.core.models.resolve_model` builds the model's shape;
 - any tensor by its Hugging Face name, dequantized to float32 on demand, so a worker reads only its
   slice. llama.cpp's converter reorders the rows of ``q_proj`` and ``k_proj`` within each head
   (pairs of rotary dimensions interleaved rather than split in halves); :meth:`GGUFFile.read`
@@ -14,8 +14,8 @@ under llama.cpp's names. :class:`GGUFFile` (the ``gguf`` package's reader undern
 Everything else in Helix reads a Hugging Face folder (the coordinator its ``tokenizer.json`` and
 chat template, the worker ``config.json``). :func:`checkpoint_folder` turns a GGUF into one, once:
 ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` written
-from the metadata (:mod:`helix.gguf_tokenizer`), and ``model.gguf``, a link to the file itself, in
-place of safetensors. It lives under the Helix cache (:func:`helix.cache.cache_dir`), keyed by the
+from the metadata (:mod:`helix.core.gguf_tokenizer`), and ``model.gguf``, a link to the file itself, in
+place of safetensors. It lives under the Helix cache (:func:`helix.core.cache.cache_dir`), keyed by the
 file's resolved path, size and modification time, and is written to a temporary folder and renamed
 into place, so workers that convert at once never see half a folder.
 
@@ -35,8 +35,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from helix.errors import SpecError
-from helix.gguf_tokenizer import build_tokenizer, tokenizer_config
+from helix.core.errors import SpecError
+from helix.core.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 #: The link to the GGUF inside a converted folder; the worker reads tensors through it.
 GGUF_LINK = "model.gguf"
@@ -248,7 +248,7 @@ def checkpoint_folder(path: str | Path) -> Path:
         return Path(path)
     resolved, size, mtime_ns = _file_key(found)
     key = hashlib.sha256(f"{_FORMAT}\0{resolved}\0{size}\0{mtime_ns}".encode()).hexdigest()[:16]
-    from helix.cache import cache_dir
+    from helix.core.cache import cache_dir
     folder = cache_dir() / "gguf" / f"{found.stem}-{key}"
     if (folder / "config.json").is_file():
         return folder

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from helix.plan import COORDINATOR
-from helix.units import format_bandwidth, format_duration
+from helix.core.plan import COORDINATOR
+from helix.core.units import format_bandwidth, format_duration
 
 #: (bandwidth bytes/s, latency s)
 Figure = tuple[float, float]

@@ -1,5 +1,5 @@
 """The pipelines a plan creates: the source-to-sink paths of its max-flow solution, with the share of
-requests each one gets. Pure (a :class:`~helix.plan.Plan` in, paths out), so the planner, the
+requests each one gets. Pure (a :class:`~helix.core.plan.Plan` in, paths out), so the planner, the
 throughput prediction (:mod:`planner.prediction`) and the coordinator can all use it.
 
 A request's pipeline is drawn hop by hop: at every vertex the coordinator's scheduler picks the next
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helix.plan import COORDINATOR, Plan
-from helix.slices import LayerSlice, Placement, as_placement
+from helix.core.plan import COORDINATOR, Plan
+from helix.core.slices import LayerSlice, Placement, as_placement
 
 #: Paths whose share is below this are dropped (their shares go to the others): a 42-node plan
 #: can have tens of thousands of paths, almost all of them negligible.
@@ -42,7 +42,7 @@ class PlanPipeline:
 def hop_usable(ranges: Placement, num_layers: int, partial_inference: bool,
                src: str, dst: str) -> bool:
     """Whether a request may go ``src -> dst`` given the layer ranges (vertices: node names and
-    :data:`~helix.plan.COORDINATOR`, which is the source and the sink)."""
+    :data:`~helix.core.plan.COORDINATOR`, which is the source and the sink)."""
     if src == dst:
         return False
     at = 0 if src == COORDINATOR else ranges[src][1]

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helix.errors import SpecError
-from helix.serving import ServingLimits
-from helix.slices import LayerSlice
-from helix.yamlio import dump_yaml, read_yaml
+from helix.core.errors import SpecError
+from helix.core.serving import ServingLimits
+from helix.core.slices import LayerSlice
+from helix.core.yamlio import dump_yaml, read_yaml
 
 PLAN_SCHEMA_VERSION = 1
 COORDINATOR = "coordinator"

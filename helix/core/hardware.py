@@ -4,7 +4,7 @@ Peak figures are the vendor's dense (no 2:4 sparsity) FP16/BF16 tensor-core numb
 accumulate where the vendor distinguishes, HBM/GDDR bandwidth, and memory size in GiB (GPU memory
 is binary: an "A100 40GB" has 40 GiB). ``compute_efficiency`` and ``memory_efficiency`` are the
 fractions of peak that LLM layers really reach; they were calibrated against the measured LLaMA-30B
-layer profiles in ``shared/data/profiles`` for the kinds that have one (see ``helix.calibration``
+layer profiles in ``shared/data/profiles`` for the kinds that have one (see ``helix.core.calibration``
 and BENCHMARKS.md, *Cost model*; the memory factors were refitted when decode attention became a
 kernel of its own, added to the GEMMs, with the profiles' decode points at 832 tokens of context),
 and default to :data:`DEFAULT_COMPUTE_EFFICIENCY` /
@@ -31,7 +31,7 @@ DEFAULT_MEMORY_EFFICIENCY = 0.75
 DEFAULT_LAYER_OVERHEAD_S = 60e-6
 #: Cost of a KV byte that a query head re-reads after another head of its GQA group brought it on
 #: chip, relative to a first read from DRAM, in vLLM's PagedAttention decode kernel (one thread
-#: block per query head); derived from a published A100 timing in ``helix.costmodel``'s docstring.
+#: block per query head); derived from a published A100 timing in ``helix.core.costmodel``'s docstring.
 DEFAULT_KV_REREAD_COST = 0.35
 
 

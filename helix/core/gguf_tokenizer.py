@@ -22,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from helix.errors import SpecError
-from helix.tokens import byte_of_char
+from helix.core.errors import SpecError
+from helix.core.tokens import byte_of_char
 
 
 class GGUFFields(Protocol):
-    """What the tokenizer reads of a GGUF file (:class:`helix.gguf.GGUFFile` is one)."""
+    """What the tokenizer reads of a GGUF file (:class:`helix.core.gguf.GGUFFile` is one)."""
 
     path: Path
 

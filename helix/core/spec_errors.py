@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from helix.errors import SpecError
+from helix.core.errors import SpecError
 
 
 def expand_node_groups(value: Any) -> tuple[Any, list[tuple[int, str | None]]]:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from helix.errors import SpecError
-from helix.yamlio import read_yaml
+from helix.core.errors import SpecError
+from helix.core.yamlio import read_yaml
 
 PROMPT_FILE = "prompt_bs2time.csv"
 DECODE_FILE = "decode_bs2time.csv"

@@ -3,7 +3,7 @@
 A cluster file has ``[ComputeNode-i]`` sections (``type=L4``, ``connected_nodes=['source', 1, 'sink']``)
 and ``[Link-a-b]`` sections (``bandwidth=1.25 * gbps``, ``latency=1 * MilliSec``) where a and b are
 node indices, ``source`` or ``sink``; a ``machine_profile.ini`` gives per type ``vram_size`` and NIC
-speeds. Both become one :class:`helix.spec.ClusterSpec`: source and sink are the coordinator, node i
+speeds. Both become one :class:`helix.core.spec.ClusterSpec`: source and sink are the coordinator, node i
 is named ``node-i``, a type like ``T4x2`` is two T4s in one machine.
 
 Units, as the reference code defines its constants (they are *bytes*, not bits): ``kbps``/``mbps``
@@ -13,7 +13,7 @@ bytes; ``MicroSec``/``MilliSec``/``Sec`` seconds. ``-1`` means unlimited.
 Links, as the reference reads them: ``[Link-a-b]`` between two nodes serves both directions unless a
 ``[Link-b-a]`` section gives the other one; ``[Link-source-i]`` is coordinator -> node i only and
 ``[Link-i-sink]`` node i -> coordinator only (they differ in the geo-distributed cases). The spec is
-written compactly (:mod:`helix.link_table`): regions inferred from the link table (or given), their
+written compactly (:mod:`helix.core.link_table`): regions inferred from the link table (or given), their
 figures, and per-pair overrides only where a link differs from them.
 
 Layouts: a reference ``*_sol.ini`` (``[Solution] compute_node_<i + offset>=[layers]``, ``offset`` in
@@ -32,12 +32,12 @@ from typing import Any
 
 import yaml
 
-from helix.errors import SpecError
-from helix.hardware import lookup_gpu
-from helix.link_table import Figure, Regions, compact, infer_regions, regions_from_mapping
-from helix.plan import COORDINATOR
-from helix.spec import ClusterSpec, parse_cluster
-from helix.yamlio import read_yaml
+from helix.core.errors import SpecError
+from helix.core.hardware import lookup_gpu
+from helix.core.link_table import Figure, Regions, compact, infer_regions, regions_from_mapping
+from helix.core.plan import COORDINATOR
+from helix.core.spec import ClusterSpec, parse_cluster
+from helix.core.yamlio import read_yaml
 
 _UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9,
           "B": 1.0, "KB": 2.0**10, "MB": 2.0**20, "GB": 2.0**30, "TB": 2.0**40,

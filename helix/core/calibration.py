@@ -1,7 +1,7 @@
 """Check the analytic cost model against measured layer profiles, in and out of sample.
 
 For every point of a measured profile folder (``prompt_bs2time.csv`` and ``decode_bs2time.csv``,
-ms for one layer) the analytic roofline of :mod:`helix.costmodel` predicts the same batch; the
+ms for one layer) the analytic roofline of :mod:`helix.core.costmodel` predicts the same batch; the
 relative error ``|predicted - measured| / measured`` is summarised per folder and *per phase*
 (prompt and decode apart: a pooled median hides a decode error behind the many good prompt
 points). The profiles have no context dimension: decode points are compared at
@@ -14,8 +14,8 @@ Three sets of efficiency factors (``compute_efficiency``, ``memory_efficiency``)
 - *leave one kind out*: one pair of factors fitted on the folders of every other GPU kind (all
   folders of the held-out kind left out: ``l4`` and ``l4x2`` go together), used on the held-out
   kind; this is how well the model's structure carries to a kind it was not fitted to;
-- *default*: :data:`~helix.hardware.DEFAULT_COMPUTE_EFFICIENCY` /
-  :data:`~helix.hardware.DEFAULT_MEMORY_EFFICIENCY`, what a kind without a profile gets.
+- *default*: :data:`~helix.core.hardware.DEFAULT_COMPUTE_EFFICIENCY` /
+  :data:`~helix.core.hardware.DEFAULT_MEMORY_EFFICIENCY`, what a kind without a profile gets.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from helix.costmodel import LayerWork, layer_work, work_time_s
-from helix.errors import SpecError
-from helix.hardware import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, GpuKind, lookup_gpu
-from helix.models import ModelSpec
-from helix.profiles import load_profile
+from helix.core.costmodel import LayerWork, layer_work, work_time_s
+from helix.core.errors import SpecError
+from helix.core.hardware import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, GpuKind, lookup_gpu
+from helix.core.models import ModelSpec
+from helix.core.profiles import load_profile
 
 #: Profile folder names of the Helix artifact mapped to catalog GPU kinds.
 FOLDER_GPU = {"a100": "A100-40G", "v100": "V100-16G", "l4": "L4", "t4": "T4"}
