@@ -134,7 +134,7 @@ def test_gqa_decode_pays_for_rereads_but_less_than_mha():
     assert attention(gqa) == pytest.approx(once * (1 + 7 * a100.kv_reread_cost), rel=1e-6)
     assert once * 2 < attention(gqa) < attention(mha) / 2
     # Where it matters (400 sequences, A100): the step grows ~2x faster than the KV read once
-    # would say (what the held-back measured 70B profiles show, issue 12 item 6).
+    # would say (what the held-back measured 70B profiles show).
     t400 = analytic_layer_time_s(gqa, a100, 1, 2, 0, 400, 832, 0)
     t1 = analytic_layer_time_s(gqa, a100, 1, 2, 0, 1, 832, 0)
     t400_once = work_time_s(layer_work(gqa, 2, 0, 400, 832, 0, 0.0), a100, 1)

@@ -76,14 +76,14 @@ def test_geo24_30b_regions_cost_nothing():
     p = _geo24("llama-1-30b")
     t0 = time.perf_counter()
     value = max_flow(p, aligned_chains(p, restarts=2)).value_tokens_per_s
-    assert value >= 13_228.0   # issue 11's 3 % gap against the 13,624.5 bound
+    assert value >= 13_228.0   # a 3 % gap against the 13,624.5 bound
     assert time.perf_counter() - t0 < 20
 
 
 def test_geo24_70b_beats_the_regional_milp():
     """geo24 (LLaMA-2 70B): the regional MILP served 8,931.6 tokens/s and the best warm start
     8,122 (separate); one annealing run serves 9,161.1 (single24's best on the same nodes),
-    enough for issue 11's 3 % gap against the fixed point (9,391.0 then, 9,351.0 now)."""
+    enough for a 3 % gap against the fixed point (9,391.0 then, 9,351.0 now)."""
     p = _geo24("llama-2-70b")
     assert max_flow(p, aligned_chains(p, restarts=1)).value_tokens_per_s >= 9_117.5
 

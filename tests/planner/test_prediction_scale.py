@@ -1,4 +1,4 @@
-"""The prediction's fixed point on a large generated cluster (issue 12 / 15): it converges, well
+"""The prediction's fixed point on a large generated cluster: it converges, well
 inside the iteration cap, and gives the same answer twice.
 
 Before the whole state (batches and rates) was mixed, this plan's fixed point ran into a period-2

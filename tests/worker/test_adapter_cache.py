@@ -1,4 +1,4 @@
-"""Registered tasks made ready from disk into an LRU cache with a byte budget (issue 17, beyond PetS).
+"""Registered tasks made ready from disk into an LRU cache with a byte budget (beyond PetS).
 
 The cache's order and budget on its own; then an engine whose tasks stay on disk against one that
 holds the same tasks in memory: the same greedy tokens and logprobs (float32) for batches that mix

@@ -1,5 +1,5 @@
 """The address a server bound to every interface tells its peers (``advertised_host``): never a
-loopback address from the host name when this machine has another (issue 15: workers and the
+loopback address from the host name when this machine has another (workers and the
 coordinator on other machines dial it)."""
 
 from __future__ import annotations

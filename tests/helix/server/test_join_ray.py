@@ -1,5 +1,5 @@
 """A Ray node that appears with a ``helix_node:<name>`` resource joins a running ``helix serve``
-(issue 16 item 1): a real multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``, as
+: a real multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``, as
 test_multinode_ray), the serve stack on cluster_specs/local3.yaml planned without cpu-2, then a Ray
 node on 127.0.0.3 offering ``helix_node:cpu-2`` is added: the stack starts its worker there, the
 worker registers, the re-plan gives it a slice, and requests run through it with greedy outputs

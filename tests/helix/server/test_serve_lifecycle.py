@@ -1,6 +1,5 @@
 """``helix serve`` as a user runs it (a subprocess, a local Ray of its own): start-up errors are one line
-and come before any worker starts; nothing it started outlives it, after SIGTERM or SIGKILL
-(issue 13, item 5)."""
+and come before any worker starts; nothing it started outlives it, after SIGTERM or SIGKILL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drains and joins in the simulator (``SimConfig.drains`` / ``joins``, issue 16 item 5), as the live
+"""Drains and joins in the simulator (``SimConfig.drains`` / ``joins``), as the live
 coordinator handles them: a drained node gets no new request after its time and its requests finish
 (or move), a joined one gets requests only after its time; nothing is lost and every token counts
 once; the phases report throughput before, during and after."""

@@ -1,4 +1,4 @@
-"""Re-planning in the simulator (issue 16 item 5, ``SimConfig.replan`` / ``helix simulate
+"""Re-planning in the simulator (``SimConfig.replan`` / ``helix simulate
 --replan``): the live trigger (planner.trigger) on the simulated clock; an adopted plan is applied
 drain-first (nodes that cannot hold both slices stop, empty, then load over their link), the new
 plan serves from the switch; nothing is lost."""

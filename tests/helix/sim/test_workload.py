@@ -73,7 +73,7 @@ def _arrived(workload, window_s):
                                                   (7.5, 60.0)])
 def test_trace_rate_holds_over_the_window(conv, rate_per_s, window_s):
     # The trace's first minutes run well below its hourly mean: rescaled by the whole trace's mean
-    # rate, 600 s at 0.93 req/s got 416 arrivals (issue #12). The windowed rescale puts exactly
+    # rate, 600 s at 0.93 req/s got 416 arrivals. The windowed rescale puts exactly
     # round(rate x window) requests inside the window (relative error <= 0.5 / n).
     expected = rate_per_s * window_s
     whole = rescale_to_rate(conv, rate_per_s)
