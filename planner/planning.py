@@ -11,10 +11,14 @@ server's joins, departures and drift. One plan is, in order:
 3. the step budget, where the spec says ``chunk_tokens: auto`` (:func:`planner.budget.apply`);
 4. the flow graph's capacities, which ``helix serve`` re-solves the flow with when nodes die
    (:func:`planner.flowgraph.with_flow_capacities`).
+
+Steps 2-4 are :func:`ready`, which also readies a placement that was evaluated rather than searched
+(the running one, when a re-plan weighs a proposal against it), so both are judged alike.
 """
 
 from __future__ import annotations
 
+from helix.core.models import ModelSpec
 from helix.core.plan import Plan
 from helix.core.spec import ClusterSpec
 from planner import budget, predicted
@@ -31,7 +35,13 @@ def plan(spec: ClusterSpec, options: PlanOptions | None = None, *,
     when the caller has built it already."""
     options = options or PlanOptions()
     problem = problem or build_problem(spec, options.model)
-    chosen = predicted.choose(spec, options, problem=problem)
-    ready = with_serving(chosen, spec, options.model)
-    ready = budget.apply(spec, ready, options.model)   # serving.chunk_tokens: auto
-    return with_flow_capacities(ready, problem)
+    return ready(spec, predicted.choose(spec, options, problem=problem), problem, options.model)
+
+
+def ready(spec: ClusterSpec, placed: Plan, problem: PlacementProblem,
+          model: ModelSpec | None = None) -> Plan:
+    """``placed`` ready to serve: its serving limits, its step budget (chosen by the prediction
+    where the spec says ``chunk_tokens: auto``, the prediction then at that budget) and its flow
+    graph's capacities."""
+    served = budget.apply(spec, with_serving(placed, spec, model), model)
+    return with_flow_capacities(served, problem)

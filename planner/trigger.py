@@ -45,11 +45,14 @@ from helix.core.errors import HelixUserError
 from helix.core.plan import COORDINATOR, Plan
 from helix.core.slices import as_placement
 from helix.core.spec import ClusterSpec, NodeSpec, WorkloadSpec
-from planner.build import build_problem, with_serving
-from planner.flowgraph import Placement, with_flow_capacities
+from planner.build import build_problem
+from planner.flowgraph import Placement
+from planner import predicted
 from planner.options import METHODS, PlanOptions
+from planner.planning import plan, ready
 from planner.problem import PlacementProblem
 from planner.replan import HORIZON_S, HYSTERESIS, Decision, decide
+from planner.search.baselines import fits
 
 #: ``propose(spec, problem, running placement) -> Plan``: the planner's proposal for the cluster.
 Propose = Callable[[ClusterSpec, PlacementProblem, Placement], Plan]
@@ -141,7 +144,6 @@ def default_proposal(config: TriggerConfig) -> Propose:
     gives) with ``config``'s options (:meth:`TriggerConfig.plan_options`), warm-started from the
     running placement."""
     def propose(spec: ClusterSpec, problem: PlacementProblem, running: Placement) -> Plan:
-        from planner.planning import plan
         try:
             return plan(spec, config.plan_options(start=running or None), problem=problem)
         except HelixUserError:   # under another mix a node may keep fewer layers beside its KV
@@ -240,8 +242,6 @@ class ReplanTrigger:
         running = self._running()
         dropped = tuple(sorted(p.node for p in self.plan.placements
                                if p.end > p.start and p.node not in self.present))
-        from planner import predicted
-        from planner.search.baselines import fits
         unfit = sorted(n for n, (s, e) in running.items()
                        if not fits(problem.node(n), s, e, problem.num_layers))
         if unfit:
@@ -250,14 +250,18 @@ class ReplanTrigger:
             # without them, and a proposal that gives them layers counts them as loading anew.
             running = {n: r for n, r in running.items() if n not in unfit}
             cause += f" ({', '.join(unfit)}: too little KV room for their layers under this mix)"
-        current = predicted.evaluate(spec, running, problem=problem, source="running")
+        # Every candidate is judged ready to serve, as the verb's proposal is: at the step budget
+        # it would run with (chosen by the prediction under ``chunk_tokens: auto``).
+        current = ready(spec, predicted.evaluate(spec, running, problem=problem, source="running"),
+                        problem)
         try:
             proposals = [self.propose(spec, problem, running)]
         except HelixUserError:   # e.g. under this mix no placement fits: keep what runs
             proposals = [current]
         extended = extend(problem, running)
         if extended != running:   # the cheap alternative: only the idle nodes get layers
-            proposals.append(predicted.evaluate(spec, extended, problem=problem, source="extend"))
+            proposals.append(ready(spec, predicted.evaluate(spec, extended, problem=problem,
+                                                            source="extend"), problem))
         decisions = [decide(spec, problem, current, p, horizon_s=self.config.horizon_s,
                             hysteresis=self.config.hysteresis, dropped_nodes=dropped)
                      for p in proposals]
@@ -267,10 +271,7 @@ class ReplanTrigger:
             return (d.adopt, d.gain_tokens - d.cost_tokens if d.adopt else 0.0, -i)
         best = max(range(len(proposals)), key=net)
         decision, chosen = decisions[best], proposals[best]
-        # The verb's proposal carries its serving limits and flow capacities already (adding
-        # them again changes nothing); an evaluated placement (extend, current) gets them here.
-        plan = with_flow_capacities(with_serving(chosen, spec), problem) if decision.adopt else \
-            self.plan if unfit else with_flow_capacities(with_serving(current, spec), problem)
+        plan = chosen if decision.adopt else self.plan if unfit else current
         self.plan = plan
         self.mix, self._last_s, self._pending = mix, now_s, []
         self._reference = self._capacity(mix, problem)   # the same nodes and mix

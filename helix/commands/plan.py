@@ -62,8 +62,7 @@ def plan_command(
     from helix.core.models import resolve_model
     from helix.core.spec import load_cluster
     from planner import METHODS, PlanOptions, predicted
-    from planner.build import build_problem, with_serving
-    from planner.flowgraph import with_flow_capacities
+    from planner.build import build_problem
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     # Bad options fail now, in one line, not after a minute of solving.
@@ -101,17 +100,18 @@ def plan_command(
     decision = None
     if start_from is not None and start_from.suffix.lower() != ".ini":
         from planner import replan
-        running = predicted.evaluate(spec, options.start, model=chosen, problem=problem,
-                                     partial_inference=options.partial, source="running")
+        from planner.planning import ready
+        running = ready(spec, predicted.evaluate(spec, options.start, model=chosen, problem=problem,
+                                                 partial_inference=options.partial,
+                                                 source="running"), problem, chosen)
         decision = replan.decide(spec, problem, running, plan, horizon_s=horizon,
                                  hysteresis=hysteresis, dropped_nodes=dropped)
         plan = dataclasses.replace(plan, extras={**plan.extras, "replan": decision.to_dict()})
     to_write = plan
     if decision is not None and not decision.adopt:
         # KEEP: -o gets the placement to keep running (the proposal stays in --json / the table).
-        to_write = with_flow_capacities(with_serving(running, spec, chosen), problem)
-        to_write = dataclasses.replace(to_write, extras={**to_write.extras,
-                                                         "replan": decision.to_dict()})
+        to_write = dataclasses.replace(running, extras={**running.extras,
+                                                        "replan": decision.to_dict()})
     if output is not None:
         to_write.save(output)
     if draw is not None:

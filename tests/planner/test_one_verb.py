@@ -94,3 +94,26 @@ def test_simulate_without_plan_gets_the_step_budget_helix_plan_chose(tmp_path, c
     assert simulated["serving"]["chunk_tokens"] == chosen
     assert {caller: _comparable(got) == _comparable(want) for caller, got in plans.items()} == \
         dict.fromkeys(plans, True)
+
+
+def test_a_replan_judges_the_running_placement_at_the_budget_the_proposal_runs_at(tmp_path):
+    """Under ``chunk_tokens: auto`` the verb's proposal is predicted at the budget it chose; the
+    running placement it is weighed against must be too (``planning.ready``), or a proposal of the
+    very same placement would show a gain that is only the budget's."""
+    from helix.core.slices import as_placement
+    from planner import predicted
+    from planner.planning import ready
+    from planner.replan import decide
+    text = (CLUSTER_SPECS / "local2.yaml").read_text()
+    path = tmp_path / "local2-auto.yaml"
+    path.write_text(text.replace("serving: {max_batch_seqs: 32}",
+                                 "serving: {max_batch_seqs: 32, chunk_tokens: auto}"))
+    spec = load_cluster(path)
+    problem = build_problem(spec)
+    proposal = plan(spec, PlanOptions(time_limit_s=10, threads=1), problem=problem)
+    running = ready(spec, predicted.evaluate(spec, as_placement(proposal.placements),
+                                             problem=problem, source="running"), problem)
+    assert running.serving.chunk_tokens == proposal.serving.chunk_tokens
+    assert running.prediction == proposal.prediction
+    d = decide(spec, problem, running, proposal)
+    assert d.current_tokens_per_s == d.proposed_tokens_per_s and not d.adopt
