@@ -340,7 +340,7 @@ class Membership:
         return self.waiting_bound.limit(time.monotonic(), self.capacity_fraction)
 
     def _check_queue(self) -> None:
-        """Raise :class:`~coordinator.runtime.QueueFull` when as many new requests wait as the
+        """Raise :class:`~coordinator.admission.QueueFull` when as many new requests wait as the
         bound allows, or the oldest has waited past it (under the lock). Moved requests (admitted
         before) do not count."""
         now, bound = time.monotonic(), self.waiting_bound

@@ -41,9 +41,8 @@ def cpu_model() -> str:
 
 
 def machine() -> str:
-    """This machine in a few words: host, cores, CPU model, Python version."""
-    return (f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, {cpu_model()}, "
-            f"Python {platform.python_version()}")
+    """This machine in a few words: cores, CPU model, Python version (not its host name)."""
+    return f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}"
 
 
 def stamp(command: str, load0: float) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -106,7 +105,7 @@ def benchmarks_entry(rows: list[dict], net_config, load: dict, measured: dict, l
     d = net_config.delay_ms
     lines = [
         "",
-        f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
+        f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
         f"({os.cpu_count()} cores, CPU only, load average {loads[0]:.1f} -> {loads[1]:.1f}). "
         f"scripts/geo_testbed.py --bench: 3 regions in network namespaces, one-way "
         f"{d[0][1]:g}/{d[0][2]:g}/{d[1][2]:g} ms (r0-r1/r0-r2/r1-r2) from the user-space router, tbf "

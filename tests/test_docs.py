@@ -63,3 +63,11 @@ def test_cited_benchmark_sections_exist():
     assert cited
     missing = sorted((name, c) for name, c in cited if not any(h.startswith(c) for h in headings))
     assert not missing, f"sections cited but not in BENCHMARKS.md: {missing}"
+
+
+@pytest.mark.parametrize("name,most", [("README.md", 200), ("BENCHMARKS.md", 500)])
+def test_the_front_pages_stay_short(name, most):
+    """README is one or two screenfuls (the guides are in docs/); BENCHMARKS.md holds each
+    benchmark's current figure once (history is in git)."""
+    lines = len((REPO_ROOT / name).read_text().splitlines())
+    assert lines <= most, f"{name} has {lines} lines; keep it to {most}"

@@ -11,8 +11,9 @@ Every source file sits on one floor, by its folder:
 Imports only go down a floor or stay on it, rooms on one floor below the front doors never import
 each other, and the file-level import graph has no cycle. Every ``import`` and ``from ... import``
 statement is found with ``ast`` (lazy imports inside functions included, ``TYPE_CHECKING`` blocks
-too: a reader still sees the edge), and imports built from strings (``importlib.import_module``,
-``__import__``) are refused outright, so the rules cannot be dodged.
+too: a reader still sees the edge), and calls that import by a name (``import_module``,
+``__import__``) are refused outright. What a parser cannot see (``exec``, a loader reached through
+``getattr``) it cannot check: review catches those.
 """
 
 from __future__ import annotations
@@ -156,6 +157,30 @@ def test_imports_only_go_down(graph):
 def test_no_import_cycles(graph):
     found = cycles(graph)
     assert not found, f"import cycles between source files: {found}"
+
+
+def test_helix_root_imports_nothing_when_loaded():
+    """Python runs ``helix/__init__.py`` for any import below it, whatever floor that is on (it
+    sits with the front doors): a module-level import there would load its target for every floor."""
+    tree = ast.parse((REPO_ROOT / "helix" / "__init__.py").read_text())
+    stmts = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+             and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert not stmts, f"helix/__init__.py runs before every floor; import lazily: {stmts}"
+
+
+def test_the_source_never_imports_tests_or_scripts():
+    bad = {str(f.relative_to(REPO_ROOT)): hits for f in source_files()
+           if (hits := sorted({m for m in imported_modules(f)
+                               if m.split(".")[0] in ("tests", "scripts")}))}
+    assert not bad, f"the source imports test or script code: {bad}"
+
+
+def test_the_packages_checked_are_the_packages_installed():
+    """A new top-level package is installed by pyproject's ``packages.find`` and must be scanned."""
+    import tomllib
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    assert sorted(p.rstrip("*") for p in include) == sorted(PACKAGES)
 
 
 def test_no_import_by_string():

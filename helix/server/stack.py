@@ -18,7 +18,8 @@ from pathlib import Path
 
 from coordinator.grpc_api import CLIENT_METHODS, CoordinatorService, Registry
 from helix.server.launcher import LaunchConfig, RayLauncher
-from coordinator.runtime import Coordinator, RuntimeConfig, check_serving
+from coordinator.runtime import Coordinator, RuntimeConfig
+from coordinator.workers import check_serving
 from coordinator.chat_template import ChatTemplate
 from coordinator.textcodec import TextCodec
 from helix.core.errors import HelixUserError

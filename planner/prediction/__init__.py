@@ -42,8 +42,7 @@ Pure and fast (milliseconds to a second for 40 nodes): no simulation, numbers on
 
 from planner.prediction.fixed_point import MAX_ITERATIONS, NoFixedPoint
 from planner.prediction.model import DECODE_WAVES, PROMPT_CV
-from helix.core.serving import CHECKED_STEP_BUDGETS
 from planner.prediction.predictor import ONLINE_LOAD, PipelineState, online_rates, predict
 
-__all__ = ["CHECKED_STEP_BUDGETS", "DECODE_WAVES", "MAX_ITERATIONS", "ONLINE_LOAD", "PROMPT_CV",
+__all__ = ["DECODE_WAVES", "MAX_ITERATIONS", "ONLINE_LOAD", "PROMPT_CV",
            "NoFixedPoint", "PipelineState", "online_rates", "predict"]

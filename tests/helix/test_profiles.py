@@ -100,7 +100,7 @@ _CPU_PROMPT = ("64,64,5.99\n128,64,11.28\n256,64,24.08\n512,64,51.09\n1024,64,12
 
 
 def test_a_prompt_piece_below_the_measured_batches_costs_its_share(tmp_path):
-    # Issue 12: the second piece of a 356-token prompt at the 256-token budget (101 tokens, mean
+    # The second piece of a 356-token prompt at the 256-token budget (101 tokens, mean
     # position 305.5, looked up at length 611) came out 0 ms: each length's first segment,
     # extrapolated down to 101 tokens, is below zero. Measured on the engine (one pinned thread):
     # the whole prompt 29.4 ms / layer, the pieces 255 + 101 tokens 20.4 + 8.9 ms.

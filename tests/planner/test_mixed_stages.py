@@ -56,7 +56,7 @@ def test_multi_region_clusters_get_no_mixed_stages():
 
 
 def test_the_42_node_reference_case_passes_5870(shared_data):
-    """Issue 11's target (>= 1.2 x the best published 4,892.24): one-kind stages gave 5,813.7."""
+    """The target (>= 1.2 x the best published 4,892.24): one-kind stages gave 5,813.7."""
     cases = shared_data / "reference_cases"
     tables = load_throughput_tables(cases / "throughput_tables.yaml", "cluster42")
     problem = build_problem(convert_ini(cases / "cluster42.ini", cases / "machine_profiles_cluster42.ini",
@@ -127,7 +127,7 @@ def test_slack_pruning_keeps_every_reachable_target():
 
 
 def test_hetero42_30b_within_3_percent():
-    """Issue 11: hetero42 with LLaMA-1 30B has 11,000+ minimal patterns near its fixed point (the
+    """hetero42 with LLaMA-1 30B has 11,000+ minimal patterns near its fixed point (the
     stage MILP was skipped: 7.3 % gap); the ~2,000 within the slack are decided in seconds."""
     problem = build_problem(load_cluster(CLUSTER_SPECS / "hetero42.yaml"), resolve_model("llama-1-30b"))
     plan = solve(problem, "milp", time_limit_s=60, threads=1)

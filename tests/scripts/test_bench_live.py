@@ -55,7 +55,7 @@ def test_measured_costs_reach_the_simulator_through_the_spec(tmp_path):
 
 
 def test_the_cpu_profiles_measure_every_decode_batch_below_four():
-    # Issue 12: on one CPU thread a step of 2 or 3 decodes costs more than one of 4 (small-llama,
+    # On one CPU thread a step of 2 or 3 decodes costs more than one of 4 (small-llama,
     # context 128: 1.5, 2.4, 3.0, 2.3 ms a layer for 1-4 decodes; MKL's 2- and 3-row products cost
     # 2x and 3x one row). Interpolated from 1 and 4 they were charged ~0.65x, and a local2 worker
     # at 50 % load decodes 1-3 a step: the simulated TPOT p50 came out 0.70x the live one.
