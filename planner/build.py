@@ -18,6 +18,7 @@ from helix.core.models import ModelSpec
 from helix.core.plan import COORDINATOR, Plan
 from helix.core.serving import ServingLimits
 from helix.core.spec import ClusterSpec, NodeSpec
+from planner.link_regions import planning_spec
 from planner.problem import Link, NodeCapacity, PlacementProblem
 
 
@@ -86,13 +87,16 @@ def build_links(spec: ClusterSpec, model: ModelSpec) -> dict[tuple[str, str], Li
 
 def build_problem(spec: ClusterSpec, model: ModelSpec | None = None) -> PlacementProblem:
     """The placement problem of ``spec`` for its model, or for ``model`` when given (then the
-    spec's measured profiles and tables, made for its own model, are not used)."""
+    spec's measured profiles and tables, made for its own model, are not used). Nodes carry the
+    regions the links show where the declared ones do not match them
+    (:func:`planner.link_regions.planning_spec`); links are the spec's own either way."""
     cost = CostModel.for_cluster(spec, model)
     chosen = cost.model
+    regions = planning_spec(spec)[0]
     return PlacementProblem(
         model=chosen.name,
         num_layers=chosen.num_layers,
-        nodes=tuple(node_capacity(cost, n, spec.region_of(n.name)) for n in spec.nodes),
+        nodes=tuple(node_capacity(cost, n, regions.region_of(n.name)) for n in spec.nodes),
         links=build_links(spec, chosen),
         spec_hash=spec.content_hash(),
         layer_bytes=float(chosen.layer_bytes(spec.dtype_bytes)),

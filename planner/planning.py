@@ -18,12 +18,15 @@ Steps 2-4 are :func:`ready`, which also readies a placement that was evaluated r
 
 from __future__ import annotations
 
+import dataclasses
+
 from helix.core.models import ModelSpec
 from helix.core.plan import Plan
 from helix.core.spec import ClusterSpec
 from planner import budget, predicted
 from planner.build import build_problem, with_serving
 from planner.flowgraph import with_flow_capacities
+from planner.link_regions import planning_spec
 from planner.options import PlanOptions
 from planner.problem import PlacementProblem
 
@@ -35,7 +38,11 @@ def plan(spec: ClusterSpec, options: PlanOptions | None = None, *,
     when the caller has built it already."""
     options = options or PlanOptions()
     problem = problem or build_problem(spec, options.model)
-    return ready(spec, predicted.choose(spec, options, problem=problem), problem, options.model)
+    spec, inferred = planning_spec(spec)   # regions from the links where the declared ones differ
+    placed = ready(spec, predicted.choose(spec, options, problem=problem), problem, options.model)
+    if inferred is not None:
+        placed = dataclasses.replace(placed, extras={**placed.extras, "regions": inferred.to_extras()})
+    return placed
 
 
 def ready(spec: ClusterSpec, placed: Plan, problem: PlacementProblem,

@@ -69,6 +69,7 @@ from helix.core.spec import ClusterSpec
 from helix.core.slices import as_placement, as_slices
 from planner.build import build_problem
 from planner.flowgraph import max_flow
+from planner.link_regions import planning_spec
 from planner.options import PlanOptions
 from planner.prediction import NoFixedPoint, PipelineState, predict
 from planner.problem import Link, NodeCapacity, PlacementProblem
@@ -226,8 +227,9 @@ def choose(spec: ClusterSpec, options: PlanOptions, *,
     throughput (module docstring); the first step of :func:`planner.plan`. ``problem``:
     ``build_problem(spec, options.model)`` when already built."""
     method, model = options.method, options.model
-    cost = CostModel.for_cluster(spec, model)
     problem = problem or build_problem(spec, model)
+    spec = planning_spec(spec)[0]   # the regions the problem's nodes carry
+    cost = CostModel.for_cluster(spec, model)
     # Explicit T(k) tables (reference inputs) are taken as given: one solve, as before.
     rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, options.iterations)
     scored = method == "milp" and not cost.throughput_tables and \

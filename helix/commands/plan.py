@@ -312,8 +312,15 @@ def _summary(plan) -> str:
              f"solver     {plan.solver or '-'} ({status}), "
              f"{plan.solve_seconds:.1f} s; best placement came from the {found_by} method",
              *_prediction_lines(plan), *_caution_line(plan), *_chosen_line(choice),
-             *_budget_line(choice)]
+             *_budget_line(choice), *_regions_line(plan)]
     return "\n".join(lines)
+
+
+def _regions_line(plan) -> list[str]:
+    """Where the planner took the regions from the links instead of the spec's labels."""
+    from planner.link_regions import summary
+    found = plan.extras.get("regions")
+    return [] if found is None else [f"regions    {summary(found)}"]
 
 
 def _caution_line(plan) -> list[str]:

@@ -165,10 +165,13 @@ def compact(table: LinkTable, nodes: Sequence[str], regions: Regions,
     home, out_fig, in_fig = _coordinator(table, nodes, region_of, region_fig, tolerance)
 
     def default(a: str, b: str) -> Figure | None:
+        # What ClusterSpec.link gives without an override: the coordinator's own figures, else
+        # (as for any vertex) its region's, the region pair's or the inter-region default.
         if COORDINATOR in (a, b):
             fig = out_fig if a == COORDINATOR else in_fig
-            return fig or region_fig[home]
-        ra, rb = region_of[a], region_of[b]
+            if fig is not None:
+                return fig
+        ra, rb = (region_of.get(v, home) for v in (a, b))
         return region_fig[ra] if ra == rb else pair_fig.get(frozenset((ra, rb)), inter)
 
     vertices = [COORDINATOR, *nodes]

@@ -1,0 +1,86 @@
+"""Regions from the links: a cluster described by its per-pair links under one region label plans
+as the same cluster with its regions declared."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from helix.core.spec import parse_cluster
+from planner import PlanOptions, plan
+from planner.build import build_links, build_problem
+from planner.link_regions import link_table, planning_spec, summary
+
+FAST = {"bandwidth": "10Gbps", "latency": "1ms"}
+SLOW = {"bandwidth": "20Mbps", "latency": "50ms"}
+
+#: Three groups of three nodes; each group's T(k) table caps what a node holds.
+GROUPS = {"region-0": ("A100-80G", [3000.0 / k for k in range(1, 13)]),
+          "region-1": ("L4", [1200.0 / k for k in range(1, 9)]),
+          "region-2": ("T4", [600.0 / k for k in range(1, 6)])}
+
+
+def _nodes(with_regions: bool) -> list[dict]:
+    return [{"name": f"{gpu.lower()}-{i}", "gpu": gpu, **({"region": r} if with_regions else {})}
+            for r, (gpu, _) in GROUPS.items() for i in range(3)]
+
+
+def _common() -> dict:
+    return {"model": "llama-2-7b",
+            "performance": {"throughput_tables": {gpu: t for gpu, t in GROUPS.values()}}}
+
+
+def declared() -> dict:
+    """The three groups as regions: fast inside, slow between; the coordinator fast to all."""
+    return {**_common(), "regions": {r: FAST for r in GROUPS}, "inter_region": SLOW,
+            "coordinator": {"region": "region-0", "outbound": FAST, "inbound": FAST},
+            "nodes": _nodes(True)}
+
+
+def links_only() -> dict:
+    """The same network as one region whose slow links are listed pair by pair."""
+    nodes = _nodes(False)
+    group = {n["name"]: i // 3 for i, n in enumerate(nodes)}
+    slow = [{"between": [a, b], **SLOW} for a, b in itertools.combinations(group, 2)
+            if group[a] != group[b]]
+    return {**_common(), "regions": {"cluster": FAST}, "links": slow, "nodes": nodes}
+
+
+def test_same_network_and_the_links_show_the_declared_regions():
+    a, b = parse_cluster(declared()), parse_cluster(links_only())
+    assert link_table(a) == link_table(b)
+    assert planning_spec(a) == (a, None)          # declared regions match: spec as it is
+    relabeled, inferred = planning_spec(b)
+    assert inferred is not None and inferred.declared == 1
+    assert {r: list(ms) for r, ms in inferred.regions.members.items()} == \
+        {r: [n["name"] for n in declared()["nodes"] if n["region"] == r] for r in GROUPS}
+    assert link_table(relabeled) == link_table(b)   # only the labels change
+    assert planning_spec(relabeled)[1] is None
+    assert summary(inferred.to_extras()) == ("inferred from the links: 3 (region-0: 3 nodes, "
+                                             "region-1: 3 nodes, region-2: 3 nodes); the spec "
+                                             "declares 1")
+    pa, pb = build_problem(a), build_problem(b)
+    assert [n.region for n in pa.nodes] == [n.region for n in pb.nodes]
+    assert pb.links == build_links(b, b.model) and pb.spec_hash == b.content_hash()
+
+
+def test_labels_that_cut_across_the_fast_groups_are_replaced():
+    data = declared()
+    data["nodes"][0]["region"] = "region-1"   # an A100 labeled with the L4s
+    data["links"] = [{"between": ["a100-80g-0", n["name"]], **FAST}
+                     for n in data["nodes"][1:3]] + \
+        [{"between": ["a100-80g-0", n["name"]], **SLOW} for n in data["nodes"][3:6]]
+    relabeled, inferred = planning_spec(parse_cluster(data))
+    assert inferred is not None and inferred.declared == 3
+    assert relabeled.region_of("a100-80g-0") == relabeled.region_of("a100-80g-1")
+
+
+@pytest.mark.slow
+def test_link_only_cluster_plans_as_the_declared_one():
+    options = PlanOptions(time_limit_s=20.0, threads=1)
+    a = plan(parse_cluster(declared()), options)
+    b = plan(parse_cluster(links_only()), options)
+    assert "regions" not in a.extras and b.extras["regions"]["declared"] == 1
+    assert b.max_flow_tokens_per_s == pytest.approx(a.max_flow_tokens_per_s, rel=1e-9)
+    assert b.placements == a.placements
