@@ -7,7 +7,8 @@ Cases: the reference case (cluster_specs/reference/helix-single24-70b.yaml: the 
 own throughput tables, 1 GB/s links), then single24 / geo24 / hetero42 with LLaMA-2 70B and
 LLaMA-1 30B under our cost model, then the reference artifact's published cases
 (../shared/data/reference_cases: 3cluster24, cluster42, cluster10, read as `helix convert
---throughput-tables` reads them; cluster42 also with --max-depth 12). Every method's max flow, proven bound, gap, depth and seconds go
+--throughput-tables` reads them; cluster42 also with --max-depth 12; 3cluster24 also under one
+region label, its regions left to the links). Every method's max flow, proven bound, gap, depth and seconds go
 to a table on stdout and into this script's section of BENCHMARKS.md (replaced on each run).
 HiGHS runs with one thread so that runs on the shared 2-core machine stay comparable.
 
@@ -38,21 +39,30 @@ CASES = [("reference", "cluster_specs/reference/helix-single24-70b.yaml", None)]
     for name in ("single24", "geo24", "hetero42") for model in ("llama-2-70b", "llama-1-30b")] + [
     ("hetero210", "cluster_specs/hetero42.yaml", "x5")] + [
     (f"ref-{case}", case, "ini") for case in ("3cluster24", "cluster42", "cluster10")] + [
-    ("ref-cluster42-depth12", "cluster42", "ini")]
+    ("ref-cluster42-depth12", "cluster42", "ini"), ("ref-3cluster24-links", "3cluster24", "links")]
 REFERENCE_CASES = REPO.parent / "shared" / "data" / "reference_cases"
 #: The reference artifact's published best max flow per case (README of reference_cases).
 PUBLISHED = {"ref-3cluster24": 1212.18, "ref-cluster42": 4892.24, "ref-cluster10": 286.5874}
 
 
-def reference_problem(case: str):
-    """A published case through ``helix convert --throughput-tables`` (the same function)."""
+def reference_spec(case: str, one_region: bool = False):
+    """A published case through ``helix convert --throughput-tables`` (the same function);
+    ``one_region``: every node under one region label, the network in per-pair links only (the
+    planner then finds the regions in the links, :mod:`planner.link_regions`)."""
     from helix.core.helix_ini import convert_ini, load_throughput_tables
     model = "llama-1-30b" if case == "cluster10" else "llama-2-70b"
     tables = load_throughput_tables(REFERENCE_CASES / "throughput_tables.yaml", case)
-    conv = convert_ini(REFERENCE_CASES / f"{case}.ini",
-                       REFERENCE_CASES / f"machine_profiles_{case}.ini", model,
-                       throughput_tables=tables)
-    return build_problem(conv.spec)
+    paths = (REFERENCE_CASES / f"{case}.ini", REFERENCE_CASES / f"machine_profiles_{case}.ini")
+    spec = convert_ini(*paths, model, throughput_tables=tables).spec
+    if not one_region:
+        return spec
+    return convert_ini(*paths, model, regions={"cluster": [n.name for n in spec.nodes]},
+                       throughput_tables=tables).spec
+
+
+def reference_problem(case: str, one_region: bool = False):
+    """The placement problem of :func:`reference_spec`."""
+    return build_problem(reference_spec(case, one_region))
 
 
 def replicate(problem, times: int):
@@ -84,6 +94,9 @@ def run_case(name, path, model, args):
     if model == "x5":
         problem = replicate(build_problem(load_cluster(REPO / path)), 5)
         runs = [("milp", True), ("separate", True)]
+    elif model == "links":   # one region label: the regions come from the links
+        problem = reference_problem(path, one_region=True)
+        runs = [("milp", True)]
     elif model == "ini":
         problem = reference_problem(path)
         runs = [("milp", True)] if depth else [(m, True) for m in METHODS]
