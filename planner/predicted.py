@@ -215,6 +215,7 @@ def evaluate(spec: ClusterSpec, placement, *, model: ModelSpec | None = None,
     """``placement`` as it is (no search), as :func:`plan` would report it: its max flow, the
     routing users get the most from and what they get (the running placement when re-planning)."""
     problem = problem or build_problem(spec, model)
+    spec = planning_spec(spec)[0]   # the regions the problem's nodes carry
     found, _ = best_routing(spec, problem, evaluate_placement(problem, placement, partial_inference,
                                                               source),
                             CostModel.for_cluster(spec, model))
