@@ -78,7 +78,7 @@ def test_labels_that_cut_across_the_fast_groups_are_replaced():
 
 @pytest.mark.slow
 def test_link_only_cluster_plans_as_the_declared_one():
-    options = PlanOptions(time_limit_s=20.0, threads=1)
+    options = PlanOptions(time_limit_s=10.0, threads=1)
     a = plan(parse_cluster(declared()), options)
     b = plan(parse_cluster(links_only()), options)
     assert "regions" not in a.extras and b.extras["regions"]["declared"] == 1
@@ -104,3 +104,34 @@ def test_3cluster24_under_one_region_label_plans_as_with_its_regions(shared_data
     for p in plans:
         assert p.max_flow_tokens_per_s >= 1754.0 and p.extras["status"] == "optimal"
     assert plans[1].placements == plans[0].placements
+
+
+def _crossing_case(with_regions: bool) -> dict:
+    """2 strong nodes (3 layers at most) and 4 weak ones, 8 layers, 30 tokens/s links between
+    the groups: the strong group cannot hold the model, and one slow link carries less than a
+    stage. Under one region label the bounds on the slow links were lost (200 against 181.7)."""
+    groups = {"region-0": ("A100-80G", 2, [400.0, 200.0, 130.0]),
+              "region-1": ("L4", 4, [200.0, 100.0, 60.0])}
+    slow = {"bandwidth": "30720B/s", "latency": "50ms"}   # 30 hidden states of 1 KiB a second
+    nodes = [{"name": f"{gpu.lower()}-{i}", "gpu": gpu, **({"region": r} if with_regions else {})}
+             for r, (gpu, count, _) in groups.items() for i in range(count)]
+    data = {"model": "small-llama", "nodes": nodes,
+            "performance": {"throughput_tables": {g: t for g, _, t in groups.values()}}}
+    if with_regions:
+        return {**data, "regions": {r: FAST for r in groups}, "inter_region": slow,
+                "coordinator": {"region": "region-0", "outbound": FAST, "inbound": FAST}}
+    kind = {n["name"]: n["gpu"] for n in nodes}
+    return {**data, "regions": {"cluster": FAST},
+            "links": [{"between": [a, b], **slow} for a, b in itertools.combinations(kind, 2)
+                      if kind[a] != kind[b]]}
+
+
+@pytest.mark.slow
+def test_link_only_cluster_keeps_the_bounds_on_its_slow_links():
+    a, b = (parse_cluster(_crossing_case(w)) for w in (True, False))
+    assert link_table(a) == link_table(b)
+    options = PlanOptions(time_limit_s=10.0, threads=1)
+    pa, pb = plan(a, options), plan(b, options)
+    assert pb.max_flow_tokens_per_s == pytest.approx(pa.max_flow_tokens_per_s, rel=1e-9)
+    assert pb.upper_bound_tokens_per_s == pytest.approx(pa.upper_bound_tokens_per_s, rel=1e-6)
+    assert pb.upper_bound_tokens_per_s < 190.0
