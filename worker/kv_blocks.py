@@ -15,7 +15,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 
 class KVCacheFullError(RuntimeError):
@@ -53,6 +53,13 @@ class KVBlockManager:
     def capacity_tokens(self) -> int:
         """Most positions one request could ever hold (the whole pool)."""
         return self.num_blocks * self.block_size_tokens
+
+    @property
+    def tables(self) -> Mapping[Hashable, list[int]]:
+        """Each request's block ids in position order, read-only (the step policy's decode pass
+        reads its lengths in its inner loop, where a ``capacity_of`` call per request costs more
+        than the step's other work)."""
+        return self._tables
 
     def block_table(self, request_id: Hashable) -> tuple[int, ...]:
         """Block ids of ``request_id`` in position order (empty if it holds none)."""

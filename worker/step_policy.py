@@ -144,7 +144,9 @@ class _ReadyQueue:
     """Running requests of one phase with inputs pending, oldest admission first.
 
     Entries are ``(admission, request_id)``; admission numbers are unique, so ordering never compares
-    request ids (which need not be orderable)."""
+    request ids (which need not be orderable). ``add_many`` / ``discard_many`` move a step's worth of
+    requests at once: a merge of sorted runs and a prefix cut (the usual case: the requests a step
+    just ran are the oldest ready ones) instead of one insertion or deletion each."""
 
     __slots__ = ("entries",)
 
@@ -156,6 +158,31 @@ class _ReadyQueue:
 
     def discard(self, admission: int) -> None:
         del self.entries[bisect_left(self.entries, (admission,))]
+
+    def add_many(self, new: list[tuple[int, Hashable]]) -> None:
+        entries = self.entries
+        if len(new) == 1:
+            insort(entries, new[0])
+            return
+        new.sort()
+        if not entries or entries[-1] < new[0]:
+            entries += new
+        else:
+            entries += new
+            entries.sort()   # two sorted runs: timsort merges them in linear time
+
+    def discard_many(self, admissions: set[int]) -> None:
+        entries = self.entries
+        k = 0
+        n = len(admissions)
+        for admission, _ in entries:
+            if k == n or admission not in admissions:
+                break
+            k += 1
+        if k == n:
+            del entries[:k]
+        else:
+            entries[:] = [e for e in entries if e[0] not in admissions]
 
 
 class StepPolicy:
@@ -201,6 +228,32 @@ class StepPolicy:
         req.num_available += num_tokens
         self._refresh(req)
 
+    def feed_many(self, fed: Iterable[tuple[Hashable, int]]) -> None:
+        """``feed`` for each ``(request_id, num_tokens)`` of ``fed`` (a message's worth of inputs),
+        the ready queues updated once for all of them."""
+        reqs = self._reqs
+        decodes, prefills = self._ready_decodes, self._ready_prefills
+        new_decodes: list[tuple[int, Hashable]] = []
+        new_prefills: list[tuple[int, Hashable]] = []
+        for rid, n in fed:
+            req = reqs[rid]
+            req.num_available += n
+            # Only a running request with nothing pending moves (into a queue): feeding a ready
+            # one changes neither its phase nor its readiness.
+            if req.ready_in is None and req.admission is not None:
+                if req.num_available <= req.num_computed:
+                    continue
+                if req.num_computed >= req.num_prompt_tokens:
+                    req.ready_in = decodes
+                    new_decodes.append((req.admission, rid))
+                else:
+                    req.ready_in = prefills
+                    new_prefills.append((req.admission, rid))
+        if new_decodes:
+            decodes.add_many(new_decodes)
+        if new_prefills:
+            prefills.add_many(new_prefills)
+
     def finish(self, request_id: Hashable) -> None:
         """Drop a request now (finished or aborted) and free its KV; unknown ids are ignored."""
         req = self._reqs.pop(request_id, None)
@@ -221,14 +274,25 @@ class StepPolicy:
         # Iterate over copies of the ready queues: preemptions below take requests out of them, and
         # a request admitted in this step joins them but is not part of this step's decode/prefill
         # passes. Room in a step only shrinks, so once it is gone the rest of a pass is skipped.
+        # Decode pass, inlined (it is most of a step): each decode takes one seq and one token of a
+        # step that holds decodes only, so room is left while fewer than ``limit`` are taken, and
+        # a request whose blocks already cover its next position needs no allocation.
+        limit = min(self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        decode_ids, positions, scheduled = step.decode_ids, step.decode_positions, step.scheduled
+        tables, block_size = self.blocks.tables, self.blocks.block_size_tokens
         for _, rid in self._ready_decodes.entries.copy():
-            if rid in preempted:
+            if preempted and rid in preempted:
                 continue
-            if not step.room_for(1):
+            if len(decode_ids) >= limit:
                 break
-            req = reqs[rid]
-            if self._grow(rid, req.num_computed + 1, step, preempted):
-                step.decode(rid, req.num_computed)
+            pos = reqs[rid].num_computed
+            table = tables.get(rid)
+            if (table is not None and len(table) * block_size > pos) or \
+                    self._grow(rid, pos + 1, step, preempted):
+                decode_ids.append(rid)
+                positions.append(pos)
+                scheduled.add(rid)
+        step.tokens = len(decode_ids)
         for _, rid in self._ready_prefills.entries.copy():
             if rid in preempted:
                 continue
@@ -243,36 +307,46 @@ class StepPolicy:
                 break  # strict FCFS: nobody overtakes the head of the queue
             self._waiting.popleft()
             self._admit(reqs[rid])
-        return StepPlan(tuple(step.decode_ids), tuple(step.decode_positions), tuple(step.chunks),
-                        tuple(preempted))
+        return StepPlan(tuple(decode_ids), tuple(positions), tuple(step.chunks), tuple(preempted))
 
     def complete(self, plan: StepPlan, finished_ids: Iterable[Hashable] = ()) -> None:
         """Record that ``plan`` ran; ``finished_ids`` leave at once and free their KV."""
         reqs = self._reqs
-        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
-            req = reqs.get(rid)
-            if req is not None:
-                req.num_computed = pos + 1
-        for chunk in plan.prefill_chunks:
-            req = reqs.get(chunk.request_id)
-            if req is not None:
-                req.num_computed = chunk.end
+        # Finished requests leave first: what the step computed for them is never looked at again.
         for rid in finished_ids:
             self.finish(rid)
         self_feeding = self.config.self_feeding
         ready_decodes = self._ready_decodes
+        moves = _Moves()
+        left_decodes: set[int] = set()
         # A request is in a plan once; were it there twice, the second visit would find it fed
         # already, as a visit to the set of touched ids would.
-        for rid in (*plan.decode_ids, *(c.request_id for c in plan.prefill_chunks)):
+        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
             req = reqs.get(rid)
             if req is None:
                 continue
+            req.num_computed = computed = pos + 1
+            if self_feeding and req.num_available == computed:
+                req.num_available += 1
+            # A ready decode that stays ready (most steps of a self-feeding worker) stays put; one
+            # with nothing left pending (most steps of a pipeline stage) leaves the decode queue.
+            if req.ready_in is ready_decodes:
+                if req.num_available <= computed:
+                    left_decodes.add(req.admission)
+                    req.ready_in = None
+            else:
+                moves.note(self, req)
+        for chunk in plan.prefill_chunks:
+            req = reqs.get(chunk.request_id)
+            if req is None:
+                continue
+            req.num_computed = chunk.end
             if self_feeding and req.num_available == req.num_computed:
                 req.num_available += 1
-            # A ready decode that stays ready (most steps of a self-feeding worker) stays put.
-            if req.ready_in is not ready_decodes or req.num_available <= req.num_computed \
-                    or req.num_computed < req.num_prompt_tokens:
-                self._refresh(req)
+            moves.note(self, req)
+        if left_decodes:
+            ready_decodes.discard_many(left_decodes)
+        moves.apply()
 
     # --- helpers --------------------------------------------------------------------------------
     def _schedule_prefill(self, rid: Hashable, step: "_StepBuilder", preempted: list[Hashable],
@@ -347,6 +421,13 @@ class StepPolicy:
             req.ready_in = None
         req.admission = None
 
+    def _queue_for(self, req: _Req) -> _ReadyQueue | None:
+        """The ready queue ``req``'s counters call for (None: not ready, or waiting)."""
+        if req.admission is None or req.num_available <= req.num_computed:
+            return None
+        return self._ready_decodes if req.num_computed >= req.num_prompt_tokens else \
+            self._ready_prefills
+
     def _refresh(self, req: _Req) -> None:
         """Move ``req`` to the ready queue its counters call for (or out of both)."""
         if req.admission is None:
@@ -419,6 +500,34 @@ class StepPolicy:
     @property
     def running_ids(self) -> tuple[Hashable, ...]:
         return tuple(self._running)
+
+
+class _Moves:
+    """Ready-queue moves of many requests, applied at once (``StepPolicy.complete`` / ``feed_many``):
+    each request's ``ready_in`` changes at ``note``, the queues' entries at ``apply``."""
+
+    __slots__ = ("out", "into")
+
+    def __init__(self) -> None:
+        self.out: dict[_ReadyQueue, set[int]] = {}
+        self.into: dict[_ReadyQueue, list[tuple[int, Hashable]]] = {}
+
+    def note(self, policy: StepPolicy, req: _Req) -> None:
+        queue = policy._queue_for(req)
+        old = req.ready_in
+        if queue is old:
+            return
+        if old is not None:
+            self.out.setdefault(old, set()).add(req.admission)
+        if queue is not None:
+            self.into.setdefault(queue, []).append((req.admission, req.request_id))
+        req.ready_in = queue
+
+    def apply(self) -> None:
+        for queue, admissions in self.out.items():
+            queue.discard_many(admissions)
+        for queue, new in self.into.items():
+            queue.add_many(new)
 
 
 class _StepBuilder:

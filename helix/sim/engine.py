@@ -359,13 +359,16 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         if w.down:
             return NO_EVENTS   # lost with the node
         requests = w.requests
+        fed = []
         for req, idx, n, epoch in items:
             if req.finish_s is not None or epoch != req.epoch:
                 continue
             if req.request_id in requests:
-                w.policy.feed(req.request_id, n)
+                fed.append((req.request_id, n))
             else:
                 w.admit(req, idx, req.pipeline.stages[idx].start, n)
+        if fed:
+            w.policy.feed_many(fed)
         w.maybe_ready = True
         if w.busy or w.start_pending:
             return NO_EVENTS
@@ -419,21 +422,25 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         w.policy.complete(plan)
         outs: dict[SimWorker | None, list] = {}
         requests = w.requests
-        computed = [(rid, pos + 1) for rid, pos in zip(plan.decode_ids, plan.decode_positions)]
-        computed += [(c.request_id, c.end) for c in plan.prefill_chunks]
-        for rid, end in computed:  # positions [.., end) of rid are now computed here
+        observe = self._observe_hops
+        # Positions [.., end) of each request in the plan are now computed here.
+        ends = zip(plan.decode_ids, [pos + 1 for pos in plan.decode_positions])
+        if plan.prefill_chunks:
+            ends = itertools.chain(ends, ((c.request_id, c.end) for c in plan.prefill_chunks))
+        for rid, end in ends:
             entry = requests.get(rid)
             if entry is None:
                 continue  # finished while this step ran
             req, idx = entry
-            if self._observe_hops and end == req.prompt_tokens:   # its first pass: the prompt
+            if observe and end == req.prompt_tokens:   # its first pass: the prompt
                 prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
                 self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
-            if idx + 1 < len(req.workers):
+            workers = req.workers
+            if idx + 1 < len(workers):
                 sent = req.sent_upto[idx]
                 if end > sent:  # a stage recomputing after preemption forwards nothing twice
                     req.sent_upto[idx] = end
-                    nxt = req.workers[idx + 1]
+                    nxt = workers[idx + 1]
                     batch = outs.get(nxt)
                     if batch is None:
                         batch = outs[nxt] = []

@@ -279,14 +279,16 @@ def test_same_plans_as_the_full_scan_policy(ops, num_blocks, block, seqs, budget
             ref.complete(in_flight, ())
         if not ref.has_work():
             break
+        fed = []   # one message's worth: the new policy takes them at once (feed_many)
         for r in [*ref.running_ids, *ref.waiting_ids]:
             if ref.num_computed(r) >= ref._reqs[r].max_total_tokens:
                 new.finish(r)
                 ref.finish(r)
             elif ref.num_available(r) <= ref.num_computed(r):   # the rest of the prompt, or a token
                 n = max(1, ref._reqs[r].num_prompt_tokens - ref.num_available(r))
-                new.feed(r, n)
+                fed.append((r, n))
                 ref.feed(r, n)
+        new.feed_many(fed)
         in_flight = new.schedule()
         assert in_flight == ref.schedule()
         _assert_same_state(new, ref)
