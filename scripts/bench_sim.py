@@ -1,13 +1,17 @@
-"""Benchmarks of ``helix simulate``; writes its tables to its block of BENCHMARKS.md.
+"""Benchmarks of ``helix simulate``; writes its tables to its blocks of BENCHMARKS.md.
 
-1. Speed: single24 + LLaMA-2 70B, offline, 600 simulated seconds, Helix placement + scheduler:
-   simulated seconds per wall second (target >= 20) and peak memory.
+1. Speed (``--speed-only`` runs just this part, block ``bench_sim_speed``): simulated seconds per
+   wall second and peak memory of single24 + LLaMA-2 70B offline (Helix placement + scheduler,
+   ``--speed-duration``, target >= 100) and of hetero42 online at 0.75 load (``--online-duration``,
+   target >= 50 within 300 MiB); and the wall time of ``helix simulate --compare``'s 15 runs on
+   single24 offline (``--compare-duration``; plans made beforehand, not timed; target < 60 s).
 2. Paper comparison on single24 and geo24, Azure conversation trace, offline and online (0.75 load):
    helix placement + helix scheduler vs swarm + swarm vs separate pipelines + random.
 3. Chunked prefill on/off on geo24 (Helix placement + scheduler): p99 decode latency, throughput.
 
-Usage: ``python scripts/bench_sim.py [--duration 600] [--compare-duration 300] [--time-limit 60]
-[--no-append]``. Placements come from the planner (``planner.solve``); nothing is hard-coded.
+Usage: ``python scripts/bench_sim.py [--speed-only] [--speed-duration 120] [--online-duration 1800]
+[--compare-duration 300] [--time-limit 60] [--no-append]``. Placements come from the planner
+(``planner.plan``); nothing is hard-coded.
 """
 
 from __future__ import annotations
@@ -37,29 +41,52 @@ def plans_for(cluster: str, time_limit_s: float, methods=("milp", "swarm", "sepa
     return spec, {m: simrun.make_plan(spec, m, time_limit_s) for m in methods}
 
 
-def speed(plan_spec, duration_s: float) -> list[str]:
-    spec, plans = plan_spec
-    plan = plans["milp"]
-    workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plan)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    r = simrun.simulate(spec, plan, workload, SimConfig(duration_s=duration_s), "helix")
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    # Python-heap peak of the simulation alone, in a second identical run under tracemalloc.
+def _speed_row(label: str, spec, plan, mode: str, duration_s: float) -> tuple[str, float]:
+    """One timed run and, in a second identical run under tracemalloc, its Python-heap peak."""
+    opts = simrun.WorkloadOptions(load=0.75)
+    workload = simrun.make_workload(opts, mode, plan, window_s=duration_s)
+    cfg = SimConfig(mode=mode, duration_s=duration_s)
+    r = simrun.simulate(spec, plan, workload, cfg, "helix")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tracemalloc.start()
-    simrun.simulate(spec, plan, workload, SimConfig(duration_s=duration_s), "helix")
+    simrun.simulate(spec, plan, workload, cfg, "helix")
     heap_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    print(f"speed: {r.duration_s:.0f} sim s in {r.wall_s:.1f} s wall = {r.sim_s_per_wall_s:.1f}x, "
-          f"{r.events} events, peak RSS {rss1:.0f} MiB, sim heap peak {heap_peak_mb:.1f} MiB")
-    return [
-        ("| run | simulated s | wall s | sim s / wall s | events | events/s | decode tok/s | "
-         "process peak RSS | simulation heap peak |"),
-        "|---|---|---|---|---|---|---|---|---|",
-        (f"| single24 70B offline, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
-        f"**{r.sim_s_per_wall_s:.1f}** | {r.events} | {r.events / r.wall_s:,.0f} | "
-        f"{r.decode_throughput_tokens_per_s:.1f} | {rss1:.0f} MiB (before run {rss0:.0f}) | "
-        f"{heap_peak_mb:.1f} MiB |"),
-    ]
+    print(f"speed {label}: {r.duration_s:.0f} sim s in {r.wall_s:.1f} s wall = "
+          f"{r.sim_s_per_wall_s:.1f}x, {r.events} events, peak RSS {rss:.0f} MiB, "
+          f"sim heap peak {heap_peak_mb:.1f} MiB", flush=True)
+    return (f"| {label}, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
+            f"**{r.sim_s_per_wall_s:.1f}** | {r.events} | {r.events / r.wall_s:,.0f} | "
+            f"{r.decode_throughput_tokens_per_s:.1f} | {rss:.0f} MiB | {heap_peak_mb:.1f} MiB |"), r.wall_s
+
+
+def speed(all_plans, duration_s: float, online_s: float) -> list[str]:
+    """single24 offline and hetero42 online (0 s: skipped): simulated s per wall s, memory."""
+    lines = [("| run | simulated s | wall s | sim s / wall s | events | events/s | decode tok/s | "
+              "process peak RSS so far | simulation heap peak |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    spec, plans = all_plans["single24"]
+    lines.append(_speed_row("single24 70B offline", spec, plans["milp"], "offline", duration_s)[0])
+    if online_s > 0:
+        spec, plans = all_plans["hetero42"]
+        lines.append(_speed_row("hetero42 online 0.75 load", spec, plans["milp"], "online",
+                                online_s)[0])
+    return lines
+
+
+def compare_wall(plan_spec, duration_s: float) -> list[str]:
+    """Wall time of ``helix simulate --compare``'s grid (every method x scheduler, offline) on
+    plans made beforehand."""
+    spec, plans = plan_spec
+    t0 = time.perf_counter()
+    rows = simrun.compare(spec, SimConfig(duration_s=duration_s), simrun.WorkloadOptions(),
+                          plans=plans)
+    wall_s = time.perf_counter() - t0
+    slowest = max(rows, key=lambda r: r.result.wall_s)
+    print(f"compare: {len(rows)} runs of {duration_s:g} sim s in {wall_s:.1f} s wall", flush=True)
+    return [f"- `--compare` on single24, offline, {duration_s:g} simulated s a run: {len(rows)} runs "
+            f"in **{wall_s:.1f} s** wall (slowest {slowest.method} + {slowest.scheduler}, "
+            f"{slowest.result.wall_s:.1f} s); planning not counted."]
 
 
 def _ms(x):
@@ -134,28 +161,48 @@ def chunking(plan_spec, duration_s: float) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=600.0, help="simulated s of the speed run")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="only the speed part (block bench_sim_speed)")
+    ap.add_argument("--speed-duration", type=float, default=120.0,
+                    help="simulated s of the single24 offline speed run")
+    ap.add_argument("--online-duration", type=float, default=1800.0,
+                    help="simulated s of the hetero42 online speed run (0: skip it)")
     ap.add_argument("--compare-duration", type=float, default=300.0,
                     help="simulated s of each comparison / chunking run")
     ap.add_argument("--time-limit", type=float, default=60.0, help="planner time limit (milp)")
     ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
-    all_plans = {c: plans_for(c, args.time_limit) for c in ("single24", "geo24")}
-    out = ["Speed (target >= 20 simulated s per wall s):", ""]
-    out += speed(all_plans["single24"], args.duration)
+    cmd = (f"python scripts/bench_sim.py --speed-duration {args.speed_duration:g} "
+           f"--online-duration {args.online_duration:g} --compare-duration "
+           f"{args.compare_duration:g} --time-limit {args.time_limit:g}")
+    single24 = plans_for("single24", args.time_limit, simrun.COMPARE_METHODS)
+    all_plans = {"single24": single24}
+    if args.online_duration > 0:
+        all_plans["hetero42"] = plans_for("hetero42", args.time_limit, ("milp",))
+    out = ["Speed (targets: single24 offline >= 100 simulated s per wall s; hetero42 online >= 50 "
+           "within 300 MiB; `--compare` < 60 s):", ""]
+    out += speed(all_plans, args.speed_duration, args.online_duration)
+    out += [""] + compare_wall(single24, args.compare_duration)
+    if args.speed_only:
+        text = "\n".join(out)
+        print(text)
+        if not args.no_append:
+            from benchdoc import write_section  # scripts/ is this script's import path
+            write_section("bench_sim_speed", text, heading="## Simulator (`scripts/bench_sim.py`)",
+                          command=cmd + " --speed-only", load0=load0)
+        return
+    all_plans["geo24"] = plans_for("geo24", args.time_limit)
     out += ["", (f"Paper comparison ({args.compare_duration:g} simulated s per run; online = "
             "0.75 x Helix plan's max flow in requests/s; online N req/s = 0.75 x the Helix "
             "placement's simulated offline decode throughput / mean output):"), ""]
-    out += paper_comparison(all_plans, args.compare_duration)
+    out += paper_comparison({c: all_plans[c] for c in ("single24", "geo24")}, args.compare_duration)
     out += ["", f"Chunked prefill on geo24 ({args.compare_duration:g} simulated s, offline):", ""]
     out += chunking(all_plans["geo24"], args.compare_duration)
     text = "\n".join(out)
     print(text)
     if not args.no_append:
         from benchdoc import write_section  # scripts/ is this script's import path
-        cmd = (f"python scripts/bench_sim.py --duration {args.duration:g} --compare-duration "
-               f"{args.compare_duration:g} --time-limit {args.time_limit:g}")
         write_section("bench_sim", text, heading="## Simulator (`scripts/bench_sim.py`)", command=cmd,
                       load0=load0)
 

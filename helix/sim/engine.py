@@ -421,6 +421,7 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         w.num_steps += 1
         w.policy.complete(plan)
         outs: dict[SimWorker | None, list] = {}
+        num_tokens: dict[SimWorker, int] = {}   # hidden states each next stage gets
         requests = w.requests
         observe = self._observe_hops
         # Positions [.., end) of each request in the plan are now computed here.
@@ -440,24 +441,21 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                 sent = req.sent_upto[idx]
                 if end > sent:  # a stage recomputing after preemption forwards nothing twice
                     req.sent_upto[idx] = end
+                    req.sent_at_s[idx + 1] = now_s
                     nxt = workers[idx + 1]
                     batch = outs.get(nxt)
                     if batch is None:
                         batch = outs[nxt] = []
+                        num_tokens[nxt] = 0
                     batch.append((req, idx + 1, end - sent, req.epoch))
+                    num_tokens[nxt] += end - sent
             elif end == req.prompt_tokens + req.generated:
                 req.generated += 1  # the last stage samples a new token from its newest position
                 outs.setdefault(None, []).append((req, idx, 1, req.epoch))
         out: list[Event] = []
         for dst, items in outs.items():
-            if dst is None:
-                nbytes = len(items) * self.token_id_bytes
-            else:
-                nbytes = 0
-                for req, idx, n, _ in items:
-                    nbytes += n
-                    req.sent_at_s[idx] = now_s
-                nbytes *= self.activation_bytes_per_token
+            nbytes = len(items) * self.token_id_bytes if dst is None else \
+                num_tokens[dst] * self.activation_bytes_per_token
             out.extend(self._send(now_s, w.name, dst, nbytes, items))
         out.extend(self.start_step(now_s, w))
         return out
