@@ -41,23 +41,28 @@ def plans_for(cluster: str, time_limit_s: float, methods=("milp", "swarm", "sepa
     return spec, {m: simrun.make_plan(spec, m, time_limit_s) for m in methods}
 
 
-def _speed_row(label: str, spec, plan, mode: str, duration_s: float) -> tuple[str, float]:
-    """One timed run and, in a second identical run under tracemalloc, its Python-heap peak."""
+def _speed_row(label: str, spec, plan, mode: str, duration_s: float,
+               heap: bool) -> tuple[str, float]:
+    """One timed run and, with ``heap``, its Python-heap peak in a second identical run under
+    tracemalloc (two to three times slower)."""
     opts = simrun.WorkloadOptions(load=0.75)
     workload = simrun.make_workload(opts, mode, plan, window_s=duration_s)
     cfg = SimConfig(mode=mode, duration_s=duration_s)
     r = simrun.simulate(spec, plan, workload, cfg, "helix")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    tracemalloc.start()
-    simrun.simulate(spec, plan, workload, cfg, "helix")
-    heap_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
+    heap_peak_mb = float("nan")
+    if heap:
+        tracemalloc.start()
+        simrun.simulate(spec, plan, workload, cfg, "helix")
+        heap_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
     print(f"speed {label}: {r.duration_s:.0f} sim s in {r.wall_s:.1f} s wall = "
           f"{r.sim_s_per_wall_s:.1f}x, {r.events} events, peak RSS {rss:.0f} MiB, "
           f"sim heap peak {heap_peak_mb:.1f} MiB", flush=True)
     return (f"| {label}, {plan.method} + helix | {r.duration_s:.0f} | {r.wall_s:.1f} | "
             f"**{r.sim_s_per_wall_s:.1f}** | {r.events} | {r.events / r.wall_s:,.0f} | "
-            f"{r.decode_throughput_tokens_per_s:.1f} | {rss:.0f} MiB | {heap_peak_mb:.1f} MiB |"), r.wall_s
+            f"{r.decode_throughput_tokens_per_s:.1f} | {rss:.0f} MiB | "
+            f"{'-' if not heap else f'{heap_peak_mb:.1f} MiB'} |"), r.wall_s
 
 
 def speed(all_plans, duration_s: float, online_s: float) -> list[str]:
@@ -66,11 +71,12 @@ def speed(all_plans, duration_s: float, online_s: float) -> list[str]:
               "process peak RSS so far | simulation heap peak |"),
              "|---|---|---|---|---|---|---|---|---|"]
     spec, plans = all_plans["single24"]
-    lines.append(_speed_row("single24 70B offline", spec, plans["milp"], "offline", duration_s)[0])
+    lines.append(_speed_row("single24 70B offline", spec, plans["milp"], "offline", duration_s,
+                            heap=True)[0])
     if online_s > 0:
         spec, plans = all_plans["hetero42"]
         lines.append(_speed_row("hetero42 online 0.75 load", spec, plans["milp"], "online",
-                                online_s)[0])
+                                online_s, heap=False)[0])
     return lines
 
 

@@ -44,7 +44,8 @@ One step (``schedule``):
 Host cost. Besides the FCFS waiting queue and the running requests (admission order), the policy keeps
 the *ready* running requests in two queues ordered by admission, one of decodes and one of prefills, and
 moves a request between them only when its counters change (``add``, ``feed``, ``complete``, ``finish``,
-admission, preemption). A step therefore costs time in proportion to the requests it schedules, the
+admission, preemption); ``complete`` and ``feed_many`` (a message's inputs at once, the simulator's
+call) move all their requests in one cut and one merge per queue. A step therefore costs time in proportion to the requests it schedules, the
 ready requests it copies and the requests a call touched, not to every request resident: a pipeline
 stage holding thousands of requests of which a few are ready steps as fast as one holding a few.
 
