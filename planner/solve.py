@@ -20,6 +20,9 @@ Every bound found is kept; the plan reports the least and a status that speaks o
 problem (``exact_status``). ``milp-paper`` runs the paper's node-level formulation
 (``planner.milp.paper_model``) as the baseline. Heuristic methods return their placement with the
 closed-form bounds.
+
+This module holds the order (``_milp``), the warm starts and the Plan; the phases after the warm
+starts are :mod:`planner.phases`, the objects they share :mod:`planner.search_state`.
 """
 
 from __future__ import annotations
@@ -28,128 +31,30 @@ import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 from helix.core.errors import InfeasibleError
 from helix.core.plan import ArcFlow, Plan
 from helix.core.slices import as_placement, as_slices
-from planner.flowgraph import FlowResult, Placement, max_flow
+from planner.flowgraph import Placement, max_flow
 from planner.latency import path_stats
-from planner.milp import class_model, paper_model
-from planner.milp.linear import LinearModel
-from planner.milp.solvers import HighsAdapter, SolveOptions, SolverAdapter, make_solver
+from planner.milp import paper_model
+from planner.milp.solvers import make_solver
 from planner.options import PlanOptions
+from planner.phases import _class_milp, _cover, _exact_milp, _polish
 from planner.problem import PlacementProblem
-from planner.report import (ClassMilpRun, CoverRun, MilpSkipped, PaperMethodRun, PaperMilpRun,
-                            Phase, SearchReport)
-from planner.search import construct, local_search
+from planner.report import ClassMilpRun, MilpSkipped, PaperMethodRun, SearchReport
+from planner.search import construct
 from planner.search.aligned_chains import aligned_chains
 from planner.search.baselines import HEURISTICS, WARM_STARTS
 from planner.search.bounds import fixed_point_bound, layer_counts
-from planner.search.cover import cover_search
 from planner.search.crossing import crossing_bound
 from planner.search.mixed_stages import mixed_stages
-from planner.search.packing import packing_bound
 from planner.search.region_chain import region_chain
 from planner.search.sharing import sharing_bound
+from planner.search_state import _NONE, Candidate, _Search, _State
 from planner.verify import PlannerBug, verify
 
 log = logging.getLogger("helix.planner")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    placement: Placement
-    flows: FlowResult
-    source: str
-
-    @property
-    def value(self) -> float:
-        return self.flows.value_tokens_per_s
-
-
-_NONE = Candidate({}, FlowResult(0.0, {}, {}), "none")
-
-
-@dataclass(frozen=True)
-class _Search:
-    """One search's fixed inputs: the problem, the options, the solver and the clock."""
-
-    problem: PlacementProblem
-    options: PlanOptions
-    adapter: SolverAdapter | None
-    t0: float
-
-    @property
-    def partial(self) -> bool:
-        return self.options.partial
-
-    @property
-    def min_k(self) -> int:
-        return self.options.min_layers(self.problem.num_layers)
-
-    def at(self, fraction: float) -> float:
-        """The clock reading ``fraction`` of the time limit after the start."""
-        return self.t0 + fraction * self.options.time_limit_s
-
-    def evaluate(self, placement: Placement, source: str) -> Candidate:
-        return Candidate(dict(placement), max_flow(self.problem, placement, self.partial), source)
-
-    def solver_options(self, end_s: float, progress=None, warm=None, stop=None) -> SolveOptions:
-        """Solver options ending ``end_s`` seconds after the start; ``progress(elapsed, primal,
-        dual)`` sees the solver's progress, ``stop(primal, dual)`` ends it early."""
-        t0 = self.t0
-
-        def cb(elapsed, primal, dual):
-            if progress is not None:
-                progress(time.perf_counter() - t0, primal, dual)
-            return stop(primal, dual) if stop else False
-        # No minimum: a phase that starts late gets what is left (HiGHS returns at once on 0).
-        remaining = max(0.0, end_s - (time.perf_counter() - t0))
-        o = self.options
-        return SolveOptions(time_limit_s=remaining, threads=o.threads, seed=o.seed, rel_gap=o.gap,
-                            warm_start=warm, progress=cb)
-
-    def report(self, state: _State) -> None:
-        """The incumbent and the bound to the caller's progress line."""
-        if self.options.progress is not None:
-            self.options.progress(time.perf_counter() - self.t0, state.best.value, state.bound)
-
-
-@dataclass(frozen=True)
-class _State:
-    """What the search holds so far: the best candidate, every bound (by name, in the order
-    found; each valid for the exact problem) and what each phase recorded."""
-
-    best: Candidate
-    bounds: tuple[tuple[str, float], ...]
-    phases: tuple[Phase, ...] = ()
-    skipped: tuple[str, ...] = ()
-    """Warm starts not tried (one before them met the gap target)."""
-    scope: str | None = None
-    """The placements the bounds range over, when not all."""
-
-    @property
-    def bound(self) -> float:
-        return min(v for _, v in self.bounds)
-
-    def within(self, gap: float) -> bool:
-        """The best is proven within ``gap`` of the bound."""
-        return self.best.value > 0 and self.bound <= self.best.value * (1 + max(gap, 1e-6))
-
-    def with_best(self, best: Candidate) -> _State:
-        return dataclasses.replace(self, best=best)
-
-    def with_bound(self, name: str, value: float) -> _State:
-        """``value`` as the bound ``name`` (in its place when it is there already)."""
-        names = [k for k, _ in self.bounds]
-        bounds = [(k, value if k == name else v) for k, v in self.bounds]
-        if name not in names:
-            bounds.append((name, value))
-        return dataclasses.replace(self, bounds=tuple(bounds))
-
-    def with_phase(self, phase: Phase) -> _State:
-        return dataclasses.replace(self, phases=(*self.phases, phase))
 
 
 def check_feasible(problem: PlacementProblem, min_layers: int = 1) -> None:
@@ -299,19 +204,6 @@ def _with_start(run: _Search, best: Candidate) -> Candidate:
     return cand if cand.value >= best.value else best
 
 
-def class_model_is_exact(problem: PlacementProblem, bound: float) -> bool:
-    """One region, every node pair linked both ways with capacity >= the bound: links never bind."""
-    if len({n.region for n in problem.nodes}) != 1:
-        return False
-    for a in problem.nodes:
-        for b in problem.nodes:
-            if a.name != b.name:
-                link = problem.link(a.name, b.name)
-                if link is None or link.capacity_tokens_per_s < bound:
-                    return False
-    return True
-
-
 def _milp(run: _Search, state: _State) -> _State:
     """Warm starts -> local search (to 30 % of the time) -> class MILP (to 75 %) -> local search.
 
@@ -355,102 +247,6 @@ def _milp(run: _Search, state: _State) -> _State:
 PAPER_MILP_NODES = 8
 
 
-def _exact_milp(run: _Search, state: _State) -> _State:
-    """The paper MILP, exact on every node, link, source and sink arc, warm-started from the
-    best and capped at the best bound, ending at 90 % of the time limit: on small clusters it
-    finds and proves what the relaxed class MILP cannot where links bind. Its dual bound joins
-    the state's; its incumbent is measured and kept when better."""
-    problem, best, U = run.problem, state.best, state.bound
-    gap, end_s = run.options.gap, 0.9 * run.options.time_limit_s
-    lp, v = paper_model.build_paper_model(problem, run.partial, run.min_k, flow_bound=U)
-    fixed = paper_model.integer_values(problem, lp, v, best.placement, run.partial)
-    warm = _complete(lp, fixed, run.solver_options(end_s)) if fixed else None
-
-    def stop(primal, dual):
-        return min(U, dual) <= max(best.value, primal) * (1 + max(gap, 1e-6))
-
-    res = run.adapter.solve(lp, run.solver_options(end_s, None, warm, stop))
-    state = state.with_phase(PaperMilpRun(res.status, res.seconds))
-    if res.bound is not None:
-        state = state.with_bound("paper_milp", res.bound)
-    if res.values is not None:
-        cand = run.evaluate(paper_model.extract(problem, v, res.values), "paper-milp")
-        if cand.value > best.value:
-            return state.with_best(cand)
-    return state
-
-
-def _cover(run: _Search, state: _State, deadline_s: float) -> _State:
-    """Cover bound (``planner.search.cover``) from the incumbent's gap target up; the placements
-    that cover a target are measured and kept when they beat the incumbent."""
-    best = state.best
-    if best.value <= 0:
-        return state
-    o = run.options
-    target, known = best.value * (1 + max(o.gap, 1e-6)), state.bound
-    again = any(isinstance(p, CoverRun) for p in state.phases)   # the gap target was tried
-    if not again:  # the packing LP first: a fraction of a second a target where it decides
-        packed = packing_bound(run.problem, run.adapter, best.value, known,
-                               min(deadline_s, time.perf_counter() + 0.05 * o.time_limit_s),
-                               run.min_k)
-        if packed is not None:
-            state, known = state.with_bound("packing", packed), packed
-    res = cover_search(run.problem, run.adapter, target, known, deadline_s,
-                       step_s=max(0.5, 0.05 * o.time_limit_s), threads=o.threads, seed=o.seed,
-                       min_layers=run.min_k, optimal_at=best.value * (1 + 1e-7),
-                       first=known - 0.25 * (known - target) if again else None)
-    state = state.with_phase(CoverRun(tuple((round(x, 3), verdict) for x, verdict in res.tried)))
-    if res.bound is not None:
-        state = state.with_bound("cover", res.bound)
-    for placement in res.placements:
-        cand = run.evaluate(placement, "cover")
-        if cand.value > best.value:
-            best = cand
-    return state.with_best(best)
-
-
-def _class_milp(run: _Search, state: _State) -> _State:
-    """The class MILP, warm-started from the best, ending at 75 % of the time limit.
-
-    Its proven bound joins the state's: it holds for the exact problem because the class model
-    relaxes it (see ``planner.milp.class_model``); its own status (``milp_status``) speaks of the
-    class model only."""
-    problem, best, bound = run.problem, state.best, state.bound
-    gap, end_s, progress = run.options.gap, 0.75 * run.options.time_limit_s, run.options.progress
-    model = class_model.build_class_model(problem, run.partial, run.min_k, flow_bound=bound)
-    exact = class_model_is_exact(problem, bound)
-    warm = _complete(model.lp, class_model.hold_values(model, best.placement),
-                     run.solver_options(end_s)) if best.placement else None
-
-    def stop(primal, dual):
-        inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
-        return inc > 0 and min(bound, dual) <= inc * (1 + gap)
-
-    def shown(elapsed, primal, dual):
-        # The live line shows real flows and valid bounds: a relaxed model's primal is neither.
-        if progress is not None:
-            inc = max(best.value, primal if exact and math.isfinite(primal) else 0.0)
-            progress(elapsed, inc, min(bound, dual))
-
-    res = run.adapter.solve(model.lp, run.solver_options(end_s, shown, warm, stop))
-    state = state.with_phase(ClassMilpRun(res.solver, best.source, best.value, len(model.classes),
-                                          exact, res.seconds, res.status))
-    cand = best
-    if res.values is not None:
-        bad = model.lp.violations(res.values, tol=1e-5)
-        if bad:
-            raise AssertionError(f"solver returned a solution violating {bad[:3]}")
-        mine = run.evaluate(class_model.extract(model, res.values), "milp")
-        if exact and mine.value < res.objective * (1 - 1e-6) - 1e-6:
-            raise AssertionError(f"class model is exact but max flow {mine.value} < "
-                                 f"objective {res.objective}")
-        if mine.value > cand.value:
-            cand = mine
-    if res.bound is not None:
-        state = state.with_bound("class_milp", res.bound)
-    return state.with_best(cand)
-
-
 def _regional_milp(run: _Search, best: Candidate) -> Candidate:
     """Multi-region clusters: solve each region on its own (its class model is exact there), union.
 
@@ -474,28 +270,6 @@ def _regional_milp(run: _Search, best: Candidate) -> Candidate:
         placement.update(as_placement(plan.placements))
     cand = run.evaluate(placement, "regional-milp")
     return cand if cand.value > best.value else best
-
-
-def _polish(run: _Search, cand: Candidate, deadline_s: float, target: float) -> Candidate:
-    if not cand.placement or cand.value >= target:
-        return cand
-    placement, flows = local_search.improve(run.problem, cand.placement, cand.flows, run.partial,
-                                            deadline_s, run.options.seed, target, run.min_k)
-    if flows.value_tokens_per_s > cand.value:
-        return Candidate(placement, flows, cand.source + "+local")
-    return cand
-
-
-def _complete(lp: LinearModel, fixed: dict[int, float], options: SolveOptions):
-    """A full assignment for a warm start: fix the integers, solve the LP for the rest (with the
-    caller's threads and time limit; no progress callback, the LP has no MIP progress)."""
-    if not fixed:
-        return None
-    lp2 = dataclasses.replace(lp, lb=list(lp.lb), ub=list(lp.ub), integer=[False] * lp.num_vars)
-    for i, v in fixed.items():
-        lp2.lb[i] = lp2.ub[i] = v
-    res = HighsAdapter().solve(lp2, dataclasses.replace(options, warm_start=None, progress=None))
-    return list(res.values) if res.status == "optimal" and res.values else None
 
 
 #: Why each bound holds for the exact problem (every node, link, source and sink arc).

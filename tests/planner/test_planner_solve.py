@@ -146,7 +146,7 @@ def test_a_late_phase_gets_only_the_time_left():
     import time
 
     from planner.options import PlanOptions
-    from planner.solve import _Search
+    from planner.search_state import _Search
     run = _Search(reference_single24_70b(), PlanOptions(time_limit_s=1.0), None,
                   time.perf_counter() - 5.0)
     late = run.solver_options(1.0)
