@@ -99,7 +99,7 @@ class RuntimeConfig:
     """Place fine-tuned tasks on some of the plan's pipelines and move them with the load
     (:mod:`coordinator.task_placement`); None: every worker holds every task."""
     engine: dict = field(default_factory=dict)
-    """More engine options for every worker (``worker.engine.EngineConfig`` field names); the
+    """More engine options for every worker (``worker.engine_config.EngineConfig`` field names); the
     plan's serving limits (:data:`coordinator.workers.PLAN_ENGINE_OPTIONS`) are not among them."""
 
 

@@ -54,7 +54,8 @@ from worker.adapters import (
     target_shape,
     term_bytes,
 )
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 from worker.model import LayerWeights, SliceWeights
 

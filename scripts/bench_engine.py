@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from helix.net.sampling import SamplingParams
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 
 VOCAB = 8192

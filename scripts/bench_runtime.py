@@ -312,7 +312,8 @@ def _single_process(ckpt: Path, n_req: int, max_tokens: int) -> tuple:
     from coordinator.textcodec import TextCodec
     from helix import demo
     from helix.net.sampling import SamplingParams
-    from worker.engine import EngineConfig, SliceEngine
+    from worker.engine import SliceEngine
+    from worker.engine_config import EngineConfig
     from worker.local_pipeline import LocalPipeline, Prompt
     torch.set_num_threads(1)
     codec = TextCodec(ckpt)

@@ -41,7 +41,8 @@ from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from helix.core.profiles import ProfileRow
 from helix.core.serving import ServingSpec
-from worker.engine import EngineConfig, SliceEngine, torch_dtype
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig, torch_dtype
 from worker.kv_blocks import blocks_for_tokens
 from worker.model import LayerWeights, SliceWeights
 

@@ -35,7 +35,8 @@ from helix.net.control import ControlServer, WORKER_SERVICE, service_handler, st
 from helix.net.stats import WorkerStats
 from worker.adapter_cache import CacheStats
 from worker.adapter_files import probe_adapter
-from worker.engine import EngineConfig, RequestFailure, SliceEngine
+from worker.engine import RequestFailure, SliceEngine
+from worker.engine_config import EngineConfig
 from helix.net.io_types import StageInput, StageOutput
 from helix.net.data_plane import DataPlane
 from helix.net.keys import ClusterKeys

@@ -91,7 +91,8 @@ def reference_outputs(ckpt: Path, prompts: list[tuple[int, ...]], max_tokens: in
                       eos: tuple[int, ...]) -> list[list[int]]:
     """Greedy tokens of the whole model in one engine, one process (the single-process reference)."""
     from helix.core.models import ModelSpec
-    from worker.engine import EngineConfig, SliceEngine
+    from worker.engine import SliceEngine
+    from worker.engine_config import EngineConfig
     from worker.local_pipeline import LocalPipeline, Prompt
     from helix.net.sampling import SamplingParams
     layers = ModelSpec.from_pretrained_dir(ckpt).num_layers

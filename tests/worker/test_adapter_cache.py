@@ -16,7 +16,8 @@ from helix.net.sampling import SamplingParams
 from tests.builders.adapters import random_task, write_task
 from worker.adapter_cache import AdapterCache, NoRoom
 from worker.adapters import SliceAdapter
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

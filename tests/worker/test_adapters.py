@@ -16,7 +16,8 @@ from helix.net.sampling import SamplingParams
 from tests.builders.adapters import merged_model, random_task, write_peft_lora, write_task
 from tests.builders.threads import one_torch_thread
 from worker.adapter_files import AdapterLimits, read_adapter
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from helix.core.errors import HelixUserError
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from worker.sampling import Sampler
@@ -150,7 +151,7 @@ def test_hidden_states_of_the_wrong_width_fail_only_their_request(tiny_ckpt, pro
 
 
 def test_a_kv_pool_larger_than_the_free_device_memory_is_one_clear_line():
-    from worker.engine import check_pool_fits
+    from worker.engine_config import check_pool_fits
     check_pool_fits(2 * 2**30, 3 * 2**30, 1000, "cuda:0")
     with pytest.raises(HelixUserError, match=r"KV pool \(1000 blocks, 4.00 GiB\) does not fit in the "
                                              r"3.00 GiB free on cuda:0 .*gpu_memory_utilization"):

@@ -7,7 +7,8 @@ import torch
 from helix.core.models import MODEL_CATALOG
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
-from worker.engine import EngineConfig, SliceEngine, _hidden_rows
+from worker.engine import SliceEngine, _hidden_rows
+from worker.engine_config import EngineConfig
 from worker.profile import random_slice
 
 

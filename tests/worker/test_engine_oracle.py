@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.builders.threads import one_torch_thread
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 from helix.net.sampling import SamplingParams
 

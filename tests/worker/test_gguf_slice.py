@@ -9,7 +9,8 @@ import torch
 
 from helix.core.gguf import open_gguf
 from helix.net.sampling import SamplingParams
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 from worker.weights import load_slice
 from tests.builders.gguf import write_tiny_gguf

@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from helix.net.io_types import NewRequest, StageInput  # noqa: E402
 from helix.net.sampling import SamplingParams  # noqa: E402
 from helix.server.structured import guided_regex  # noqa: E402
-from worker.engine import EngineConfig, SliceEngine  # noqa: E402
+from worker.engine import SliceEngine  # noqa: E402
+from worker.engine_config import EngineConfig  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},

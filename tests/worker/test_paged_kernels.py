@@ -148,7 +148,8 @@ def test_engine_on_triton_kernels_matches_hf(tiny_ckpt, prompts, graphs):
     buffers) in a two-stage chain, greedy tokens equal to transformers'."""
     from tests.builders.threads import one_torch_thread
     from helix.net.sampling import SamplingParams
-    from worker.engine import EngineConfig, SliceEngine
+    from worker.engine import SliceEngine
+    from worker.engine_config import EngineConfig
     from worker.local_pipeline import LocalPipeline, Prompt
     ckpt, model = tiny_ckpt
     chosen = prompts[:4]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 from helix.net.sampling import SamplingParams
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from helix.net.sampling import SamplingParams
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from worker.local_pipeline import LocalPipeline, Prompt
 
 from tests.worker.test_engine_oracle import LOGPROB_ATOL

@@ -23,7 +23,8 @@ from helix.core.models import resolve_model  # noqa: E402
 from helix.net.io_types import NewRequest, StageInput  # noqa: E402
 from helix.net.sampling import SamplingParams  # noqa: E402
 from worker import native  # noqa: E402
-from worker.engine import EngineConfig, SliceEngine  # noqa: E402
+from worker.engine import SliceEngine  # noqa: E402
+from worker.engine_config import EngineConfig  # noqa: E402
 from worker.profile import random_slice  # noqa: E402
 
 #: Kernels per decode layer. CPU (C kernels): 2 RMSNorms, 4 GEMMs, rotary + KV store, attention,

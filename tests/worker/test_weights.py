@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from helix.core.errors import HelixUserError, SpecError
-from worker.engine import EngineConfig, SliceEngine
+from worker.engine import SliceEngine
+from worker.engine_config import EngineConfig
 from helix.net.io_types import NewRequest, StageInput
 from helix.net.sampling import SamplingParams
 from worker.weights import expected_shapes, load_slice
