@@ -36,6 +36,11 @@ class ClassMilpRun:
     """Its own status, about the class model only."""
 
 
+def class_model_exact(phases) -> bool:
+    """Whether a class MILP among ``phases`` ran on a model whose optimum is a placement's flow."""
+    return any(isinstance(p, ClassMilpRun) and p.class_model_exact for p in phases)
+
+
 @dataclass(frozen=True)
 class MilpSkipped:
     """No time was left for the class MILP after the warm starts."""
@@ -126,7 +131,7 @@ class SearchReport:
 
     @property
     def class_model_exact(self) -> bool:
-        return any(isinstance(p, ClassMilpRun) and p.class_model_exact for p in self.phases)
+        return class_model_exact(self.phases)
 
     def to_extras(self) -> dict[str, Any]:
         """The report as ``Plan.extras`` keeps it (keys in the order the search wrote them)."""

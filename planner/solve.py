@@ -42,7 +42,7 @@ from planner.milp.solvers import make_solver
 from planner.options import PlanOptions
 from planner.phases import _class_milp, _cover, _exact_milp, _polish
 from planner.problem import PlacementProblem
-from planner.report import ClassMilpRun, MilpSkipped, PaperMethodRun, SearchReport
+from planner.report import MilpSkipped, PaperMethodRun, SearchReport, class_model_exact
 from planner.search import construct
 from planner.search.aligned_chains import aligned_chains
 from planner.search.baselines import HEURISTICS, WARM_STARTS
@@ -315,9 +315,10 @@ def _plan(run: _Search, state: _State, solver: str | None, method: str | None = 
     bound = bounds[source]
     if bound < cand.value * (1 - 1e-6):
         raise PlannerBug(f"bound {bound} ({source}) is below a found max flow {cand.value}")
-    exact = any(isinstance(p, ClassMilpRun) and p.class_model_exact for p in state.phases)
+    exact = class_model_exact(state.phases)
     report = SearchReport(
-        method=method or run.options.method, seconds=time.perf_counter() - run.t0, status=exact_status(cand.value, bound, run.options.gap), bounds=state.bounds,
+        method=method or run.options.method, seconds=time.perf_counter() - run.t0,
+        status=exact_status(cand.value, bound, run.options.gap), bounds=state.bounds,
         bound_source=source,
         bound_note=BOUND_NOTES["class_milp_exact" if source == "class_milp" and exact else source],
         found_by=cand.source, depth_max=stats.depth_max, depth_mean=round(stats.depth_mean, 3),
