@@ -196,7 +196,7 @@ not). Base-model rows add nothing. Tensor parallel splits a term as it splits th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -269,6 +269,45 @@ def analytic_layer_time_s(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_b
         return 0.0
     return work_time_s(layer_work(model, dtype_bytes, prompt_tokens, decode_seqs, decode_context,
                                   prompt_context, gpu.kv_reread_cost), gpu, num_gpus)
+
+
+def analytic_layer_time_fn(model: ModelSpec, gpu: GpuKind, num_gpus: int, dtype_bytes: int
+                           ) -> Callable[[float, float, float, float], float]:
+    """:func:`analytic_layer_time_s` for one model and node, as a function of the step alone:
+    ``f(prompt_tokens, decode_seqs, decode_context, prompt_context)``. What does not depend on the
+    step is worked out once, and the rest is computed in the same order as
+    :func:`layer_work` and :func:`work_time_s`, so both give the same floats (the simulator calls
+    this once per step)."""
+    b, n = dtype_bytes, num_gpus
+    kv = model.kv_bytes_per_token_per_layer(b)
+    group = model.num_heads / model.num_kv_heads
+    act_kv = 2 * (4 * model.hidden_size + 3 * model.intermediate_size) * b + kv
+    linear_flops_per_token = model.linear_flops_per_token_per_layer
+    weight_bytes = model.layer_bytes(b)
+    heads, head_dim, hidden = model.num_heads, model.head_dim, model.hidden_size
+    reread = 1 + (group - 1) * gpu.kv_reread_cost
+    flops = n * gpu.fp16_flops * gpu.compute_efficiency
+    bandwidth = n * gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency
+    overhead = gpu.layer_overhead_s
+    ring_scale = 2 * (n - 1) / n
+    ring_latency = 2 * (n - 1) * gpu.allreduce_latency_s
+    interconnect = gpu.interconnect_bytes_per_s
+
+    def layer_time(prompt_tokens: float, decode_seqs: float, decode_context: float,
+                   prompt_context: float) -> float:
+        tokens = prompt_tokens + decode_seqs
+        if tokens <= 0:
+            return 0.0
+        t = max(tokens * linear_flops_per_token / flops,
+                (weight_bytes + act_kv * tokens) / bandwidth) \
+            + prompt_tokens * (4.0 * prompt_context * heads * head_dim) / flops \
+            + decode_seqs * decode_context * kv * reread / bandwidth + overhead
+        if n > 1:
+            ring = ring_scale * (tokens * hidden * b) / interconnect + ring_latency
+            t += 2 * ring
+        return t
+
+    return layer_time
 
 
 #: Seconds to launch one small kernel of an adapter term (and, on a CPU node, one PyTorch op's
@@ -378,6 +417,14 @@ class CostModel:
             return profile.layer_time_s(prompt_tokens, decode_seqs, decode_context, prompt_context)
         return analytic_layer_time_s(self.model, node.kind, node.num_gpus, self.dtype_bytes,
                                      prompt_tokens, decode_seqs, decode_context, prompt_context)
+
+    def layer_time_fn(self, node: NodeSpec) -> Callable[[float, float, float, float], float]:
+        """:meth:`layer_time_s` of ``node`` as ``f(prompt_tokens, decode_seqs, decode_context,
+        prompt_context)`` (contexts given), the same floats with the per-node work done once."""
+        profile = self.profiles.get(node.label)
+        if profile is not None:
+            return profile.layer_time_s
+        return analytic_layer_time_fn(self.model, node.kind, node.num_gpus, self.dtype_bytes)
 
     def step_overhead_s(self, node: NodeSpec, prompt_tokens: float, decode_seqs: float,
                         decode_context: float, prompt_context: float | None = None) -> float:

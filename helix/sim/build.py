@@ -87,7 +87,7 @@ def build_workers(spec: ClusterSpec, plan: Plan, cost: CostModel, config: SimCon
         adapters = None if config.tasks is None else functools.partial(
             cost.adapter_step_s, node, p.num_layers, shape=config.tasks.shape)
         workers[p.node] = SimWorker(p.node, p.start, p.end, cap,
-                                    functools.partial(cost.layer_time_s, node), pc, block, overhead,
+                                    cost.layer_time_fn(node), pc, block, overhead,
                                     adapters)
     return workers
 

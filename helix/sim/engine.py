@@ -372,8 +372,14 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         w.maybe_ready = True
         if w.busy or w.start_pending:
             return NO_EVENTS
-        w.start_pending = True
-        return (StepStart(now_s, w),)
+        heap = self._heap
+        if (heap and heap[0][0] <= now_s) or self.event_log is not None:
+            # More may happen at this instant (other inputs): the step starts after it.
+            w.start_pending = True
+            return (StepStart(now_s, w),)
+        # Nothing else is due at this instant, so a StepStart pushed now would be the next event
+        # popped: start the step at once (same run, one event fewer; kept when events are logged).
+        return self.start_step(now_s, w)
 
     def on_step_start(self, ev: StepStart) -> Iterable[Event]:
         ev.worker.start_pending = False

@@ -169,3 +169,33 @@ def test_the_step_token_budget_caps_decodes_and_cuts_prompts_into_chunks():
     t_small, t2_small = c_small.stage_step_moments(node, k, 28)
     t_whole, t2_whole = c_whole.stage_step_moments(node, k, 28)
     assert t2_small / t_small ** 2 < t2_whole / t_whole ** 2   # less spread: no long steps
+
+
+@pytest.mark.parametrize("gpu", sorted(GPU_CATALOG))
+@pytest.mark.parametrize("num_gpus", [1, 2, 8])
+def test_layer_time_fn_gives_the_same_floats_as_the_roofline(gpu, num_gpus):
+    # The simulator's per-node function must not change a single step's time.
+    from helix.core.costmodel import analytic_layer_time_fn
+    for model in MODEL_CATALOG.values():
+        f = analytic_layer_time_fn(model, GPU_CATALOG[gpu], num_gpus, 2)
+        for p, d, dc, pc in [(0, 0, 0.0, 0.0), (0, 1, 17.0, 0.0), (256, 0, 0.0, 371.5),
+                             (37, 219, 812.3, 1021.0), (1.5, 3.0, 0.1, 7.25), (2048, 64, 4e3, 1e3)]:
+            assert f(p, d, dc, pc) == analytic_layer_time_s(
+                model, GPU_CATALOG[gpu], num_gpus, 2, p, d, dc, pc), (model.name, p, d, dc, pc)
+
+
+def test_cost_model_layer_time_fn_matches_layer_time_s_with_and_without_a_profile(tmp_path):
+    prof = tmp_path / "a100"
+    prof.mkdir()
+    (prof / "prompt_bs2time.csv").write_text("0,0\n100,2\n200,4\n")
+    (prof / "decode_bs2time.csv").write_text("0,0\n10,1\n20,1.5\n")
+    plain = parse_cluster(tiny_spec())
+    profiled = parse_cluster(tiny_spec(performance={"profiles": {"A100-40G": str(prof)}}))
+    for spec in (plain, profiled):
+        cost = CostModel.for_cluster(spec)
+        for node in spec.nodes:
+            f = cost.layer_time_fn(node)
+            for args in [(0, 3, 40.0, 0.0), (128, 2, 90.0, 64.0), (300, 0, 0.0, 150.0)]:
+                assert f(*args) == cost.layer_time_s(node, *args)
+    assert CostModel.for_cluster(profiled).layer_time_fn(profiled.node("a100-0"))(150, 15, 999, 75) \
+        == pytest.approx(3e-3 + 1.25e-3)

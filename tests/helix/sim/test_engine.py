@@ -131,3 +131,19 @@ def test_swarm_delays_are_observed_once_per_request_and_hop_on_the_prompt_pass()
     r = sim.run()
     assert r.requests_completed == 20
     assert len(seen) == 20 * 2   # every pipeline here has two stages: two hops into a node each
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_steps_started_at_once_give_the_run_of_steps_started_by_event(mode):
+    # With events logged, every idle worker's step starts through a StepStart event; without, a
+    # step starts at once when nothing else is due at that instant. Both must be the same run.
+    # Links this fast deliver messages sent together at the same instant (ties to keep batched).
+    workload = tuple(TraceRequest(0.03 * (i // 4), 20 + 11 * (i % 7), 3 + i % 5) for i in range(24))
+    runs = []
+    for record in (True, False):
+        r = make_sim(small_diamond_plan(), workload,
+                     SimConfig(mode=mode, duration_s=None, record_events=record),
+                     bandwidth_bytes_per_s=1e30).run()
+        runs.append({k: v for k, v in dataclasses.asdict(r).items() if k not in ("wall_s", "events")})
+    assert runs[0] == runs[1]
+    assert runs[0]["requests_completed"] == 24
