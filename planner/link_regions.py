@@ -19,6 +19,7 @@ links say.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from helix.core.link_table import Figure, Regions, compact, infer_regions
@@ -86,12 +87,35 @@ def infer(spec: ClusterSpec) -> tuple[dict[tuple[str, str], Figure], InferredReg
     return table, InferredRegions(found, len(declared))
 
 
+_known: dict[int, tuple[weakref.ref, tuple[ClusterSpec, InferredRegions] | None]] = {}
+"""What :func:`planning_spec` found for each spec still alive, by ``id`` (specs are frozen but
+not hashable): the planner asks for one spec several times a plan (the problem, the prediction,
+the choice), and the link table of a large cluster with per-pair links is N^2 lookups."""
+
+
+def _remember(spec: ClusterSpec, found: tuple[ClusterSpec, InferredRegions] | None) -> None:
+    key = id(spec)
+    _known[key] = (weakref.ref(spec, lambda _, key=key: _known.pop(key, None)), found)
+
+
 def planning_spec(spec: ClusterSpec) -> tuple[ClusterSpec, InferredRegions | None]:
     """``spec`` with the regions its links show (module docstring), and what was inferred; ``spec``
-    itself and None when its declared regions match its links."""
+    itself and None when its declared regions match its links. Worked out once per spec object;
+    the relabelled spec is known to match its links."""
+    hit = _known.get(id(spec))
+    if hit is not None and hit[0]() is spec:
+        return (spec, None) if hit[1] is None else hit[1]
+    found = _relabelled(spec)
+    _remember(spec, found)
+    if found is not None:
+        _remember(found[0], None)
+    return (spec, None) if found is None else found
+
+
+def _relabelled(spec: ClusterSpec) -> tuple[ClusterSpec, InferredRegions] | None:
     found = infer(spec)
     if found is None:
-        return spec, None
+        return None
     table, inferred = found
     names = [n.name for n in spec.nodes]
     data = {k: v for k, v in spec.to_dict().items() if k not in _NETWORK_FIELDS}

@@ -135,3 +135,20 @@ def test_link_only_cluster_keeps_the_bounds_on_its_slow_links():
     assert pb.max_flow_tokens_per_s == pytest.approx(pa.max_flow_tokens_per_s, rel=1e-9)
     assert pb.upper_bound_tokens_per_s == pytest.approx(pa.upper_bound_tokens_per_s, rel=1e-6)
     assert pb.upper_bound_tokens_per_s < 190.0
+
+
+def test_regions_are_inferred_once_per_spec(monkeypatch):
+    import planner.link_regions as lr
+    spec = parse_cluster(links_only())
+    relabelled, inferred = planning_spec(spec)
+    assert inferred is not None and relabelled is not spec
+    assert lr.infer(relabelled) is None   # the relabelled spec matches its links
+    calls = []
+    monkeypatch.setattr(lr, "infer", lambda s: calls.append(s))
+    assert planning_spec(spec) == (relabelled, inferred)
+    assert planning_spec(spec)[0] is relabelled
+    assert planning_spec(relabelled) == (relabelled, None)
+    assert calls == []
+    other = parse_cluster(links_only())   # an equal spec, another object: looked at afresh
+    planning_spec(other)
+    assert calls == [other]
