@@ -69,6 +69,9 @@ def simulate(
     seed: int = typer.Option(0, "--seed", help="Random seed (arrivals, scheduler tie-breaks): the same seed gives the same run."),
     compare_all: bool = typer.Option(False, "--compare", help="Every placement method x {helix, "
                                      "swarm, random} schedulers, one table and one plot."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="With --compare: run the simulations "
+                                       "in this many processes at once (default: one per CPU this "
+                                       "process may use; 1 = one after another). Same rows either way."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG figures to this folder."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
     event_log: Optional[Path] = typer.Option(None, "--event-log", help="Write every processed "
@@ -136,6 +139,11 @@ def simulate(
         raise HelixUserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
     if link_sharing not in ("fifo", "fair"):
         raise HelixUserError(f"--link-sharing must be fifo or fair, got {link_sharing!r}")
+    if jobs is not None and not compare_all:
+        raise HelixUserError("--jobs sets how many --compare runs go at once; a single run uses one "
+                             "process (add --compare, or leave --jobs out)")
+    if jobs is not None and jobs < 1:
+        raise HelixUserError(f"--jobs must be >= 1, got {jobs}")
     _check_numbers(num_requests=num_requests, duration=duration, load=load, rate=rate,
                    chunk_tokens=chunk_tokens, high_water=high_water, max_prompt=max_prompt,
                    max_output=max_output, time_limit=time_limit)
@@ -160,7 +168,8 @@ def simulate(
         raise HelixUserError("--drain and --join run with one plan, not with --compare (so does "
                              "--replan)")
     if compare_all:
-        _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out)
+        _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out,
+                     jobs)
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
                     json_out, event_log)
@@ -256,12 +265,14 @@ def _load_plan(spec, path: Path):
     return the_plan
 
 
-def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out):
+def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out,
+                 jobs=None):
     from helix.sim import run as simrun
     plans = {method: _load_plan(spec, plan)} if plan is not None else {}
     methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
     rows = simrun.compare(spec, config, opts, methods=methods, time_limit_s=time_limit,
-                          plans=plans, progress=lambda s: console.log(s))
+                          plans=plans, progress=lambda s: console.log(s),
+                          jobs=simrun.default_jobs() if jobs is None else jobs)
     results = [r.result for r in rows]
     console.print(_summary_table(results, f"{cluster.name} {config.mode}: placement+scheduler"))
     if plot is not None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from helix.core.errors import HelixUserError
@@ -101,12 +104,26 @@ class CompareRow:
     result: SimResult
 
 
+def default_jobs() -> int:
+    """Processes ``--compare`` runs its simulations in by default: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def compare(spec: ClusterSpec, config: SimConfig, opts: WorkloadOptions,
             methods: Sequence[str] = COMPARE_METHODS, schedulers: Sequence[str] = COMPARE_SCHEDULERS,
             time_limit_s: float = 60.0, plans: dict[str, Plan] | None = None,
-            progress: Callable[[str], None] | None = None) -> list[CompareRow]:
+            progress: Callable[[str], None] | None = None, jobs: int = 1) -> list[CompareRow]:
     """Every method x scheduler on one workload. Online, the arrival rate comes from the first
-    method's plan (Helix's by default), so every row sees the same requests."""
+    method's plan (Helix's by default), so every row sees the same requests.
+
+    ``jobs`` > 1 runs the simulations in that many processes at once (each run is deterministic
+    and on its own, so the rows are the same as one after another; plans are made here first).
+    Rows come in grid order either way."""
+    if jobs < 1:
+        raise HelixUserError(f"--jobs must be >= 1, got {jobs}")
     plans = dict(plans or {})
     for m in methods:
         if m not in plans:
@@ -114,12 +131,24 @@ def compare(spec: ClusterSpec, config: SimConfig, opts: WorkloadOptions,
                 progress(f"planning {m}")
             plans[m] = make_plan(spec, m, time_limit_s, config.seed)
     workload = make_workload(opts, config.mode, plans[methods[0]], config.seed, config.duration_s)
-    rows = []
-    for m in methods:
-        for s in schedulers:
+    grid = [(m, s, dataclasses.replace(config, label=f"{m}+{s}")) for m in methods for s in schedulers]
+    results: dict[tuple[str, str], SimResult] = {}
+    if jobs == 1 or len(grid) == 1:
+        for m, s, cfg in grid:
             if progress:
                 progress(f"simulating {m} + {s}")
-            cfg = dataclasses.replace(config, label=f"{m}+{s}")
-            rows.append(CompareRow(m, s, plans[m].max_flow_tokens_per_s,
-                                   simulate(spec, plans[m], workload, cfg, s)))
-    return rows
+            results[(m, s)] = simulate(spec, plans[m], workload, cfg, s)
+    else:
+        # spawn, not fork: the planner's solver may have left threads behind in this process.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(grid)), mp_context=context) as pool:
+            running = {pool.submit(simulate, spec, plans[m], workload, cfg, s): (m, s)
+                       for m, s, cfg in grid}
+            if progress:
+                progress(f"simulating {len(grid)} runs in {min(jobs, len(grid))} processes")
+            for done in as_completed(running):
+                m, s = running[done]
+                results[(m, s)] = done.result()
+                if progress:
+                    progress(f"done {m} + {s} ({len(results)}/{len(grid)})")
+    return [CompareRow(m, s, plans[m].max_flow_tokens_per_s, results[(m, s)]) for m, s, _ in grid]

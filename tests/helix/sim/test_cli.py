@@ -235,3 +235,35 @@ def test_bad_drains_and_joins_are_one_line_errors(plan_file, capsys, args, messa
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--jobs", "2"], "--jobs sets how many --compare runs go at once"),
+    (["--jobs", "0", "--compare"], "--jobs must be >= 1, got 0"),
+])
+def test_bad_jobs_are_one_line_errors(plan_file, capsys, args, message):
+    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_compare_in_processes_gives_the_rows_of_one_after_another():
+    from helix.sim import run as simrun
+    from helix.sim.engine import SimConfig
+    spec = load_cluster(REPO / "cluster_specs" / "local3.yaml")
+    plans = {m: simrun.make_plan(spec, m, 5.0) for m in ("milp", "swarm")}
+    kwargs = dict(methods=("milp", "swarm"), schedulers=("helix", "random"), plans=plans)
+    config = SimConfig(mode="offline", duration_s=20.0)
+    seen = []
+    rows = [simrun.compare(spec, config, simrun.WorkloadOptions(), jobs=jobs,
+                           progress=seen.append, **kwargs) for jobs in (1, 3)]
+
+    def strip(row):
+        d = dataclasses.asdict(row.result)
+        d.pop("wall_s")
+        return row.method, row.scheduler, row.max_flow_tokens_per_s, d
+    assert [strip(r) for r in rows[0]] == [strip(r) for r in rows[1]]
+    assert [(r.method, r.scheduler) for r in rows[1]] == \
+        [("milp", "helix"), ("milp", "random"), ("swarm", "helix"), ("swarm", "random")]
+    assert "simulating 4 runs in 3 processes" in seen and rows[1][0].result.tokens_generated > 0
