@@ -229,19 +229,10 @@ def test_drain_and_join_print_the_phases_and_write_them(plan_file, tmp_path, cap
     (["--drain", "t4-0@3"], "--drain: node 't4-0' holds no layers in plan"),
     (["--fail", "t4-0@3"], "--fail: node 't4-0' holds no layers in plan"),
     (["--drain", "l4-0@3", "--compare"], "--drain and --join run with one plan"),
-])
-def test_bad_drains_and_joins_are_one_line_errors(plan_file, capsys, args, message):
-    rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
-    assert rc == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
-
-
-@pytest.mark.parametrize("args, message", [
     (["--jobs", "2"], "--jobs sets how many --compare runs go at once"),
     (["--jobs", "0", "--compare"], "--jobs must be >= 1, got 0"),
 ])
-def test_bad_jobs_are_one_line_errors(plan_file, capsys, args, message):
+def test_bad_drains_joins_and_jobs_are_one_line_errors(plan_file, capsys, args, message):
     rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
     assert rc == 2
     err = capsys.readouterr().err.strip()
