@@ -80,11 +80,16 @@ class _Counters:
     bytes_to: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def _rate(now: dict, base: dict, key, dt: float) -> float | None:
-    """Growth per second of counter ``key``; None when unknown or it went back (a restart)."""
-    if key not in now or key not in base or now[key] < base[key]:
+def _rate(now: dict, base: dict, key, dt: float, from_zero: bool = False) -> float | None:
+    """Growth per second of counter ``key``; None when unknown or it went back (a restart).
+    ``from_zero``: a counter missing from ``base`` (or from both) counted nothing yet."""
+    if from_zero:
+        then, value = base.get(key, 0), now.get(key, 0)
+    elif key not in now or key not in base:
         return None
-    return (now[key] - base[key]) / dt
+    else:
+        then, value = base[key], now[key]
+    return None if value < then else (value - then) / dt
 
 
 class ClusterView:
@@ -193,11 +198,7 @@ class ClusterView:
         paths = list(dict.fromkeys([*plan_pipelines(c.plan), *in_flight]))
         out = []
         for nodes in paths:
-            rate = None
-            if base is not None:
-                rate = _rate(now.tokens, base.tokens, nodes, dt)
-                if rate is None and nodes not in now.tokens:
-                    rate = 0.0   # never produced a token: its rate is known, and nought
+            rate = None if base is None else _rate(now.tokens, base.tokens, nodes, dt, from_zero=True)
             out.append({"id": pipeline_id(nodes), "nodes": list(nodes), "in_flight": in_flight[nodes],
                         "decode_tokens_per_s": rate})
         return out
@@ -212,10 +213,8 @@ class ClusterView:
         pairs = [(ra, rb) for ra, rb in pairs if ra != rb and UNKNOWN not in (ra, rb)]
         sent: dict[tuple[str, str], float] = {}
         if base is not None:
-            for (src, peer), n in now.bytes_to.items():
-                grew = _rate(now.bytes_to, base.bytes_to, (src, peer), dt)
-                if grew is None and (src, peer) not in base.bytes_to:
-                    grew = n / dt   # a peer first sent to since the base
+            for src, peer in now.bytes_to:
+                grew = _rate(now.bytes_to, base.bytes_to, (src, peer), dt, from_zero=True)
                 key = (self._region(src), self._region(peer))
                 if grew is not None:
                     sent[key] = sent.get(key, 0.0) + grew
