@@ -118,7 +118,7 @@ def browser():
 
 def open_page(browser, url: str):
     """A new page at ``url`` and the list of every URL it requests (filled as it runs)."""
-    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page = browser.new_page(viewport={"width": 1280, "height": 680})
     requested: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
     page.goto(url)
