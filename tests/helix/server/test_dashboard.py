@@ -230,7 +230,6 @@ def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_p
                     and shown["cpu-0>cpu-3"][1] > 0):
                 break
             assert time.monotonic() < deadline, shown
-        assert coord.requests_moved > 0 or coord.pipeline_counts[("cpu-0", "cpu-2")] > 0
         assert page.is_visible('.event[data-kind="failure"]')
         page.screenshot(path=tmp_path / "2-dead.png", full_page=True)
 
