@@ -39,7 +39,9 @@ _ANSWERS = ("serving", "draining")                  # states whose worker's figu
 
 class RecentLatencies:
     """TTFT, inter-token gaps (TPOT) and finished requests of the last :data:`WINDOW_S` seconds;
-    implements the coordinator's observer hooks (``ServingMetrics`` forwards them here)."""
+    implements the coordinator's observer hooks (``ServingMetrics`` forwards them here). Each keeps
+    at most :class:`~planner.live_view.RecentWindow`'s ``max_samples``: past that many tokens a
+    minute, TPOT's percentiles are over the latest gaps only."""
 
     def __init__(self, clock=time.time) -> None:
         self._clock = clock
