@@ -1,0 +1,273 @@
+"""The live view of a real serving stack: ``GET /v1/cluster``'s frame (every key, its type) and
+``/dashboard`` in the system's headless Chromium, driven by Playwright, while requests run: live
+numbers appear, a worker that is killed turns dead within the health settings' time and its
+pipeline's requests move to the others, a drained node shows draining, and the page fetches nothing
+but its own origin. Screenshots of each state go to the test's temporary folder.
+
+The stack (tests.builders.stack): four workers in this process over the demo's tiny model, cpu-0
+[0,4) feeding cpu-1 [2,8) in its region and cpu-2, cpu-3 [4,8) in another, so a node can die and
+another drain with a pipeline left."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+playwright = pytest.importorskip("playwright.sync_api")
+
+from coordinator.health import HealthConfig
+from coordinator.runtime import RuntimeConfig
+from helix.core.plan import ArcFlow, Plan
+from helix.core.slices import LayerSlice
+from helix.core.spec import parse_cluster
+from helix.server.app import create_app
+from helix.server.guard import HttpOptions
+from helix.server.http import HttpThread
+from planner.live_view import check_frame, render_page
+
+from tests.builders.serving import PROMPTS, with_kv
+from tests.builders.stack import MODEL_NAME, local_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+HEALTH = HealthConfig(suspect_after_s=0.5, dead_after_s=1.5)
+POLL_S = 1.0
+"""How often the page asks for a frame."""
+API_KEY = "dashboard-test-key"
+
+
+def four_node_plan() -> Plan:
+    nodes = ("cpu-1", "cpu-2", "cpu-3")
+    plan = Plan(model="tiny-llama", num_layers=8,
+                placements=(LayerSlice("cpu-0", 0, 4), LayerSlice("cpu-1", 2, 8),
+                            LayerSlice("cpu-2", 4, 8), LayerSlice("cpu-3", 4, 8)),
+                arc_flows=(ArcFlow("coordinator", "cpu-0", 300.0),
+                           *(ArcFlow("cpu-0", n, 100.0) for n in nodes),
+                           *(ArcFlow(n, "coordinator", 100.0) for n in nodes)),
+                max_flow_tokens_per_s=300.0, method="test")
+    return with_kv(plan, 4096)
+
+
+SPEC = {"model": "tiny-llama", "dtype": "float32", "coordinator": {"region": "us-east"},
+        "regions": {"us-east": {"bandwidth": "1GB/s"}, "eu-west": {"bandwidth": "1GB/s"}},
+        "inter_region": {"bandwidth": "100Mbps", "latency": "50ms"},
+        "nodes": [{"name": "cpu-0", "gpu": "CPU", "gpus": 4, "memory": "3000KiB", "region": "us-east"},
+                  {"name": "cpu-1", "gpu": "CPU", "memory": "1500KiB", "region": "us-east"},
+                  {"name": "cpu-2", "gpu": "CPU", "memory": "1500KiB", "region": "eu-west"},
+                  {"name": "cpu-3", "gpu": "CPU", "memory": "1500KiB", "region": "eu-west"}]}
+
+
+class Traffic:
+    """Greedy completions, ``clients`` at a time, until :meth:`stop`; counts what failed."""
+
+    def __init__(self, url: str, clients: int = 6) -> None:
+        self.url, self.failed, self._stop = url, [], threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, k: int) -> None:
+        i = k
+        while not self._stop.is_set():
+            r = httpx.post(self.url + "/v1/completions", timeout=60, json={
+                "model": MODEL_NAME, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32,
+                "temperature": 0})
+            if r.status_code != 200:
+                self.failed.append(r.text)
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model):
+    """(stack, open app's URL, key-guarded app's URL) over one coordinator."""
+    config = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60, health=HEALTH)
+    spec = parse_cluster(SPEC)
+    with local_stack(tiny_model[0], config, four_node_plan()) as stack:
+        coord = stack.coordinator
+        open_http = HttpThread(create_app(coord, MODEL_NAME, stack.metrics, cluster=spec))
+        keyed_http = HttpThread(create_app(coord, MODEL_NAME, stack.metrics,
+                                           HttpOptions(api_key=API_KEY), cluster=spec))
+        try:
+            yield stack, open_http.url, keyed_http.url
+        finally:
+            open_http.stop()
+            keyed_http.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str):
+    """A new page at ``url`` and the list of every URL it requests (filled as it runs)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 680})
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    page.goto(url)
+    return page, requested
+
+
+def frames_seen(page) -> int:
+    return int(page.evaluate("+(document.body.dataset.frames || 0)"))
+
+
+def wait_frames(page, n: int, timeout_s: float = 30) -> None:
+    """Until the page has drawn ``n`` more frames."""
+    target = frames_seen(page) + n
+    page.wait_for_function(f"+(document.body.dataset.frames || 0) >= {target}",
+                           timeout=timeout_s * 1000)
+
+
+def node_state(page, node: str) -> str:
+    return page.get_attribute(f'g.node[data-node="{node}"]', "data-state")
+
+
+def pipelines(page) -> dict[str, tuple[int, float | None]]:
+    """Each pipeline row's (in flight, decode tokens/s) as the page shows them."""
+    rows = page.eval_on_selector_all("tr[data-pipeline]", "rs => rs.map(r => [r.dataset.pipeline, "
+                                     "+r.dataset.inFlight, r.dataset.rate])")
+    return {p: (n, float(rate) if rate else None) for p, n, rate in rows}
+
+
+def only_own_origin(requested: list[str], origin: str) -> None:
+    others = [u for u in requested if not u.startswith(origin + "/")]
+    assert not others, f"the page fetched other origins: {others}"
+
+
+def test_the_frame_has_every_key_with_its_type(served):
+    stack, url, _ = served
+    traffic = Traffic(url, clients=3)
+    try:
+        first = httpx.get(url + "/v1/cluster", timeout=30).json()
+        time.sleep(2.5)
+        frame = httpx.get(url + "/v1/cluster", timeout=30).json()
+    finally:
+        traffic.stop()
+    assert check_frame(first) == [] and check_frame(frame) == [], check_frame(frame)
+    assert frame["model"] == MODEL_NAME and frame["time"] > first["time"]
+    assert [(n["name"], n["region"], n["layers"], n["state"]) for n in frame["nodes"]] == [
+        ("cpu-0", "us-east", [0, 4], "serving"), ("cpu-1", "us-east", [2, 8], "serving"),
+        ("cpu-2", "eu-west", [4, 8], "serving"), ("cpu-3", "eu-west", [4, 8], "serving")]
+    assert {n["gpu"] for n in frame["nodes"]} == {"CPU"}
+    assert all(n["kv_capacity_tokens"] >= 4096 and n["step_rate"] > 0 and 0 < n["busy"] <= 1
+               for n in frame["nodes"]), frame["nodes"]
+    assert [p["id"] for p in frame["pipelines"]] == ["cpu-0>cpu-1", "cpu-0>cpu-2", "cpu-0>cpu-3"]
+    assert sum(p["decode_tokens_per_s"] for p in frame["pipelines"]) > 0
+    links = {(k["from_region"], k["to_region"]): k for k in frame["links"]}
+    assert set(links) == {("us-east", "eu-west"), ("eu-west", "us-east")}
+    assert links["us-east", "eu-west"]["bandwidth_bytes_per_s"] == 100e6 / 8
+    assert links["us-east", "eu-west"]["bytes_per_s"] > 0   # activations from cpu-0 to cpu-2, cpu-3
+    c = frame["cluster"]
+    assert c["window_s"] == 60 and c["request_rate"] > 0
+    assert 0 < c["ttft_p50"] <= c["ttft_p99"] and 0 < c["tpot_p50"] <= c["tpot_p99"]
+    assert not traffic.failed, traffic.failed[:3]
+
+
+def test_with_an_api_key_the_frame_needs_it_and_the_page_sends_the_one_it_was_given(served, browser,
+                                                                                      tmp_path):
+    _, _, keyed = served
+    assert httpx.get(keyed + "/v1/cluster", timeout=30).status_code == 401
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    assert httpx.get(keyed + "/v1/cluster", headers=headers, timeout=30).status_code == 200
+    assert httpx.get(keyed + "/dashboard", timeout=30).status_code == 200   # the page holds no data
+    page, requested = open_page(browser, keyed + "/dashboard")
+    page.wait_for_selector("#status.stale")
+    assert page.text_content("#status") == "API key needed"
+    page.fill("#keyinput", API_KEY)
+    page.click("#keyform button")
+    wait_frames(page, 1)
+    page.goto(keyed + f"/dashboard?key={API_KEY}")   # the key in the address: kept for the tab
+    wait_frames(page, 2)
+    assert "key=" not in page.url   # taken out of the address bar (and its history)
+    page.screenshot(path=tmp_path / "keyed.png")
+    only_own_origin(requested, keyed)
+    page.close()
+
+
+def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_path):
+    stack, url, _ = served
+    coord = stack.coordinator
+    traffic = Traffic(url)
+    try:
+        page, requested = open_page(browser, url + "/dashboard")
+        wait_frames(page, 3)
+        assert page.text_content("#status") == "live"
+        assert float(page.text_content("#c-decode").replace(",", "")) > 0
+        assert all(node_state(page, n) == "serving" for n in ("cpu-0", "cpu-1", "cpu-2", "cpu-3"))
+        page.screenshot(path=tmp_path / "1-serving.png", full_page=True)
+
+        killed = time.monotonic()
+        stack.servers[2].shutdown()   # cpu-2's worker: its sockets close, its polls are refused
+        page.wait_for_selector('g.node[data-node="cpu-2"][data-state="dead"]',
+                               timeout=(HEALTH.dead_after_s + 10 * POLL_S) * 1000)
+        dead_after_s = time.monotonic() - killed
+        assert dead_after_s <= HEALTH.dead_after_s + 4 * POLL_S, dead_after_s
+        assert coord.node_status("cpu-2").state == "dead"
+        # Its requests moved: none in flight through cpu-2 (it decodes nothing), the others carry it.
+        deadline = time.monotonic() + 20
+        while True:
+            wait_frames(page, 1)
+            shown = pipelines(page)
+            if (shown["cpu-0>cpu-2"] == (0, 0.0) and shown["cpu-0>cpu-1"][1] > 0
+                    and shown["cpu-0>cpu-3"][1] > 0):
+                break
+            assert time.monotonic() < deadline, shown
+        assert page.is_visible('.event[data-kind="failure"]')
+        page.screenshot(path=tmp_path / "2-dead.png", full_page=True)
+
+        r = httpx.post(url + "/admin/drain", json={"node": "cpu-3"}, timeout=30)
+        assert r.status_code == 200, r.text
+        page.wait_for_selector('g.node[data-node="cpu-3"][data-state="draining"]',
+                               timeout=5 * POLL_S * 1000)
+        page.wait_for_selector('.event[data-kind="drain"]', timeout=5 * POLL_S * 1000)
+        deadline = time.monotonic() + 30
+        while pipelines(page)["cpu-0>cpu-3"][0] > 0:   # its requests finish where they are
+            assert time.monotonic() < deadline, pipelines(page)
+            wait_frames(page, 1)
+        page.screenshot(path=tmp_path / "3-draining.png", full_page=True)
+        only_own_origin(requested, url)
+        page.close()
+    finally:
+        traffic.stop()
+    assert not traffic.failed, traffic.failed[:3]
+
+
+def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
+    _, url, _ = served
+    frames = [httpx.get(url + "/v1/cluster", timeout=30).json() for _ in range(2)]
+    start = frames[0]["time"]
+    for f in frames:   # a simulated run's times start at 0
+        f["time"] -= start
+        for e in f["events"]:
+            e["time"] -= start
+    frames[0]["nodes"][0]["state"] = "suspect"
+    path = tmp_path / "replay.html"
+    path.write_text(render_page(frames, "replay"), encoding="utf-8")
+    page, requested = open_page(browser, path.as_uri())
+    page.wait_for_selector("#replay.shown")
+    assert page.text_content("#status") == "replay of 2 frames"
+    assert node_state(page, "cpu-0") == frames[1]["nodes"][0]["state"]   # the last frame first
+    page.fill("#slider", "0")
+    page.dispatch_event("#slider", "input")
+    assert node_state(page, "cpu-0") == "suspect"
+    page.screenshot(path=tmp_path / "replay.png", full_page=True)
+    assert requested == [path.as_uri()]
+    page.close()
