@@ -134,6 +134,7 @@ class Draining:
                     moved += 1
                 self._admit_waiting()
             client = self.clients[node]
+        self.events.record("drain", f"{node} drains" + (f" ({moved} request(s) moved)" if move else ""))
         log.warning("coordinator: draining node %s%s", node, f" ({moved} request(s) moved)" if move else "")
         self._tell_worker(client, node, True)
         return self.node_status(node)
@@ -154,6 +155,7 @@ class Draining:
                 self.scheduler.kv.observe(node, s.kv_used_token_layers)
             self._reflow()
             self._admit_waiting()
+        self.events.record("drain", f"{node} takes requests again")
         log.warning("coordinator: node %s takes requests again", node)
         return self.node_status(node)
 

@@ -78,6 +78,7 @@ class Membership:
             if node not in self.workers or self.lost.get(node) == reason:
                 return
             self.lost[node] = reason
+        self.events.record("lost", f"{node} is lost: {reason}")
         log.error("coordinator: node %s is lost: %s", node, reason)
 
     def rejoin(self, w: WorkerHandle) -> None:
@@ -95,6 +96,7 @@ class Membership:
             # A new process replaces the node: whatever the old one held is gone with it (it may
             # still look alive: restarted before it was declared dead). Its requests move first.
             self.restarts[w.node] += 1
+            self.events.record("restart", f"{w.node}: a new worker process registered")
             self.lost.pop(w.node, None)
             t = self.health.declare_dead(w.node, time.monotonic())
             if t is not None:
@@ -176,12 +178,18 @@ class Membership:
             return
         self.scheduler = rebuilt(self.scheduler, self.plan, flows, self.scheduler.kv, self._make_scheduler)
         self._flows = flows
+        total = sum(a.flow_tokens_per_s for a in flows if a.src == COORDINATOR)
+        self.events.record("replan", f"routing on a max flow of {total:,.0f} tokens/s over "
+                                     f"{len(alive)} live node(s)")
         log.warning("coordinator: routing on a max flow of %.0f tokens/s over %d live node(s)",
-                    sum(a.flow_tokens_per_s for a in flows if a.src == COORDINATOR), len(alive))
+                    total, len(alive))
 
     def _on_transition(self, t: Transition) -> None:
         """Act on one node's change of state (under the lock)."""
         log.warning("coordinator: node %s is %s (was %s)", t.node, t.new.value, t.old.value)
+        self.events.record("join" if t.new is NodeState.OK else "failure",
+                           f"{t.node} is {'serving again' if t.new is NodeState.OK else t.new.value} "
+                           f"(was {t.old.value})")
         if t.new is NodeState.DEAD:
             self.data.forget_queued(t.node)   # a restarted process must not get the old traffic
             moving = [r for r in self._live.values()

@@ -36,6 +36,7 @@ from typing import Protocol
 from coordinator.adapters import Adapters
 from coordinator.admission import QueueFull, WaitingBound
 from coordinator.drain import DrainBook, Draining
+from coordinator.events import EventLog
 from coordinator.health import NodeHealth
 from coordinator.kv_estimator import KVEstimator, OutputLengthMean
 from coordinator.membership import Membership, NoPipeline
@@ -117,6 +118,10 @@ class Coordinator(Draining, Membership, Reshaping, Adapters, Streaming):
         self.stats: dict[str, WorkerStats] = {}
         self.scheduler: HelixScheduler | None = None
         self.pipeline_counts: Counter[tuple[str, ...]] = Counter()
+        self.tokens_by_pipeline: Counter[tuple[str, ...]] = Counter()
+        """Tokens generated through each pipeline since start (the live view's decode rates)."""
+        self.events = EventLog()
+        """Failures, restarts, drains, joins and re-plans of the last hour (coordinator.events)."""
         self._lock = threading.RLock()
         self._live: dict[int, LiveRequest] = {}
         self._waiting: deque[LiveRequest] = deque()
@@ -363,6 +368,17 @@ class Coordinator(Draining, Membership, Reshaping, Adapters, Streaming):
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    def requests_by_pipeline(self) -> Counter[tuple[str, ...]]:
+        """How many requests hold each pipeline now (by its nodes in order)."""
+        with self._lock:
+            return Counter(r.pipeline.nodes for r in self._live.values()
+                           if not r.done and r.pipeline is not None)
+
+    def pipeline_tokens(self) -> dict[tuple[str, ...], int]:
+        """A copy of :attr:`tokens_by_pipeline`."""
+        with self._lock:
+            return dict(self.tokens_by_pipeline)
 
     def kv_usage_fraction(self) -> dict[str, float]:
         return {n: (s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0)

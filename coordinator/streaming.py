@@ -79,6 +79,7 @@ class Streaming:
         req.last_token_s = now
         if req.pipeline is not None:
             self.stalls.output(req.pipeline.nodes, now)
+            self.tokens_by_pipeline[req.pipeline.nodes] += 1
         req.num_output_tokens += 1
         req.output_token_ids.append(ev.token.token_id)
         text = req.detok.add(ev.token.token_id, final=ev.finish_reason is not None)

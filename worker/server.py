@@ -91,6 +91,7 @@ class WorkerServer:
         self._released: OrderedDict[Any, None] = OrderedDict()
         self._steps = 0
         self._step_avg_s = 0.0
+        self._step_s_total = 0.0
         self._last_ok: float | None = None
         self._last_error: str | None = None
         self._draining = False
@@ -131,7 +132,8 @@ class WorkerServer:
             if last is not None:
                 return replace(last, steps_total=self._steps, draining=self._draining,
                                step_time_s_avg=self._step_avg_s, last_step_unix_s=self._last_ok,
-                               last_error=self._last_error)
+                               last_error=self._last_error, step_time_s_total=self._step_s_total,
+                               bytes_sent_to=self.data.bytes_sent_to())
             self._lock.acquire()
         try:
             self._last_stats = stats = self._stats_locked()
@@ -158,6 +160,7 @@ class WorkerServer:
             last_step_unix_s=self._last_ok, last_error=self._last_error,
             draining=self._draining,
             num_preemptions_total=e.policy.num_preemptions_total if e else 0,
+            step_time_s_total=self._step_s_total, bytes_sent_to=self.data.bytes_sent_to(),
             **_cache_fields(cache))
 
     def drain(self, draining: bool = True) -> None:
@@ -282,6 +285,7 @@ class WorkerServer:
                 dt = time.perf_counter() - t0
                 self._steps += 1
                 self._step_avg_s = dt if self._steps == 1 else 0.9 * self._step_avg_s + 0.1 * dt
+                self._step_s_total += dt
                 self._last_ok = time.time()
             sends = self._route_outputs(outputs, failures) + self._report(failures)
         for peer, msg in sends:

@@ -343,6 +343,11 @@ class ClusterSpec(_Frozen):
             return self.coordinator.inbound
         return None
 
+    def region_link(self, ra: str, rb: str) -> LinkParams | None:
+        """Bandwidth/latency between two nodes of regions ``ra`` and ``rb`` by the region figures
+        alone (the pair's override, else the inter-region default; None: not connected)."""
+        return self._region_path(ra, rb)
+
     def _region_path(self, ra: str, rb: str) -> LinkParams | None:
         if ra == rb:
             return self.regions[ra]

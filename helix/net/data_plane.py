@@ -79,6 +79,7 @@ class DataPlane:
         self._send_lock = threading.Lock()
         self.bytes_sent = 0
         self.messages_sent = 0
+        self._bytes_to: dict[str, int] = {}
 
     def set_peers(self, peers: PeerBook) -> None:
         """Add or change peer addresses (a changed address gets a new socket)."""
@@ -95,6 +96,11 @@ class DataPlane:
             sock = self._push.pop(peer, None)
             if sock is not None:
                 sock.close(linger=0)
+
+    def bytes_sent_to(self) -> dict[str, int]:
+        """Bytes sent to each peer since start (a copy)."""
+        with self._send_lock:
+            return dict(self._bytes_to)
 
     @property
     def peers(self) -> dict[str, str]:
@@ -129,6 +135,7 @@ class DataPlane:
                 sock.send_multipart(frames, copy=False)
             self.messages_sent += 1
             self.bytes_sent += nbytes
+            self._bytes_to[peer] = self._bytes_to.get(peer, 0) + nbytes
 
     def _recv_frames(self, flags: int) -> list:
         """One whole message's parts: the head as bytes, the large-tensor frames zero-copy. Parts after

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from helix.core.slices import LayerSlice
 
@@ -54,6 +54,11 @@ class WorkerStats:
     """Median time to make a task ready (read, check, pack, copy to the device), over the last
     loads; None: none yet."""
     adapter_load_s_p99: float | None = None
+    step_time_s_total: float = 0.0
+    """Seconds spent in non-empty steps since start (its growth over a wall interval is how busy
+    the worker was)."""
+    bytes_sent_to: dict[str, int] = field(default_factory=dict)
+    """Data-plane bytes sent to each peer (node name or ``coordinator``) since start."""
 
     @property
     def layers(self) -> LayerSlice:

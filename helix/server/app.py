@@ -8,7 +8,8 @@ one-token probe passes now; 503 at once when no pipeline's workers answer; the b
 ``ok``, ``degraded`` while some node is down or part of the plan's capacity does not serve, or
 ``unhealthy``, beside :meth:`~coordinator.membership.Membership.health_report`: the capacity
 fraction, each node's state, the nodes down since when and why, the waiting queue and its bound),
-``GET /metrics`` (Prometheus). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
+``GET /metrics`` (Prometheus), ``GET /v1/cluster`` and ``GET /dashboard`` (the live view,
+:mod:`helix.server.live`). Errors are OpenAI-style JSON ``{"error": {"message", "type", "param",
 "code"}}``: 400 for bad input, 404 for an unknown model or path, 503 with ``Retry-After`` when the
 queue is full, 504 (``timeout_error``) when the workers produce nothing for ``request_timeout_s``,
 500 (``server_error``) when generation fails. A stream that fails or times out sends one
@@ -39,10 +40,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.requests import Delta, Done, RequestTimeout
 from coordinator.runtime import Coordinator, NoPipeline, QueueFull
 from helix.core.errors import HelixUserError
+from helix.core.spec import ClusterSpec
 from helix.server.adapters import add_adapter_routes, resolve_model, task_cards
 from helix.server.admin import add_admin_routes
 from helix.server.choices import Choice, child_params, merged, usage
 from helix.server.guard import HttpOptions, install as install_guards
+from helix.server.live import ClusterView, add_live_routes
 from helix.server.logprobs import LogprobsBuilder, joined
 from helix.server.utility import add_utility_routes
 from helix.server.metrics import ServingMetrics
@@ -388,9 +391,12 @@ class OpenAIServer:
 
 
 def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetrics | None = None,
-               http: HttpOptions = HttpOptions()) -> FastAPI:
+               http: HttpOptions = HttpOptions(), cluster: ClusterSpec | None = None,
+               elastic=None) -> FastAPI:
     """The FastAPI app; ``metrics`` should be the coordinator's observer; ``http`` the API key and
-    request-body limits (:mod:`helix.server.guard`)."""
+    request-body limits (:mod:`helix.server.guard`); ``cluster`` (the spec) and ``elastic``
+    (:class:`helix.server.elastic.Elastic`) give the live view its GPU kinds, regions and joining
+    nodes (:mod:`helix.server.live`)."""
     server = OpenAIServer(coordinator, model_name, metrics, strict=http.strict)
     app = FastAPI(title="Helix", docs_url=None, redoc_url=None)
     app.state.helix = server
@@ -404,6 +410,8 @@ def create_app(coordinator: Coordinator, model_name: str, metrics: ServingMetric
     admin_open = http.api_key is not None or http.admin_open
     add_admin_routes(app, coordinator, admin_open=admin_open)
     add_adapter_routes(app, coordinator, admin_open=admin_open)
+    add_live_routes(app, ClusterView(coordinator, model_name, server.metrics.recent, cluster, elastic),
+                    f"Helix \u00b7 {model_name}")
 
     @app.get("/health")
     def health():

@@ -149,6 +149,8 @@ class Elastic:
             summary = {**replan.summary(), "cause": replan.cause, "applied": False, "error": None}
             self.replans.append(summary)
             log.warning("re-plan (%s): %s", replan.cause, replan.decision.reason)
+            self.coordinator.events.record("replan", f"re-plan ({replan.cause}): "
+                                                     f"{replan.decision.reason}")
             if replan.adopted:
                 try:
                     self.coordinator.apply_plan(replan.plan, timeout_s=self.apply_timeout_s)
@@ -205,6 +207,7 @@ class Elastic:
         if status is not None and status.state in ("planning", "applying"):
             raise HelixUserError(f"node {handle.node!r} is joining already ({status.state})")
         self.joins[handle.node] = JoinStatus(handle.node)
+        self.coordinator.events.record("join", f"{handle.node} registered to join: re-planning")
         threading.Thread(target=self._place, args=(handle, node), daemon=True,
                          name=f"helix-join-{handle.node}").start()
         return {"ok": True, "joining": True}

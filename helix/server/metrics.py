@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from helix.server.live import RecentLatencies
+
 _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 # vLLM's request-length buckets (build_1_2_5_buckets), to a million tokens.
@@ -24,6 +26,8 @@ class ServingMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
+        self.recent = RecentLatencies()
+        """The last minute's latencies and finished requests (the live view, helix.server.live)."""
         self.registry = CollectorRegistry()
         r, m = self.registry, ["model_name"]
 
@@ -86,13 +90,16 @@ class ServingMetrics:
     # --- coordinator observer hooks ---------------------------------------------------------------
     def first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
+        self.recent.first_token(ttft_s)
 
     def next_token(self, itl_s: float) -> None:
         self.itl.observe(itl_s)
+        self.recent.next_token(itl_s)
 
     def finished(self, reason: str, e2e_s: float, queue_s: float, prompt_tokens: int,
                  completion_tokens: int, started: bool) -> None:
         self.success.labels(self.model_name, reason).inc()
+        self.recent.finished()
         self.queue_time.observe(queue_s)
         if not started:
             return   # no token came back: nothing was served (latency and lengths are of served ones)

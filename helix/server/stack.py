@@ -157,7 +157,8 @@ class ServeStack:
             self.ray_joins = RayJoins(self.elastic, self.launcher, self.model_path, self.grpc.address,
                                       self.options.keys)
         self.service.coordinator = self.coordinator
-        self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http)
+        self.app = create_app(self.coordinator, self.model_name, self.metrics, self.options.http,
+                              cluster=self.options.cluster, elastic=self.elastic)
         add_join_routes(self.app, self.elastic)
 
     def _node_lost(self, node: str, reason: str) -> None:
