@@ -11,10 +11,11 @@ nodes, the requests holding a pipeline and the links used, per sample, and nothi
 The figures mean what the live server's do:
 
 - per node: its state (``suspect`` from the moment it fails until the coordinator declares it
-  ``dead``; ``draining``; ``joining`` until it joins or, during a re-plan, until its new slice is
-  loaded), step rate and busy fraction since the last frame, KV used of its pool, requests resident.
-  A node that does not answer (suspect, dead) has no step rate, busy fraction or KV use (null), and
-  the requests the coordinator still counts on it;
+  ``dead``; ``draining``, also a node a re-plan stopped until its new slice is loaded;
+  ``joining`` until it joins, and after, with no layers, until a re-plan gives it some), step
+  rate and busy fraction since the last frame, KV used of its pool, requests resident. A node that
+  does not answer (suspect, dead) has no step rate, busy fraction or KV use (null), and the
+  requests the coordinator still counts on it;
 - per pipeline: the plan's (:func:`planner.live_view.plan_pipelines`) and every node path a request
   holds now, with those requests and the tokens streamed to them since the last frame per second
   (a request that arrives and finishes between two frames is in no pipeline's figure);
@@ -86,19 +87,25 @@ class FrameRecorder:
         """The frame of now (``at_s``); figures per second are since the previous frame."""
         span_s = at_s - self._last_s
         frame = {"schema": SCHEMA, "time": at_s, "model": self.spec.model.name,
-                 "nodes": self._node_rows(span_s), "pipelines": self._pipelines(span_s),
+                 "nodes": self._node_rows(at_s, span_s), "pipelines": self._pipelines(span_s),
                  "links": self._links(span_s), "cluster": self._cluster(at_s),
                  "events": self._events(at_s)}
         self._last_s = at_s
         return frame
 
     # --- nodes -------------------------------------------------------------------------------------
-    def _node_rows(self, span_s: float) -> list[dict]:
+    def _node_rows(self, at_s: float, span_s: float) -> list[dict]:
         sim, rows = self.sim, []
+        # Nodes that joined holding no layers yet (a re-plan will give them some), as live.
+        joined = {j.node for j in sim.config.joins if j.at_s < at_s}
         for name, gpu, region in self._static:
             w = sim.workers.get(name)
             if w is None:
-                continue   # holds no layers (yet)
+                if name in joined:
+                    rows.append({"name": name, "gpu": gpu, "region": region, "layers": None,
+                                 "state": "joining", "step_rate": None, "busy": None,
+                                 "kv_used_tokens": None, "kv_capacity_tokens": None, "requests": 0})
+                continue
             busy_s, steps = self._nodes.get(name, (0.0, 0))
             self._nodes[name] = (w.busy_s, w.num_steps)
             blocks = w.policy.blocks

@@ -83,14 +83,16 @@ def test_html_page_embeds_well_formed_frames_and_shows_a_failed_node_dead(plan_f
     assert sum(p["in_flight"] for p in frames[-1]["pipelines"]) > 0
 
 
-def test_a_drained_node_reads_draining(plan_file, tmp_path):
+def test_a_drained_node_reads_draining_and_a_late_one_joining(plan_file, tmp_path):
     page = tmp_path / "drain.html"
     assert main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "12",
-                 "--drain", "a100-1@5", "--html", str(page), "--html-every", "2"]) == 0
+                 "--drain", "a100-1@5", "--join", "l4-6@3", "--html", str(page),
+                 "--html-every", "2"]) == 0
     frames = _frames_of(page)
     assert [f["time"] for f in frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     assert [_node(f, "a100-1")["state"] for f in frames] == ["serving"] * 3 + ["draining"] * 4
-    assert any(e["kind"] == "drain" for e in frames[-1]["events"])
+    assert [_node(f, "l4-6")["state"] for f in frames] == ["joining"] * 2 + ["serving"] * 5
+    assert [e["kind"] for e in frames[-1]["events"]] == ["join", "drain"]
 
 
 @pytest.mark.parametrize("args, message", [
