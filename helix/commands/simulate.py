@@ -76,6 +76,12 @@ def simulate(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON here."),
     event_log: Optional[Path] = typer.Option(None, "--event-log", help="Write every processed "
                                              "event (time, type, subject) to this CSV (single run)."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write the run as an HTML page (single "
+                                        "run): the live view of helix serve's /dashboard replayed "
+                                        "over simulated time with a slider (nodes and their state, "
+                                        "pipelines, links, latencies, failures)."),
+    html_every: float = typer.Option(1.0, "--html-every", help="With --html: simulated seconds "
+                                     "between two frames of the page."),
     replan: bool = typer.Option(False, "--replan", help="Re-plan during the run as helix serve's "
                                 "trigger would (planner.trigger): at once when a node joins "
                                 "(--join: it may hold no layers in the plan) or is drained for good "
@@ -164,6 +170,10 @@ def simulate(
     # Missing or unreadable data is a one-line error before any planning starts, not after it.
     from helix.sim.workload import load_azure_trace, resolve_trace
     load_azure_trace(resolve_trace(trace), max_prompt, max_output)
+    if html is not None and compare_all:
+        raise HelixUserError("--html shows one run, not --compare")
+    if not (math.isfinite(html_every) and html_every > 0):
+        raise HelixUserError(f"--html-every must be > 0 seconds and finite, got {html_every:g}")
     if compare_all and (drain or join or replan):
         raise HelixUserError("--drain and --join run with one plan, not with --compare (so does "
                              "--replan)")
@@ -172,7 +182,7 @@ def simulate(
                      jobs)
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
-                    json_out, event_log)
+                    json_out, event_log, (html, html_every))
 
 
 def _task_mix(tasks: int, skew: str, rank: int, replicas: int | None):
@@ -287,7 +297,7 @@ def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit,
 
 
 def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
-                json_out, event_log):
+                json_out, event_log, html):
     import dataclasses
 
     from helix.sim import run as simrun
@@ -297,6 +307,10 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
     config = dataclasses.replace(config, label=f"{the_plan.method}+{scheduler}")
     _check_events_in_plan(config, the_plan)
     sim = simrun.build_simulator(spec, the_plan, workload, config, scheduler)
+    html_path, every_s = html
+    if html_path is not None:
+        from helix.sim.live_frames import FrameRecorder
+        recorder = FrameRecorder(sim, spec, the_plan, period_s=every_s)
     result = sim.run()
     console.print(_summary_table([result], f"{cluster.name} {config.mode}, plan {the_plan.method} "
                                  f"(max flow {the_plan.max_flow_tokens_per_s:.0f} tokens/s)"))
@@ -330,6 +344,11 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
         console.print("wrote " + ", ".join(str(p) for p in paths))
     if json_out is not None:
         json_out.write_text(json.dumps(result.to_dict(), indent=1))
+    if html_path is not None:
+        from planner.live_view import render_page
+        html_path.write_text(render_page(recorder.frames, f"{cluster.stem}: {config.label} "
+                                         f"({config.mode}), simulated"), encoding="utf-8")
+        console.print(f"wrote {html_path} ({len(recorder.frames)} frames)")
     if event_log is not None:
         with event_log.open("w") as fh:
             fh.write("time_s,event,subject\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -96,6 +97,11 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
     """The coordinator's measured cost per token (:mod:`helix.sim.hop`; set by
     ``build_simulator`` from the spec); None: free, the default."""
 
+    sampler: Callable[[float], float] | None = None
+    """Called with each sample time as the clock passes it, before that time's events run; returns
+    the next sample time (:class:`helix.sim.live_frames.FrameRecorder` attaches itself). None: no
+    samples, the default."""
+
     def __init__(self, config: SimConfig, workload: tuple[TraceRequest, ...], scheduler: Scheduler,
                  workers: Mapping[str, SimWorker], network: Network,
                  activation_bytes_per_token: int, token_id_bytes: int, *,
@@ -166,10 +172,13 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                                           self.handlers)
         until = self.config.duration_s
         events = 0
+        sample_s = math.inf if self.sampler is None else 0.0   # the next sample time
         while heap:
             if until is not None and heap[0][0] > until:
                 break
             t, _, event = pop(heap)
+            while t >= sample_s:
+                sample_s = self.sampler(sample_s)
             self.now_s = t
             events += 1
             if self.event_log is not None:
@@ -178,6 +187,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                 push(heap, (new.time_s, next(seq), new))
         self.events = events
         end_s = until if (until is not None and heap) else self.now_s
+        while end_s >= sample_s:
+            sample_s = self.sampler(sample_s)
         return self._result(end_s, time.perf_counter() - wall0)
 
     # --- coordinator --------------------------------------------------------------------------------
