@@ -265,6 +265,7 @@ def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
     page.wait_for_selector("#replay.shown")
     assert page.text_content("#status") == "replay of 2 frames"
     assert node_state(page, "cpu-0") == frames[1]["nodes"][0]["state"]   # the last frame first
+    assert page.input_value("#slider") == "1"   # and the slider's thumb on it
     page.fill("#slider", "0")
     page.dispatch_event("#slider", "input")
     assert node_state(page, "cpu-0") == "suspect"
