@@ -14,10 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+import playwright.sync_api as playwright
 import pytest
-
-httpx = pytest.importorskip("httpx")
-playwright = pytest.importorskip("playwright.sync_api")
 
 from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
@@ -28,7 +27,6 @@ from helix.server.app import create_app
 from helix.server.guard import HttpOptions
 from helix.server.http import HttpThread
 from planner.live_view import check_frame, render_page
-
 from tests.builders.serving import PROMPTS, with_kv
 from tests.builders.stack import MODEL_NAME, local_stack
 
