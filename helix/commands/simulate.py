@@ -306,8 +306,8 @@ def _print_replay(console, opts, config, num_requests: int, results) -> None:
                       "prefilled together)", highlight=False)
     if any(r.steady_from_s is None for r in results):
         console.print("steady: '-' where a run ran out of requests before its end (its end is a "
-                      "drain) or is too short for a window; a longer trace or a shorter "
-                      "--duration gives one", highlight=False)
+                      "drain) or is too short for a window; more requests (--num-requests) "
+                      "or a shorter --duration gives one", highlight=False)
 
 
 def _print_prediction(console, the_plan, scheduler: str, result) -> None:
