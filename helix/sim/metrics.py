@@ -78,7 +78,10 @@ class MetricsCollector:
 #: An offline run's steady state is read from this fraction of its duration on. Offline, every
 #: request the KV holds is admitted at t = 0 and their prompts are prefilled together: the first
 #: minutes are this fill (~120 s at half rate on hetero42), not the saturated state that
-#: ``helix plan``'s prediction describes.
+#: ``helix plan``'s prediction describes. The fill has a wake too: the requests still running
+#: from it are the long ones, their KV grows and fewer fit until they finish (up to the longest
+#: request's stay), so a short run's second half holds some of it (single24: a ~10 % dip over
+#: ~80 s of a 600 s run's second half).
 STEADY_FROM = 0.5
 
 
