@@ -108,7 +108,8 @@ def events_view(spec, plan, time_limit_s: float, duration_s: float = 2400.0,
     from helix.sim.engine import SimConfig
     from helix.sim.replan import ReplanConfig
     from planner.trigger import TriggerConfig
-    workload = simrun.make_workload(simrun.WorkloadOptions(), "offline", plan, 0, duration_s)
+    workload = simrun.make_workload(simrun.WorkloadOptions(in_order=True), "offline", plan, 0,
+                                    duration_s)
     topo = Topology.from_plan(plan)
     busiest = sorted(topo.nodes, key=lambda n: -sum(a.flow_tokens_per_s for a in plan.arc_flows
                                                        if a.src == n))

@@ -6,13 +6,13 @@ For each case (LLaMA-2 70B on single24, geo24, hetero42; LLaMA-1 30B on single24
    throughput) and read its prediction;
 2. offline simulation (saturated): prompt + decode and decode tokens/s against the prediction
    (target: within 15 %). The prediction is a steady state at the spec's mean lengths (the whole
-   filtered trace's), so the run is made to have one (:func:`stationary_offline_workload`,
-   :func:`steady_decode_tokens_per_s`): lengths drawn at random from the whole trace (as the
-   online run draws them; the trace in order drifts: its requests 1,000-3,000, which hetero42
-   serves in 600 s, have prompts of 900-960 tokens against the trace's 763), measured over the
-   run's second half (the first minutes are the fill: every request the KV holds is admitted at
-   t = 0 and prefilled together, ~120 s at half rate on hetero42). The whole run's figure is
-   shown beside it;
+   filtered trace's), so the run has one, as ``helix simulate --mode offline`` does by default:
+   lengths drawn at random from the whole trace (:func:`helix.sim.workload.stationary_workload`;
+   the trace in order drifts: its requests 1,000-3,000, which hetero42 serves in 600 s, have
+   prompts of 900-960 tokens against the trace's 763), measured over the run's second half
+   (``SimResult.steady_decode_throughput_tokens_per_s``: the first minutes are the fill, every
+   request the KV holds admitted at t = 0 and prefilled together, ~120 s at half rate on
+   hetero42). The whole run's figure is shown beside it;
 3. online simulation at 75 % of the predicted request rate, Poisson arrivals with lengths drawn
    from the trace: TTFT and time per output token p50 against the prediction (target: within 25 %).
 
@@ -28,7 +28,6 @@ with ``--chunk-tokens N``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from helix.core.costmodel import CostModel
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
-from helix.sim.workload import poisson_workload
+from helix.sim.metrics import STEADY_FROM
 from helix.core.spec import WorkloadSpec, load_cluster
 from planner import PlanOptions
 from planner import plan as plan_for_users
@@ -74,37 +73,13 @@ def spec_of(cluster: str, model: str | None):
         os.unlink(fh.name)
 
 
-#: The offline figure is read over the run from this fraction of its duration on (after the fill).
-STEADY_FROM = 0.5
-
-
-def stationary_offline_workload(plan, seed: int = 0):
-    """Offline requests whose lengths are drawn at random from the whole filtered trace (seeded;
-    arrival times are ignored offline): a mix that does not drift, at the trace's means, which
-    are the spec's (763 / 232)."""
-    base = simrun.make_workload(simrun.WorkloadOptions(), "offline", plan, seed)
-    return poisson_workload(1.0, len(base), seed=seed, lengths=base)
-
-
-def steady_decode_tokens_per_s(timeline_tokens_per_s, bucket_s: float, duration_s: float,
-                               from_fraction: float = STEADY_FROM) -> float:
-    """Decode tokens/s of a run from ``from_fraction`` of its duration to its end (the buckets of
-    the throughput timeline that start there; buckets after the last token are absent: zeros)."""
-    first = math.ceil(from_fraction * duration_s / bucket_s)
-    span = duration_s - first * bucket_s
-    if span <= 0:
-        raise ValueError(f"no whole bucket after {from_fraction:g} of {duration_s:g} s")
-    return sum(timeline_tokens_per_s[first:]) * bucket_s / span
-
-
 def run_sim(spec, plan, mode: str, duration_s: float, scheduler: str = "helix",
             rate: float | None = None):
-    """(SimResult, the simulator, the requests admitted). Offline: the stationary mix."""
-    if mode == "offline":
-        workload = stationary_offline_workload(plan)
-    else:
-        opts = simrun.WorkloadOptions(poisson=True, rate_per_s=rate)
-        workload = simrun.make_workload(opts, mode, plan, 0, window_s=duration_s)
+    """(SimResult, the simulator, the requests admitted). Offline: the stationary mix, what
+    ``helix simulate`` replays by default."""
+    opts = simrun.WorkloadOptions() if mode == "offline" else \
+        simrun.WorkloadOptions(poisson=True, rate_per_s=rate)
+    workload = simrun.make_workload(opts, mode, plan, 0, window_s=duration_s)
     sim = simrun.build_simulator(spec, plan, workload, SimConfig(mode=mode, duration_s=duration_s),
                                  scheduler)
     result = sim.run()
@@ -112,9 +87,8 @@ def run_sim(spec, plan, mode: str, duration_s: float, scheduler: str = "helix",
 
 
 def window_cost(spec, served) -> CostModel:
-    """The spec's cost model for the requests a run served: an offline run takes the trace in
-    order, and its first minutes differ from the spec's means (the first 600 s of the Azure
-    conversation trace: mean output ~270 tokens, not 232)."""
+    """The spec's cost model for the lengths of the requests a run served (a few thousand drawn
+    from the trace: their means differ from the spec's by the draw's noise)."""
     p = [r.prompt_tokens for r in served]
     o = [r.output_tokens for r in served]
     workload = WorkloadSpec(mean_prompt_tokens=sum(p) / len(p), mean_output_tokens=sum(o) / len(o),
@@ -167,8 +141,11 @@ def fidelity(name: str, duration_s: float, time_limit_s: float,
 
 def steady_of(result) -> float:
     """The offline run's decode tokens/s after the fill (:data:`STEADY_FROM` of the run on)."""
-    return steady_decode_tokens_per_s(result.throughput_timeline_tokens_per_s, result.bucket_s,
-                                      result.duration_s)
+    steady = result.steady_decode_throughput_tokens_per_s
+    if steady is None:
+        raise ValueError(f"run {result.label!r} of {result.duration_s:g} s has no steady state "
+                         "(too short, or it ran out of requests)")
+    return steady
 
 
 def versus_swarm(cluster: str, helix_plan, spec, helix_offline, duration_s: float,

@@ -14,14 +14,19 @@ from helix.core.serving import DEFAULT_STEP_TOKENS
 
 
 def _summary_table(results, title: str):
+    """One row per run. Offline runs get the steady state (after the fill) beside the whole run."""
     from rich.table import Table
     table = Table(title=title)
-    for col in ("run", "decode tok/s", "done", "unfinished", "TTFT p50/p99 s",
+    offline = any(r.mode == "offline" for r in results)
+    rates = ("decode tok/s\nwhole run", "decode tok/s\nsteady") if offline else ("decode tok/s",)
+    for col in ("run", *rates, "done", "unfinished", "TTFT p50/p99 s",
                 "decode s/tok mean/p99", "ITL p99 s", "preempt", "mean util"):
         table.add_column(col, justify="right" if col != "run" else "left")
     for r in results:
         util = sum(r.node_utilization.values()) / max(1, len(r.node_utilization))
+        steady = r.steady_decode_throughput_tokens_per_s
         table.add_row(r.label or r.scheduler, f"{r.decode_throughput_tokens_per_s:.1f}",
+                      *(() if not offline else ("-" if steady is None else f"{steady:.1f}",)),
                       str(r.requests_completed), str(r.requests_unfinished),
                       f"{_f(r.ttft.p50_s)}/{_f(r.ttft.p99_s)}",
                       f"{_f(r.request_decode_latency.mean_s)}/{_f(r.request_decode_latency.p99_s)}",
@@ -41,7 +46,14 @@ def simulate(
     time_limit: float = typer.Option(60.0, "--time-limit", help="Planner time limit, seconds."),
     scheduler: str = typer.Option("helix", "--scheduler",
                                   help="helix | swarm | random | shortest-queue"),
-    mode: str = typer.Option("offline", "--mode", help="offline (saturated) | online (timed arrivals)"),
+    mode: str = typer.Option("offline", "--mode", help="offline (saturated: a request is admitted "
+                             "whenever KV allows) | online (timed arrivals)"),
+    in_order: bool = typer.Option(False, "--in-order", help="Offline: replay the trace as it is, "
+                                  "in its order. Default: lengths drawn at random (with --seed) "
+                                  "from the whole trace, a mix that does not drift, as helix "
+                                  "plan's prediction assumes (the Azure conversation trace in "
+                                  "order drifts: its requests 1,000-3,000 have prompts ~20 % "
+                                  "longer than its mean)."),
     load: float = typer.Option(0.75, "--load", help="Online: arrival rate in requests/s = LOAD x "
                                "the plan's predicted request rate at saturation (helix plan's "
                                "'predicted' line); a plan without a prediction: LOAD x its max "
@@ -52,10 +64,15 @@ def simulate(
     trace: str = typer.Option("conv", "--trace", help="conv | code | path to an Azure-format CSV."),
     poisson: bool = typer.Option(False, "--poisson", help="Online: Poisson arrivals, lengths from "
                                  "the trace."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Use the first N requests."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Use N requests "
+                                               "(default: as many as the trace has): offline, "
+                                               "drawn from the whole trace (the first N with "
+                                               "--in-order); online, the first N."),
     max_prompt: int = typer.Option(2048, "--max-prompt", help="Drop requests with longer prompts."),
     max_output: int = typer.Option(1024, "--max-output", help="Drop requests with longer outputs."),
-    duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done)."),
+    duration: float = typer.Option(600.0, "--duration", help="Simulated seconds (0 = until done). "
+                                   "Offline, the summary reads the steady state over the run's "
+                                   "second half (after the fill at its start) beside the whole run."),
     chunk_tokens: Optional[int] = typer.Option(
         None, "--chunk-tokens", help="Chunked-prefill token budget per step (0 = off: whole "
         "prompts); default: the spec's serving.chunk_tokens "
@@ -66,7 +83,8 @@ def simulate(
     link_sharing: str = typer.Option("fifo", "--link-sharing", help="fifo: a link sends one message "
                                      "at a time (one ZeroMQ connection per peer); fair: bandwidth "
                                      "split among messages in flight."),
-    seed: int = typer.Option(0, "--seed", help="Random seed (arrivals, scheduler tie-breaks): the same seed gives the same run."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (offline lengths, online arrivals, "
+                             "scheduler tie-breaks): the same seed gives the same run."),
     compare_all: bool = typer.Option(False, "--compare", help="Every placement method x {helix, "
                                      "swarm, random} schedulers, one table and one plot."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="With --compare: run the simulations "
@@ -143,6 +161,9 @@ def simulate(
         raise HelixUserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if scheduler not in SCHEDULERS:
         raise HelixUserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if in_order and mode != "offline":
+        raise HelixUserError("--in-order is for --mode offline (online replays the trace's own "
+                             "order and times unless --poisson)")
     if link_sharing not in ("fifo", "fair"):
         raise HelixUserError(f"--link-sharing must be fifo or fair, got {link_sharing!r}")
     if jobs is not None and not compare_all:
@@ -166,7 +187,8 @@ def simulate(
                        tasks=_task_mix(tasks, task_skew, task_rank, task_replicas))
     opts = simrun.WorkloadOptions(trace=trace, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, poisson=poisson,
-                                  num_requests=num_requests, load=load, rate_per_s=rate)
+                                  num_requests=num_requests, load=load, rate_per_s=rate,
+                                  in_order=in_order)
     # Missing or unreadable data is a one-line error before any planning starts, not after it.
     from helix.sim.workload import load_azure_trace, resolve_trace
     load_azure_trace(resolve_trace(trace), max_prompt, max_output)
@@ -275,6 +297,49 @@ def _load_plan(spec, path: Path):
     return the_plan
 
 
+def _replay(opts, mode: str) -> str | None:
+    """Which offline replay ran: ``stationary`` (lengths drawn from the whole trace) or
+    ``in-order``; None online."""
+    if mode != "offline":
+        return None
+    return "in-order" if opts.in_order else "stationary"
+
+
+def _print_replay(console, opts, config, num_requests: int, results) -> None:
+    """Offline: which replay ran and the steady-state window of the summary's figures."""
+    if config.mode != "offline":
+        return
+    if opts.in_order:
+        console.print(f"replay: the {opts.trace} trace in its order (--in-order), "
+                      f"{num_requests:,} requests; it drifts, so the mix served is not the "
+                      "trace's means that helix plan's prediction assumes", highlight=False)
+    else:
+        console.print(f"replay: {num_requests:,} requests, lengths drawn at random from the whole "
+                      f"{opts.trace} trace (--seed {config.seed}; --in-order replays the trace as "
+                      "it is)", highlight=False)
+    r = next((r for r in results if r.steady_from_s is not None), None)
+    if r is not None:
+        console.print(f"steady: decode tok/s over {r.steady_from_s:.0f}-{r.duration_s:.0f} s, the "
+                      f"run's second half; whole run: over 0-{r.duration_s:.0f} s, the fill at its "
+                      "start included (every request the KV holds is admitted at t = 0 and "
+                      "prefilled together)", highlight=False)
+    if any(r.steady_from_s is None for r in results):
+        console.print("steady: '-' where a run ran out of requests before its end (its end is a "
+                      "drain) or is too short for a window; more requests (--num-requests) "
+                      "or a shorter --duration gives one", highlight=False)
+
+
+def _print_prediction(console, the_plan, scheduler: str, result) -> None:
+    """Offline with the Helix scheduler: the plan's predicted decode tokens/s beside the run's."""
+    pr = the_plan.prediction
+    steady = result.steady_decode_throughput_tokens_per_s
+    if result.mode != "offline" or scheduler != "helix" or pr is None or not steady:
+        return
+    console.print(f"helix plan predicts {pr.decode_tokens_per_s:.1f} decode tok/s at saturation for "
+                  f"this plan: {(pr.decode_tokens_per_s - steady) / steady * 100:+.1f} % against "
+                  f"the steady state ({steady:.1f})", highlight=False)
+
+
 def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out,
                  jobs=None):
     from helix.sim import run as simrun
@@ -285,6 +350,11 @@ def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit,
                           jobs=simrun.default_jobs() if jobs is None else jobs)
     results = [r.result for r in rows]
     console.print(_summary_table(results, f"{cluster.name} {config.mode}: placement+scheduler"))
+    if config.mode == "offline":
+        from helix.sim.workload import load_azure_trace, resolve_trace
+        n = opts.num_requests or len(load_azure_trace(resolve_trace(opts.trace),
+                                                      opts.max_prompt_tokens, opts.max_output_tokens))
+        _print_replay(console, opts, config, n, results)
     if plot is not None:
         from helix.sim.plots import plot_compare, plot_results
         kinds = {n.name: n.label for n in spec.nodes}
@@ -293,7 +363,9 @@ def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit,
     if json_out is not None:
         json_out.write_text(json.dumps([{"method": r.method, "scheduler": r.scheduler,
                                          "max_flow_tokens_per_s": r.max_flow_tokens_per_s,
-                                         **r.result.to_dict()} for r in rows], indent=1))
+                                         **r.result.to_dict(),
+                                         "offline_replay": _replay(opts, config.mode)}
+                                        for r in rows], indent=1))
 
 
 def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
@@ -319,6 +391,8 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                   f"{result.requests_arrived} arrived, {result.requests_rejected} rejected"
                   + (f", {result.requests_moved} moved to other pipelines ({result.moved_prefill_tokens} "
                      f"tokens prefilled again)" if config.failures or config.drains else ""))
+    _print_replay(console, opts, config, len(workload), [result])
+    _print_prediction(console, the_plan, scheduler, result)
     if config.tasks is not None:
         placement = sim.placement
         console.print(f"{config.tasks.num_tasks} tasks ({config.tasks.skew}, LoRA rank "
@@ -343,7 +417,8 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
         paths = plot_results([result], plot, {n.name: n.label for n in spec.nodes})
         console.print("wrote " + ", ".join(str(p) for p in paths))
     if json_out is not None:
-        json_out.write_text(json.dumps(result.to_dict(), indent=1))
+        json_out.write_text(json.dumps({**result.to_dict(), "offline_replay": _replay(opts, config.mode)},
+                                       indent=1))
     if html_path is not None:
         from planner.live_view import render_page
         html_path.write_text(render_page(recorder.frames, f"{cluster.stem}: {config.label} "

@@ -33,7 +33,8 @@ from helix.sim.events import (NO_EVENTS, CoordinatorSchedule, DrainStart, Event,
                               StepStart, TransferFinish)
 from helix.sim.failures import FailureHandlers, NodeFailure
 from helix.sim.hop import CoordinatorHop
-from helix.sim.metrics import LatencyStats, MetricsCollector, SimResult
+from helix.sim.metrics import (LatencyStats, MetricsCollector, SimResult, steady_decode_tokens_per_s,
+                               steady_window_start_s)
 from helix.sim.network import Network
 from helix.sim.request import SimRequest
 from helix.sim.tasks import TaskMix, TaskRouting
@@ -483,9 +484,15 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         span = end_s if end_s > 0 else 1.0
         links = {f"{a}->{b}": busy / span for (a, b), (busy, _) in self.network.link_stats().items()}
         timeline = tuple(c / m.bucket_s for c in m.tokens_per_bucket)
+        # Saturated to the end: requests were still waiting for KV (none waiting: a drain).
+        saturated = self.config.mode == "offline" and bool(
+            self.queue or self._next_index < len(self.workload))
+        steady = steady_decode_tokens_per_s(timeline, m.bucket_s, end_s) if saturated else None
         return SimResult(
             label=self.config.label, mode=self.config.mode, scheduler=self.scheduler.name,
             duration_s=end_s, decode_throughput_tokens_per_s=m.tokens_generated / span,
+            steady_decode_throughput_tokens_per_s=steady,
+            steady_from_s=None if steady is None else steady_window_start_s(end_s, m.bucket_s),
             requests_arrived=self.arrived, requests_admitted=self.admitted,
             requests_completed=m.requests_completed,
             requests_unfinished=self.arrived - m.requests_completed - self.rejected,

@@ -8,6 +8,7 @@ nothing per event. :class:`SimResult` is the frozen summary written by ``--json`
 from __future__ import annotations
 
 import dataclasses
+import math
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,34 @@ class MetricsCollector:
             self.request_decode_s.append((last_token_s - first_token_s) / (received - 1))
 
 
+#: An offline run's steady state is read from this fraction of its duration on. Offline, every
+#: request the KV holds is admitted at t = 0 and their prompts are prefilled together: the first
+#: minutes are this fill (~120 s at half rate on hetero42), not the saturated state that
+#: ``helix plan``'s prediction describes. The fill has a wake too: the requests still running
+#: from it are the long ones, their KV grows and fewer fit until they finish (up to the longest
+#: request's stay), so a short run's second half holds some of it (single24: a ~10 % dip over
+#: ~80 s of a 600 s run's second half).
+STEADY_FROM = 0.5
+
+
+def steady_window_start_s(duration_s: float, bucket_s: float,
+                          from_fraction: float = STEADY_FROM) -> float:
+    """Where the steady-state window of a run of ``duration_s`` starts: the first bucket edge at
+    or after ``from_fraction`` of it."""
+    return math.ceil(from_fraction * duration_s / bucket_s) * bucket_s
+
+
+def steady_decode_tokens_per_s(timeline_tokens_per_s, bucket_s: float, duration_s: float,
+                               from_fraction: float = STEADY_FROM) -> float | None:
+    """Decode tokens/s of a run from :func:`steady_window_start_s` to its end (buckets after the
+    last token are absent from the timeline: they count as zeros). None: no whole bucket there."""
+    start_s = steady_window_start_s(duration_s, bucket_s, from_fraction)
+    if start_s >= duration_s:
+        return None
+    first = round(start_s / bucket_s)
+    return sum(timeline_tokens_per_s[first:]) * bucket_s / (duration_s - start_s)
+
+
 @dataclass(frozen=True)
 class SimResult:
     """Summary of one simulation run (``to_dict`` is what ``--json`` writes)."""
@@ -84,6 +113,14 @@ class SimResult:
     duration_s: float
     """Simulated seconds covered."""
     decode_throughput_tokens_per_s: float
+    """Over the whole run (offline: the fill at its start included)."""
+    steady_decode_throughput_tokens_per_s: float | None
+    """Offline: over the run's steady state, from ``steady_from_s`` to its end (after the fill;
+    :func:`steady_decode_tokens_per_s`), the figure ``helix plan``'s prediction describes. None
+    online, for a run too short to have a whole bucket there, or for one that ran out of requests
+    before its end (its end is a drain, not a steady state)."""
+    steady_from_s: float | None
+    """Where that window starts (None with it)."""
     requests_arrived: int
     requests_admitted: int
     requests_completed: int

@@ -68,6 +68,10 @@ def plot_results(results: Sequence[SimResult], out_dir: str | Path,
         window = max(1, min(30, len(tl) // 20))   # ~5 % of the run, at most 30 buckets
         ax.plot(t, smooth(tl, window), color=color, linewidth=2,
                 label=f"{r.label or r.scheduler} ({window * r.bucket_s:g} s average)")
+    steady = next((r for r in results if r.steady_from_s is not None), None)
+    if steady is not None:   # offline: the window of the summary's steady figure, after the fill
+        ax.axvspan(steady.steady_from_s, steady.duration_s, color="grey", alpha=0.1,
+                   label="steady state (summary)")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("decode tokens/s")
     ax.set_title("Decode throughput over time (faint: per bucket)")

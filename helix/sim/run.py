@@ -20,7 +20,7 @@ from helix.sim.build import build_simulator  # noqa: F401  (re-exported for the 
 from helix.sim.engine import SimConfig
 from helix.sim.metrics import SimResult
 from helix.sim.workload import (TraceRequest, load_azure_trace, mean_lengths, resolve_trace,
-                                timed_workload)
+                                stationary_workload, timed_workload)
 from helix.core.spec import ClusterSpec
 
 #: Placement methods and schedulers of ``--compare`` (the paper's comparison grid).
@@ -39,7 +39,12 @@ class WorkloadOptions:
     poisson: bool = False
     """Online: Poisson arrivals with lengths drawn from the trace, instead of the trace's times."""
     num_requests: int | None = None
-    """Use only the first N requests (None: all)."""
+    """Use N requests (None: as many as the trace has): offline, N drawn from the whole trace (or
+    its first N with ``in_order``); online, its first N."""
+    in_order: bool = False
+    """Offline: replay the trace as it is, in its order, instead of lengths drawn at random from
+    the whole trace (:func:`~helix.sim.workload.stationary_workload`). The trace drifts, so an
+    in-order run serves another mix than the one the plan's prediction assumes."""
     load: float = 0.75
     """Online: arrival rate as a fraction of the plan's predicted request rate at saturation
     (:func:`online_rate_per_s`; plans without a prediction: of the max flow, which overstates
@@ -63,15 +68,17 @@ def online_rate_per_s(plan: Plan, requests: tuple[TraceRequest, ...], load: floa
 
 def make_workload(opts: WorkloadOptions, mode: str, plan: Plan, seed: int = 0,
                   window_s: float | None = None) -> tuple[TraceRequest, ...]:
-    """The requests of one run (offline: in trace order; online: timed at the target rate, which
-    holds over the first ``window_s`` simulated seconds: pass the run's duration)."""
+    """The requests of one run. Offline: lengths drawn at random from the whole trace with
+    ``seed`` (:func:`~helix.sim.workload.stationary_workload`), or the trace in order with
+    ``opts.in_order``; online: timed at the target rate, which holds over the first ``window_s``
+    simulated seconds (pass the run's duration)."""
     base = load_azure_trace(resolve_trace(opts.trace), opts.max_prompt_tokens, opts.max_output_tokens)
     # `is None`, not `or`: 0 requests (or a rate of 0) is an error, not "use the default".
     n = len(base) if opts.num_requests is None else opts.num_requests
     if n < 1:
         raise HelixUserError(f"--num-requests must be >= 1, got {n}")
     if mode == "offline":
-        return base[:n]
+        return base[:n] if opts.in_order else stationary_workload(base, n, seed)
     if opts.rate_per_s is None:
         if not 0 < opts.load < math.inf:
             raise HelixUserError(f"--load must be > 0 and finite, got {opts.load:g}")

@@ -31,7 +31,39 @@ def test_simulate_writes_json_and_plots(plan_file, tmp_path, capsys):
     assert any(0 < u <= 1 for u in d["node_utilization"].values())
     for name in ("throughput.png", "latency_cdf.png", "node_utilization.png"):
         assert (tmp_path / "png" / name).stat().st_size > 1000
-    assert "decode tok/s" in capsys.readouterr().out
+    # The default offline replay draws lengths from the whole trace; the steady state is the
+    # second half's rate, beside the whole run's.
+    assert d["offline_replay"] == "stationary" and d["steady_from_s"] == 10
+    assert 0 < d["steady_decode_throughput_tokens_per_s"] <= max(d["throughput_timeline_tokens_per_s"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").replace("┃", " ").split())
+    for words in ("decode tok/s decode tok/s", "whole run steady", "lengths drawn at random from "
+                  "the whole conv trace (--seed 0;", "steady: decode tok/s over 10-20 s"):
+        assert words in text
+
+
+def test_offline_in_order_and_seeds(plan_file, tmp_path, capsys):
+    runs = {}
+    for name, extra in (("in-order", ["--in-order"]), ("seed0", []), ("seed0-again", []),
+                        ("seed5", ["--seed", "5"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "8",
+                     "--json", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "replay: the conv trace in its order (--in-order)" in text
+    assert runs["in-order"]["offline_replay"] == "in-order"
+    same = ("tokens_generated", "throughput_timeline_tokens_per_s", "ttft")
+    assert all(runs["seed0"][k] == runs["seed0-again"][k] for k in same)
+    assert runs["seed0"]["ttft"] != runs["seed5"]["ttft"]
+    assert runs["seed0"]["ttft"] != runs["in-order"]["ttft"]
+
+
+def test_offline_help_says_which_replay(capsys):
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "--in-order" in text and "replay the trace as it is, in its order" in text
+    assert "lengths drawn at random (with --seed) from the whole trace" in text
+    assert "steady state over the run's second half" in text
 
 
 def test_online_with_poisson_and_swarm(plan_file, tmp_path):
@@ -64,6 +96,7 @@ def test_online_rate_holds_over_the_simulated_window(plan_file, tmp_path):
     (["--scheduler", "fastest"], "--scheduler"),
     (["--trace", "/no/such.csv"], "no such file"),
     (["--high-water", "1.5"], "--high-water"),
+    (["--mode", "online", "--in-order"], "--in-order is for --mode offline"),
 ])
 def test_bad_options_are_one_line_errors(plan_file, capsys, args, message):
     rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1", *args])
@@ -164,8 +197,11 @@ def test_compare_runs_every_method_and_scheduler(tmp_path, capsys):
     assert {(r["method"], r["scheduler"]) for r in rows} == \
         {(m, s) for m in COMPARE_METHODS for s in COMPARE_SCHEDULERS}
     assert all(r["max_flow_tokens_per_s"] > 0 for r in rows)
+    assert all(r["offline_replay"] == "stationary" and "steady_decode_throughput_tokens_per_s" in r
+               for r in rows)
     assert (tmp_path / "compare.png").stat().st_size > 1000
-    assert "milp+helix" in capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "milp+helix" in text and "lengths drawn at random from the whole conv trace" in text
 
 
 def test_plan_over_a_missing_link_is_refused(plan_file, tmp_path, capsys):
