@@ -392,7 +392,8 @@ def _run_single(console, spec, cluster, config, opts, plan, method, time_limit, 
                   + (f", {result.requests_moved} moved to other pipelines ({result.moved_prefill_tokens} "
                      f"tokens prefilled again)" if config.failures or config.drains else ""))
     _print_replay(console, opts, config, len(workload), [result])
-    _print_prediction(console, the_plan, scheduler, result)
+    if not (config.failures or config.drains or config.joins or config.replan or config.tasks):
+        _print_prediction(console, the_plan, scheduler, result)   # the plan's nodes, base model
     if config.tasks is not None:
         placement = sim.placement
         console.print(f"{config.tasks.num_tasks} tasks ({config.tasks.skew}, LoRA rank "

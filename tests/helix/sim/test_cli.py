@@ -294,3 +294,16 @@ def test_compare_in_processes_gives_the_rows_of_one_after_another():
     assert [(r.method, r.scheduler) for r in rows[1]] == \
         [("milp", "helix"), ("milp", "random"), ("swarm", "helix"), ("swarm", "random")]
     assert "simulating 4 runs in 3 processes" in seen and rows[1][0].result.tokens_generated > 0
+
+
+def test_offline_run_sets_the_plan_s_prediction_beside_its_steady_state_unless_nodes_change(
+        tmp_path, capsys):
+    spec, plan = REPO / "cluster_specs" / "local3.yaml", tmp_path / "p.json"
+    assert main(["plan", str(spec), "--time-limit", "5", "-o", str(plan)]) == 0   # with a prediction
+    base = ["simulate", str(spec), "--plan", str(plan), "--duration", "30"]
+    capsys.readouterr()
+    assert main(base) == 0
+    assert "helix plan predicts" in capsys.readouterr().out
+    # A failure changes the cluster the prediction was made for: no comparison is printed.
+    assert main([*base, "--fail", "cpu-1@5"]) == 0
+    assert "helix plan predicts" not in capsys.readouterr().out
