@@ -155,7 +155,7 @@ class Draining:
                 self.scheduler.kv.observe(node, s.kv_used_token_layers)
             self._reflow()
             self._admit_waiting()
-        self.events.record("drain", f"{node} takes requests again")
+        self.events.record("undrain", f"{node} takes requests again")
         log.warning("coordinator: node %s takes requests again", node)
         return self.node_status(node)
 

@@ -179,15 +179,15 @@ class Membership:
         self.scheduler = rebuilt(self.scheduler, self.plan, flows, self.scheduler.kv, self._make_scheduler)
         self._flows = flows
         total = sum(a.flow_tokens_per_s for a in flows if a.src == COORDINATOR)
-        self.events.record("replan", f"routing on a max flow of {total:,.0f} tokens/s over "
-                                     f"{len(alive)} live node(s)")
+        self.events.record("reroute", f"routing on a max flow of {total:,.0f} tokens/s over "
+                                      f"{len(alive)} live node(s)")
         log.warning("coordinator: routing on a max flow of %.0f tokens/s over %d live node(s)",
                     total, len(alive))
 
     def _on_transition(self, t: Transition) -> None:
         """Act on one node's change of state (under the lock)."""
         log.warning("coordinator: node %s is %s (was %s)", t.node, t.new.value, t.old.value)
-        self.events.record("join" if t.new is NodeState.OK else "failure",
+        self.events.record("return" if t.new is NodeState.OK else "failure",
                            f"{t.node} is {'serving again' if t.new is NodeState.OK else t.new.value} "
                            f"(was {t.old.value})")
         if t.new is NodeState.DEAD:

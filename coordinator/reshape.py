@@ -151,8 +151,8 @@ class Reshaping:
             finally:
                 self.reshaping = False
             seconds = time.monotonic() - t0
-            self.events.record("replan", f"new plan applied in {seconds:.1f} s: {len(steps)} node(s) "
-                                         f"changed, max flow {plan.max_flow_tokens_per_s:,.0f} tokens/s")
+            self.events.record("replan_applied", f"new plan applied in {seconds:.1f} s: {len(steps)} "
+                               f"node(s) changed, max flow {plan.max_flow_tokens_per_s:,.0f} tokens/s")
             say(f"plan applied in {seconds:.1f} s: {len(steps)} node(s) changed, max flow "
                 f"{plan.max_flow_tokens_per_s:,.0f} tokens/s")
             return ApplyReport(tuple(steps), seconds, plan.max_flow_tokens_per_s)

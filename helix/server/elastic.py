@@ -149,8 +149,7 @@ class Elastic:
             summary = {**replan.summary(), "cause": replan.cause, "applied": False, "error": None}
             self.replans.append(summary)
             log.warning("re-plan (%s): %s", replan.cause, replan.decision.reason)
-            self.coordinator.events.record("replan", f"re-plan ({replan.cause}): "
-                                                     f"{replan.decision.reason}")
+            self._decided(replan)
             if replan.adopted:
                 try:
                     self.coordinator.apply_plan(replan.plan, timeout_s=self.apply_timeout_s)
@@ -219,6 +218,7 @@ class Elastic:
                 self.trigger.node_joined(self._now(), node)
                 replan = self.trigger.poll(self._now())
                 d = replan.decision
+                self._decided(replan)
                 if not d.adopt:
                     status.state, status.detail = "idle", d.reason
                     log.warning("join of %s: the re-plan keeps the running placement (%s); the node "
@@ -237,6 +237,10 @@ class Elastic:
         except Exception as exc:
             status.state, status.detail = "failed", str(exc).splitlines()[0] if str(exc) else repr(exc)
             log.exception("join of %s failed", handle.node)
+
+    def _decided(self, replan) -> None:
+        self.coordinator.events.record("replan_decided", f"re-plan ({replan.cause}): "
+                                                         f"{replan.decision.reason}")
 
     def _now(self) -> float:
         return time.monotonic() - self._t0

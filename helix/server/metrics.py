@@ -2,8 +2,9 @@
 
 Every series carries a ``model_name`` label, as vLLM's do. Latency and length histograms, token
 counters and ``request_success_total{finished_reason}`` are fed by the coordinator's observer hooks;
-the request, node and KV gauges, the workers' preemption counts and their adapter caches' counts
-are read from the coordinator when ``/metrics`` is scraped. Each app has its own registry, so
+the request, node and KV gauges, the workers' preemption counts, their adapter caches' counts and
+the cluster's events by kind (its event log, :mod:`coordinator.events`) are read from the
+coordinator when ``/metrics`` is scraped. Each app has its own registry, so
 several servers (tests) can live in one process.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from coordinator.events import KINDS as EVENT_KINDS
 from helix.server.live import RecentLatencies
 
 _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -79,6 +81,12 @@ class ServingMetrics:
                                    "for a pipeline now (sized from the restart time and the "
                                    "capacity serving).")
         self._preemptions_seen: dict[str, int] = {}
+        self.cluster_events = Counter("helix:cluster_events", "Cluster events by kind, as the "
+                                      "coordinator's event log records them: "
+                                      + ", ".join(EVENT_KINDS) + ".", m + ["kind"], registry=r)
+        for kind in EVENT_KINDS:   # every kind is a series from the start: rate() sees the first
+            self.cluster_events.labels(model_name, kind)
+        self._events_seen: dict[str, int] = {}
         # Each worker's cache of fine-tuned tasks made ready from disk (worker.adapter_cache).
         self.adapter_cache = Gauge("helix:adapter_cache", "Per node: the adapter cache's hits, misses "
                                    "(tasks read from disk) and evictions since the worker started, and "
@@ -117,6 +125,12 @@ class ServingMetrics:
             self.preemptions.inc(now - seen if now >= seen else now)
             self._preemptions_seen[node] = now
 
+    def _count_events(self, counts: dict[str, int]) -> None:
+        """Add the event log's new events of each kind since the last scrape."""
+        for kind, n in counts.items():
+            self.cluster_events.labels(self.model_name, kind).inc(n - self._events_seen.get(kind, 0))
+            self._events_seen[kind] = n
+
     def _adapter_caches(self, stats) -> None:
         m = self.model_name
         for node, s in stats.items():
@@ -152,4 +166,5 @@ class ServingMetrics:
         self._adapter_caches(dict(coordinator.stats))
         self.requests_moved.set(coordinator.requests_moved)
         self.moved_prefill_tokens.set(coordinator.moved_prefill_tokens)
+        self._count_events(coordinator.events.counts())
         return generate_latest(self.registry)

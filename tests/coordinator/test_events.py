@@ -1,10 +1,11 @@
-"""The coordinator's event log: kinds checked, the last hour kept, bounded."""
+"""The coordinator's event log: kinds checked, the last hour kept, bounded, counted since start."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.events import KEEP_S, MAX_EVENTS, EventLog
+from coordinator.events import KEEP_S, KINDS, MAX_EVENTS, EventLog
+from helix.core.cluster_frame import EVENT_KINDS
 
 
 class Clock:
@@ -30,9 +31,23 @@ def test_events_are_kept_an_hour_oldest_first():
 
 def test_unknown_kinds_are_refused_and_the_log_is_bounded():
     log = EventLog(Clock())
-    with pytest.raises(ValueError, match="'boom'; known: replan, failure"):
+    with pytest.raises(ValueError, match="'boom'; known: failure, return"):
         log.record("boom", "x")
     for i in range(MAX_EVENTS + 5):
-        log.record("replan", str(i))
+        log.record("reroute", str(i))
     kept = log.recent()
     assert len(kept) == MAX_EVENTS and kept[0].detail == "5"
+    assert log.counts()["reroute"] == MAX_EVENTS + 5   # counted since start, not what is kept
+
+
+def test_each_kind_is_counted_and_the_frame_gets_its_coarse_kind():
+    assert set(KINDS.values()) == set(EVENT_KINDS)   # every frame kind has a recorder
+    log = EventLog(Clock())
+    assert log.counts() == dict.fromkeys(KINDS, 0)
+    log.record("replan_decided", "re-plan (drift): adopted")
+    log.record("replan_applied", "new plan applied in 3.0 s")
+    log.record("undrain", "cpu-3 takes requests again")
+    assert [e.kind for e in log.recent()] == ["replan", "replan", "drain"]
+    counts = log.counts()
+    assert counts["replan_decided"] == counts["replan_applied"] == counts["undrain"] == 1
+    assert sum(counts.values()) == 3

@@ -230,7 +230,8 @@ def test_cli_drain_wait_and_undrain(stack, reference, capsys):
 
 def test_drain_re_solves_the_max_flow_without_the_node(tiny_model):
     """With the flow graph's capacities in the plan (as helix plan writes them), routing follows the
-    max flow of the nodes that stay, and the plan's own flows again after undrain."""
+    max flow of the nodes that stay, and the plan's own flows again after undrain; ``/metrics``
+    counts the drain, the undrain and both re-routings."""
     plan = with_capacities(branching_plan())
     with local_stack(tiny_model[0], RuntimeConfig(stats_interval_s=0.1), plan=plan) as s:
         coord = s.coordinator
@@ -239,6 +240,9 @@ def test_drain_re_solves_the_max_flow_without_the_node(tiny_model):
         assert sum(a.flow_tokens_per_s for a in coord._flows if a.src == "coordinator") == 250.0
         coord.undrain("cpu-2")
         assert coord._flows == plan.arc_flows
+        text = httpx.get(s.url + "/metrics", timeout=30).text
+    for kind, n in (("drain", 1), ("undrain", 1), ("reroute", 2), ("failure", 0)):
+        assert f'helix:cluster_events_total{{kind="{kind}",model_name="tiny"}} {n}.0' in text, kind
 
 
 def test_serving_off_loopback_without_an_api_key_warns_and_refuses_draining(tmp_path, capsys):

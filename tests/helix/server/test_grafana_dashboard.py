@@ -1,59 +1,46 @@
 """``deploy/grafana/helix-dashboard.json``: it loads, takes its Prometheus data source as an import
-input, every panel has a title and a unit, and every query names only series and labels that
-``/metrics`` really exports (the metrics module's own text, scraped from a stub coordinator)."""
+input, every panel has a title and a unit, and every query names only series, labels and label
+values that ``/metrics`` really exports (the metrics module's own text, scraped from a stub
+coordinator)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 
 import pytest
 
-from helix.net.stats import WorkerStats
 from helix.server.metrics import ServingMetrics
+from tests.builders.metrics import StubCoordinator, scrape
 from tests.conftest import REPO_ROOT
 
-parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client.parser")
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "helix-dashboard.json"
 SERIES = re.compile(r"\bhelix:[A-Za-z0-9_:]+")
 # `name{a="x", b!="y"}`: the label names matched on a series.
 SELECTOR = re.compile(r"(helix:[A-Za-z0-9_:]+)\{([^}]*)\}")
+# One matcher of a selector: label, operator, value.
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 BY = re.compile(r"\bby\s*\(([^)]*)\)")
 
 
-class _StubCoordinator:
-    """What ``ServingMetrics.render`` reads of a coordinator: two nodes, one of them dead."""
-
-    num_running, num_waiting, capacity_fraction = 3, 1, 0.5
-    requests_moved, moved_prefill_tokens = 2, 40
-    restarts = Counter({"n0": 0, "n1": 1})
-    stats = {"n0": WorkerStats("n0", True, 0, 2, 10, 0, 16, "float32", 8, 0, 0, 0, 1, 0.0, None,
-                               None, False, num_preemptions_total=0)}
-
-    def node_states(self):
-        return {"n0": "ok", "n1": "dead"}
-
-    def kv_usage_fraction(self):
-        return {"n0": 0.25, "n1": 0.0}
-
-    def queue_limit(self):
-        return 8
-
-
-def exported() -> dict[str, set[str]]:
-    """Every sample name ``/metrics`` renders -> the label names it carries."""
+def exported_values() -> dict[str, dict[str, set[str]]]:
+    """Every sample name ``/metrics`` renders -> each label it carries -> the values seen."""
     m = ServingMetrics("m")
     m.first_token(0.1)
     m.next_token(0.01)
     m.finished("stop", 1.0, 0.0, 5, 3, started=True)
-    text = m.render(_StubCoordinator()).decode()
-    out: dict[str, set[str]] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, set()).update(s.labels)
+    out: dict[str, dict[str, set[str]]] = {}
+    for s in scrape(m, StubCoordinator()):
+        for label, value in s.labels.items():
+            out.setdefault(s.name, {}).setdefault(label, set()).add(value)
     return out
+
+
+def exported() -> dict[str, set[str]]:
+    """Every sample name ``/metrics`` renders -> the label names it carries."""
+    return {name: set(labels) for name, labels in exported_values().items()}
 
 
 def panels() -> list[dict]:
@@ -100,11 +87,40 @@ def test_panel_queries_name_only_exported_series_and_labels(panel):
             assert legend in carried, (expr, legend)
 
 
+@pytest.mark.parametrize("panel", panels(), ids=lambda p: p["title"])
+def test_panel_queries_match_only_exported_label_values(panel):
+    """A value matched on a label (``kind="replan_applied"``, ``state!="ok"``, each alternative of
+    ``kind=~"a|b"``) is one ``/metrics`` renders; a misspelt one would match nothing, silently."""
+    values = exported_values()
+    for target in panel["targets"]:
+        for name, matchers in SELECTOR.findall(target["expr"]):
+            for label, op, value in MATCHER.findall(matchers):
+                if value.startswith("$"):
+                    continue   # a dashboard variable
+                wanted = value.split("|") if op in ("=~", "!~") else [value]
+                unknown = sorted(set(wanted) - values[name][label])
+                assert not unknown, f"{panel['title']}: {name}{{{label}}} has no {unknown}"
+
+
+def test_cluster_events_have_panels():
+    """Re-plans (decided, applied) and failures, restarts and lost nodes over time."""
+    matched = {}
+    for p in panels():
+        for t in p["targets"]:
+            for name, matchers in SELECTOR.findall(t["expr"]):
+                for label, _, value in MATCHER.findall(matchers):
+                    if name == "helix:cluster_events_total" and label == "kind":
+                        matched.setdefault(p["title"], set()).update(value.split("|"))
+    assert {"replan_decided", "replan_applied"} <= matched["Re-plans"]
+    assert {"failure", "restart", "lost"} <= matched["Node events"]
+
+
 def test_every_exported_family_has_a_panel():
     """Not a rule for every series (adapter caches and lengths have no panel), but the core ones."""
     queried = {n for p in panels() for t in p["targets"] for n in SERIES.findall(t["expr"])}
     for name in ("helix:time_to_first_token_seconds_bucket", "helix:inter_token_latency_seconds_bucket",
                  "helix:kv_cache_usage_perc", "helix:node_state", "helix:num_requests_running",
                  "helix:num_requests_waiting", "helix:generation_tokens_total",
-                 "helix:request_success_total", "helix:node_restarts", "helix:requests_moved"):
+                 "helix:request_success_total", "helix:node_restarts", "helix:requests_moved",
+                 "helix:cluster_events_total"):
         assert name in queried, name

@@ -145,6 +145,8 @@ def test_a_node_joins_under_load_gets_a_slice_and_traffic_and_nothing_fails(stac
         assert listed["cpu-2"]["state"] == "ok"
         assert (listed["cpu-2"]["start"], listed["cpu-2"]["end"]) == placed["cpu-2"]
         assert coord.requests_moved == 0
+        counts = coord.events.counts()   # registered, decided, switched: each counted
+        assert min(counts["join"], counts["replan_decided"], counts["replan_applied"]) >= 1, counts
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
@@ -154,6 +156,7 @@ def test_a_node_joins_under_load_gets_a_slice_and_traffic_and_nothing_fails(stac
 def test_a_drifted_mix_re_plans_through_the_trigger_and_applies_without_failures(stack, spec, reference):
     """After the join: requests shorter in output than the spec's mix (48 / 16 tokens) feed the
     trigger through the coordinator's observer; the next poll re-plans, and serving goes on.
+    ``/metrics`` counts the decision, and the switch when it was applied.
     (A mix under which the running placement no longer fits is the trigger's own test:
     tests/planner/test_trigger.py.)"""
     from helix.net.sampling import SamplingParams
@@ -169,10 +172,18 @@ def test_a_drifted_mix_re_plans_through_the_trigger_and_applies_without_failures
         short = {p: reference[p][:3] for p in prompts}
         finish(submit_all(coord, prompts, 12, SamplingParams(temperature=0, max_tokens=3)),
                prompts, short)
+        before = coord.events.counts()
         summary = elastic.poll()
         assert summary is not None and summary["cause"].startswith("drift"), summary
         assert summary["mean_output_tokens"] == 3 and summary["error"] is None, summary
         assert summary["applied"] == summary["adopt"]
+        counts = coord.events.counts()
+        assert counts["replan_decided"] == before["replan_decided"] + 1
+        assert counts["replan_applied"] == before["replan_applied"] + summary["applied"]
+        text = httpx.get(stack.url + "/metrics", timeout=30).text
+        for kind in ("replan_decided", "replan_applied"):
+            assert f'helix:cluster_events_total{{kind="{kind}",model_name="{MODEL_NAME}"}} ' \
+                   f'{counts[kind]}.0' in text, kind
         assert elastic.poll() is None                   # the same mix is the reference now
         finish(submit_all(coord, prompts, 8), prompts, reference)   # serving after, either way
     finally:
