@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.requests import Delta, Done, RequestHandle
-from helix.net.sampling import INT64_MAX, INT64_MIN, SampledToken, SamplingParams
+from helix.net.sampling import INT64_MIN, SampledToken, SamplingParams
 from helix.server.logprobs import LogprobsBuilder, joined
 
 

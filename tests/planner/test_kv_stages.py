@@ -10,7 +10,7 @@ import pytest
 from helix.core.costmodel import CostModel
 from helix.core.spec import ClusterSpec, load_cluster
 from planner.build import build_problem
-from planner.predicted import (MAX_CROSSING_LOAD, _crossing_load, best_candidate, evaluate,
+from planner.predicted import (best_candidate, evaluate,
                                evaluate_placement, kv_stage_candidates)
 from planner.prediction import NoFixedPoint, predict
 from planner.search import kv_stages

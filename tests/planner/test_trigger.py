@@ -155,7 +155,6 @@ def test_a_join_takes_the_extension_when_the_full_replan_moves_everyone_for_less
     node given layers; the one with more net gain over the horizon is adopted. (An even 8-layer
     chain is predicted 2,652 tokens/s, above the extension, since steps hold at most the step
     budget; the simulator agrees it serves more: 665 vs 604 decode tokens/s, 600 s offline.)"""
-    spec = _spec()
     names = ["l4-3", "l4-2", "l4-1", "l4-0"]
     bounds = (0, 10, 20, 26, 32)
     chain = {n: (bounds[i], bounds[i + 1]) for i, n in enumerate(names)}

@@ -7,7 +7,6 @@ import sys
 from collections import Counter
 
 import pytest
-import yaml
 
 from helix.core.hardware import GPU_CATALOG
 from helix.core.spec import load_cluster, parse_cluster

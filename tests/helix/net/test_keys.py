@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 
-import grpc
 import pytest
 
 from helix.cli import main

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helix.core.costmodel import AdapterShape, CostModel, adapter_layer_time_s
+from helix.core.costmodel import AdapterShape, adapter_layer_time_s
 from helix.core.errors import HelixUserError
 from helix.core.hardware import lookup_gpu
 from helix.core.models import resolve_model
