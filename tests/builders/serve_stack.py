@@ -25,14 +25,20 @@ REGISTER_TIMEOUT_S = 120.0
 class ServeCluster:
     """The stack serving ``plan`` of checkpoint ``ckpt``, started when built; :meth:`close` stops
     it and every worker (also on leaving a ``with`` block). ``processes``: the nodes run as
-    ``helix worker`` subprocesses; ``options``: further :class:`ServeOptions` fields."""
+    ``helix worker`` subprocesses; ``host``: the address the coordinator and the in-process workers
+    bind; ``process_prefix`` and ``process_host``: a command the worker processes run under (``ip
+    netns exec NS``) and the address they bind (None: the worker's default); ``options``: further
+    :class:`ServeOptions` fields."""
 
     def __init__(self, ckpt, plan: Plan, runtime: RuntimeConfig, processes: tuple[str, ...] = ("cpu-2",),
-                 **options) -> None:
-        self.ckpt = str(ckpt)
+                 host: str = "127.0.0.1", process_prefix: tuple[str, ...] = (),
+                 process_host: str | None = None, **options) -> None:
+        self.ckpt, self.host = str(ckpt), host
+        self.process_prefix, self.process_host = process_prefix, process_host
         nodes = tuple(p.node for p in plan.placements)
         self.stack = ServeStack(plan, self.ckpt, ServeOptions(
-            external_nodes=nodes, register_timeout_s=REGISTER_TIMEOUT_S, runtime=runtime, **options))
+            host=host, external_nodes=nodes, register_timeout_s=REGISTER_TIMEOUT_S, runtime=runtime,
+            **options))
         self.local: dict[str, WorkerServer] = {}
         self.procs: dict[str, list[subprocess.Popen]] = {}
         """Every process started per node, the newest last."""
@@ -54,7 +60,8 @@ class ServeCluster:
         assert self.stack.grpc is not None, errors or "the coordinator's gRPC service did not start"
         for node in processes:
             self.start_worker(node)
-        self.local = {n: WorkerServer(n, self.ckpt, torch_threads=1) for n in nodes if n not in processes}
+        self.local = {n: WorkerServer(n, self.ckpt, host=self.host, torch_threads=1)
+                      for n in nodes if n not in processes}
         reg = ControlClient(self.stack.grpc.address, COORDINATOR_SERVICE)
         for w in self.local.values():
             reg.call("Register", w.addresses)
@@ -80,10 +87,12 @@ class ServeCluster:
 
     def start_worker(self, node: str) -> subprocess.Popen:
         """A new ``helix worker`` process for ``node``: it registers (or joins again) by itself."""
+        command = [*self.process_prefix, sys.executable, "-m", "helix.cli", "worker", "--coordinator",
+                   self.stack.grpc.address, "--node", node, "--model", self.ckpt]
+        if self.process_host is not None:
+            command += ["--host", self.process_host]
         log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "helix.cli", "worker", "--coordinator",
-                                 self.stack.grpc.address, "--node", node, "--model", self.ckpt],
-                                stdout=subprocess.DEVNULL, stderr=log,
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
         self._logs[proc.pid] = log
         self.procs.setdefault(node, []).append(proc)
