@@ -4,12 +4,14 @@ numbers appear, a worker that is killed turns dead within the health settings' t
 pipeline's requests move to the others, a drained node shows draining, and the page fetches nothing
 but its own origin. Screenshots of each state go to the test's temporary folder.
 
-The stack (tests.builders.stack): four workers in this process over the demo's tiny model, cpu-0
+The stack is ``helix serve``'s own (tests.builders.serve_stack) over the demo's tiny model: cpu-0
 [0,4) feeding cpu-1 [2,8) in its region and cpu-2, cpu-3 [4,8) in another, so a node can die and
-another drain with a pipeline left."""
+another drain with a pipeline left. cpu-2 is a ``helix worker`` subprocess, the one killed (SIGKILL);
+the others are WorkerServers in this process."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -27,8 +29,10 @@ from helix.server.app import create_app
 from helix.server.guard import HttpOptions
 from helix.server.http import HttpThread
 from planner.live_view import check_frame, render_page
+from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS, with_kv
-from tests.builders.stack import MODEL_NAME, local_stack
+from tests.builders.stack import MODEL_NAME
+from tests.builders.traffic import in_flight_on, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -89,16 +93,17 @@ class Traffic:
 
 @pytest.fixture(scope="module")
 def served(tiny_model):
-    """(stack, open app's URL, key-guarded app's URL) over one coordinator."""
+    """(cluster, the server's URL, a key-guarded app's URL over the same coordinator)."""
     config = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60, health=HEALTH)
     spec = parse_cluster(SPEC)
-    with local_stack(tiny_model[0], config, four_node_plan()) as stack:
-        coord = stack.coordinator
-        open_http = HttpThread(create_app(coord, MODEL_NAME, stack.metrics, cluster=spec))
-        keyed_http = HttpThread(create_app(coord, MODEL_NAME, stack.metrics,
+    with ServeCluster(tiny_model[0], four_node_plan(), config, processes=("cpu-2",),
+                      model_name=MODEL_NAME, cluster=spec, replan_poll_s=None) as cluster:
+        stack = cluster.stack
+        open_http = HttpThread(stack.app)
+        keyed_http = HttpThread(create_app(stack.coordinator, MODEL_NAME, stack.metrics,
                                            HttpOptions(api_key=API_KEY), cluster=spec))
         try:
-            yield stack, open_http.url, keyed_http.url
+            yield cluster, open_http.url, keyed_http.url
         finally:
             open_http.stop()
             keyed_http.stop()
@@ -151,7 +156,7 @@ def only_own_origin(requested: list[str], origin: str) -> None:
 
 
 def test_the_frame_has_every_key_with_its_type(served):
-    stack, url, _ = served
+    _, url, _ = served
     traffic = Traffic(url, clients=3)
     try:
         first = httpx.get(url + "/v1/cluster", timeout=30).json()
@@ -201,8 +206,8 @@ def test_with_an_api_key_the_frame_needs_it_and_the_page_sends_the_one_it_was_gi
 
 
 def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_path):
-    stack, url, _ = served
-    coord = stack.coordinator
+    cluster, url, _ = served
+    coord = cluster.coord
     traffic = Traffic(url)
     try:
         page, requested = open_page(browser, url + "/dashboard")
@@ -212,13 +217,16 @@ def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_p
         assert all(node_state(page, n) == "serving" for n in ("cpu-0", "cpu-1", "cpu-2", "cpu-3"))
         page.screenshot(path=tmp_path / "1-serving.png", full_page=True)
 
+        until(lambda: in_flight_on(coord, "cpu-2"), 30, "a request generating through cpu-2")
+        moved = coord.requests_moved
         killed = time.monotonic()
-        stack.servers[2].shutdown()   # cpu-2's worker: its sockets close, its polls are refused
+        worker = cluster.process("cpu-2")
+        worker.send_signal(signal.SIGKILL)   # cpu-2's worker process: gone, its polls are refused
         page.wait_for_selector('g.node[data-node="cpu-2"][data-state="dead"]',
                                timeout=(HEALTH.dead_after_s + 10 * POLL_S) * 1000)
         dead_after_s = time.monotonic() - killed
         assert dead_after_s <= HEALTH.dead_after_s + 4 * POLL_S, dead_after_s
-        assert coord.node_status("cpu-2").state == "dead"
+        assert coord.node_status("cpu-2").state == "dead" and worker.wait(timeout=5) == -signal.SIGKILL
         # Its requests moved: none in flight through cpu-2 (it decodes nothing), the others carry it.
         deadline = time.monotonic() + 20
         while True:
@@ -228,6 +236,7 @@ def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_p
                     and shown["cpu-0>cpu-3"][1] > 0):
                 break
             assert time.monotonic() < deadline, shown
+        assert coord.requests_moved > moved   # those it held when it died go on elsewhere
         assert page.is_visible('.event[data-kind="failure"]')
         page.screenshot(path=tmp_path / "2-dead.png", full_page=True)
 

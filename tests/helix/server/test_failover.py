@@ -6,11 +6,7 @@ and cpu-0 -> cpu-2, so a route always remains."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -19,11 +15,9 @@ httpx = pytest.importorskip("httpx")
 
 from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
-from helix.net.control import COORDINATOR_SERVICE, ControlClient
 from helix.server.http import HttpThread
-from helix.server.stack import ServeOptions, ServeStack
-from worker.server import WorkerServer
 
+from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS, hf_greedy, with_capacities
 from tests.builders.traffic import (MAX_TOKENS, VIA_2, finish, in_flight_on, join_streams, stream_all,
                                     submit_all, until)
@@ -32,56 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs POSIX signals")]
 
 
-
-class Cluster:
-    """The stack with cpu-2 in a subprocess; ``start_cpu2`` (re)starts that process."""
-
-    def __init__(self, ckpt, plan, health: HealthConfig) -> None:
-        self.ckpt = ckpt
-        runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60, health=health)
-        self.stack = ServeStack(plan, str(ckpt), ServeOptions(
-            external_nodes=("cpu-0", "cpu-1", "cpu-2"), register_timeout_s=120, runtime=runtime))
-        self.local: list[WorkerServer] = []
-        self.procs: list[subprocess.Popen] = []
-        errors: list[BaseException] = []
-        starter = threading.Thread(target=lambda: self._start(errors), daemon=True)
-        starter.start()
-        deadline = time.monotonic() + 30
-        while self.stack.grpc is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.start_cpu2()
-        self.local = [WorkerServer(n, str(ckpt), torch_threads=1) for n in ("cpu-0", "cpu-1")]
-        reg = ControlClient(self.stack.grpc.address, COORDINATOR_SERVICE)
-        for w in self.local:
-            reg.call("Register", w.addresses)
-        reg.close()
-        starter.join(timeout=150)
-        assert not starter.is_alive() and not errors, errors
-        self.coord = self.stack.coordinator
-
-    def _start(self, errors):
-        try:
-            self.stack.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    def start_cpu2(self) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "helix.cli", "worker", "--coordinator",
-                                 self.stack.grpc.address, "--node", "cpu-2", "--model", str(self.ckpt)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        self.procs.append(proc)
-        return proc
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-            p.wait(timeout=30)
-        self.stack.close()
-        for w in self.local:
-            w.shutdown()
+def cluster_of(ckpt, plan, health: HealthConfig) -> ServeCluster:
+    """The plan served with cpu-2 in a ``helix worker`` process."""
+    return ServeCluster(ckpt, plan, RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60, health=health))
 
 
 @pytest.fixture
@@ -98,7 +45,7 @@ def _encode(ckpt, text):
 
 def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model, plan3, reference):
     plan3 = with_capacities(plan3)
-    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
+    cluster = cluster_of(tiny_model[0], plan3, HealthConfig(suspect_after_s=1.0, dead_after_s=5.0))
     prompts = list(reference)
     try:
         coord = cluster.coord
@@ -106,7 +53,7 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         texts = {p: coord.codec.decode(reference[p]) for p in prompts}
         streams = stream_all(http.url, cluster.stack.model_name, prompts, 64)   # 64 SSE streams
         until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
-        cluster.procs[0].send_signal(signal.SIGKILL)
+        cluster.process("cpu-2").send_signal(signal.SIGKILL)
         killed = time.monotonic()
         until(lambda: httpx.get(http.url + "/health", timeout=30).json()["nodes"]["cpu-2"] == "dead",
               10, "/health reporting cpu-2 dead")
@@ -125,7 +72,7 @@ def test_kill_9_mid_generation_loses_nothing_and_the_node_comes_back(tiny_model,
         with coord._lock:
             assert not coord._live and not coord._waiting               # nothing leaked
         # A new process for cpu-2 registers: it loads its slice, rejoins and gets traffic again.
-        cluster.start_cpu2()
+        cluster.start_worker("cpu-2")
         until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 back")
         assert coord._flows == plan3.arc_flows                         # the plan's own flows again
         finish(submit_all(coord, prompts, 24), prompts, reference)
@@ -139,13 +86,13 @@ def test_frozen_node_gets_no_new_requests_and_its_requests_move_once_suspect(tin
     """A frozen node's streams move once it is suspect (another pipeline has room), long before it
     could be declared dead; when it answers again it frees what they held there and serves. Its
     pipeline's tokens stop first: it gets no new requests (stalled) before a stats poll times out."""
-    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=2.0, dead_after_s=60.0))
+    cluster = cluster_of(tiny_model[0], plan3, HealthConfig(suspect_after_s=2.0, dead_after_s=60.0))
     prompts = list(reference)
     try:
         coord = cluster.coord
         stuck = submit_all(coord, prompts, 16)
         until(lambda: _early_on(coord, "cpu-2"), 60, "a request starting to generate through cpu-2")
-        cluster.procs[0].send_signal(signal.SIGSTOP)
+        cluster.process("cpu-2").send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         until(lambda: coord.node_states()["cpu-2"] == "suspect", 5, "cpu-2 suspect")
         # Seen on the data plane first (10 token gaps, >= 0.5 s; the poll waits 2 s):
@@ -159,7 +106,7 @@ def test_frozen_node_gets_no_new_requests_and_its_requests_move_once_suspect(tin
         finish(submit_all(coord, prompts, 16), prompts, reference)   # new ones avoid cpu-2
         assert coord.pipeline_counts[VIA_2] == before
         assert coord.node_states()["cpu-2"] == "suspect"
-        cluster.procs[0].send_signal(signal.SIGCONT)
+        cluster.process("cpu-2").send_signal(signal.SIGCONT)
         until(lambda: coord.node_states()["cpu-2"] == "ok", 10, "cpu-2 answers again")
         # What the moved requests held on cpu-2 is released there once it answers.
         until(lambda: coord.stats["cpu-2"].num_requests == 0, 10, "cpu-2 freed the moved requests")
@@ -182,13 +129,13 @@ def test_no_pipeline_left_fails_with_503_after_the_grace(tiny_model, plan3):
     import httpx
 
     from helix.server.http import HttpThread
-    cluster = Cluster(tiny_model[0], plan3, HealthConfig(suspect_after_s=0.5, dead_after_s=2.0,
-                                                         no_route_grace_s=2.0))
+    cluster = cluster_of(tiny_model[0], plan3, HealthConfig(suspect_after_s=0.5, dead_after_s=2.0,
+                                                            no_route_grace_s=2.0))
     try:
         coord = cluster.coord
         http = HttpThread(cluster.stack.app)
         try:
-            for w in cluster.local:   # cpu-0 holds layer 0 for every pipeline: nothing is left
+            for w in cluster.local.values():   # cpu-0 holds layer 0 for every pipeline: nothing is left
                 w.shutdown()
             until(lambda: coord.node_states()["cpu-0"] == "dead", 10, "cpu-0 dead")
             t0 = time.monotonic()

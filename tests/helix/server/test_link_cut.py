@@ -10,17 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import time
 
 import pytest
 
 from coordinator.health import HealthConfig
 from coordinator.runtime import RuntimeConfig
-from helix.net.control import COORDINATOR_SERVICE, ControlClient
-from helix.server.stack import ServeOptions, ServeStack
-from worker.server import WorkerServer
 
+from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS
 from tests.builders.traffic import MAX_TOKENS, VIA_2, finish, in_flight_on, submit_all, until
 
@@ -65,28 +61,9 @@ def test_cut_link_moves_requests_and_the_node_rejoins_when_it_is_back(tiny_model
     reference = {p: hf_greedy(model, p, MAX_TOKENS) for p in prompts}
     runtime = RuntimeConfig(stats_interval_s=0.1, request_timeout_s=60,
                             health=HealthConfig(suspect_after_s=1.0, dead_after_s=4.0))
-    stack = ServeStack(plan3, str(ckpt), ServeOptions(host=host_addr, external_nodes=("cpu-0", "cpu-1", "cpu-2"),
-                                                      register_timeout_s=120, runtime=runtime))
-    import threading
-    errors: list[BaseException] = []
-    starter = threading.Thread(target=lambda: _safe_start(stack, errors), daemon=True)
-    starter.start()
-    deadline = time.monotonic() + 30
-    while stack.grpc is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    worker = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "helix.cli", "worker",
-                               "--coordinator", stack.grpc.address, "--node", "cpu-2", "--model", str(ckpt),
-                               "--host", ns_addr], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    local = [WorkerServer(n, str(ckpt), host=host_addr, torch_threads=1) for n in ("cpu-0", "cpu-1")]
-    try:
-        reg = ControlClient(stack.grpc.address, COORDINATOR_SERVICE)
-        for w in local:
-            reg.call("Register", w.addresses)
-        reg.close()
-        starter.join(timeout=150)
-        assert not starter.is_alive() and not errors, errors
-        coord = stack.coordinator
+    with ServeCluster(ckpt, plan3, runtime, host=host_addr, process_prefix=("ip", "netns", "exec", ns),
+                      process_host=ns_addr) as cluster:
+        coord, worker = cluster.coord, cluster.process("cpu-2")
         assert coord.workers["cpu-2"].data_address.startswith(f"tcp://{ns_addr}")
         pending = submit_all(coord, prompts, 32)
         until(lambda: in_flight_on(coord, "cpu-2"), 60, "a request generating through cpu-2")
@@ -101,17 +78,3 @@ def test_cut_link_moves_requests_and_the_node_rejoins_when_it_is_back(tiny_model
         until(lambda: coord.node_states()["cpu-2"] == "ok", 90, "cpu-2 answers again")
         finish(submit_all(coord, prompts, 24), prompts, reference)
         assert coord.pipeline_counts[VIA_2] > before
-    finally:
-        stack.close()
-        for w in local:
-            w.shutdown()
-        if worker.poll() is None:
-            worker.kill()
-        worker.wait(timeout=30)
-
-
-def _safe_start(stack, errors):
-    try:
-        stack.start()
-    except BaseException as exc:
-        errors.append(exc)
