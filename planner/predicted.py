@@ -47,9 +47,15 @@ stage chains stop at 12 stages, where it holds (``planner.search.kv_stages.MAX_S
 The plan returned is the one with the highest predicted prompt + decode tokens/s; its max flow,
 bound, gap and status describe the inner problem it was solved on (``extras['capacities']`` says
 which; a candidate keeps the solver's bound, valid for every placement, and ``extras['chosen_by']``
-names it), and ``prediction`` is the outer figure. Each solve (the candidate's too) gets an equal
-share of the time limit less :data:`CANDIDATE_SHARE`. Deterministic when the solves are (the loop
-itself has no randomness and a fixed order).
+names it), and ``prediction`` is the outer figure; ``extras['max_flow_result']`` keeps what the
+search proved about its own placement and ``extras['choice']`` which placement was kept and why.
+
+One :class:`~planner.deadline.Deadline` bounds it all: each solve (the candidate's too) gets an
+equal share of the time limit less :data:`CANDIDATE_SHARE` (less still when a phase before it
+ran over), the KV stage chains are sought for :data:`CHAIN_SHARE` of what is left after the
+solves, and a candidate is scored only while the time left holds the longest scoring so far.
+Deterministic when the solves are and the deadline is not reached (the loop itself has no
+randomness and a fixed order).
 
 Every prediction the loop compares (routings, candidates, and :mod:`planner.budget`'s step
 budgets) is made by :func:`predict_plan`, its one way into :mod:`planner.prediction`.
@@ -273,9 +279,11 @@ def choice(chosen: Plan, result: dict, scored: bool) -> dict:
     scores = chosen.extras.get("candidates", [])
     unscored = chosen.extras.get("candidates_unscored", 0)
     late = f"; {unscored} more not scored before the time limit" if unscored else ""
-    if name:
+    if name and base:
         why = (f"predicted {(predicted / base - 1) * 100:+.0f} % over the max-flow placement's "
                f"{base:,.1f} tokens/s, above the {CANDIDATE_MARGIN * 100:.0f} % margin{late}")
+    elif name:
+        why = f"predicted {predicted:,.1f} tokens/s where the max-flow placement serves none{late}"
     elif not scored:
         why = (f"candidates are scored for milp on clusters of up to {CANDIDATE_MAX_NODES} "
                "nodes only")

@@ -136,7 +136,7 @@ def plan_command(
         print(json.dumps(plan.to_dict(), indent=1))
     else:
         console.print(_placement_table(problem, plan))
-        console.print(_summary(plan))
+        console.print(_summary(plan), soft_wrap=True)
         console.print(_serving_line(plan))
         if decision is not None:
             _print_replan(console, decision)
