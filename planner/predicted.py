@@ -291,8 +291,10 @@ def choice(chosen: Plan, result: dict, scored: bool) -> dict:
         top = max(scores, key=lambda c: c[1])
         why = (f"no candidate predicted {CANDIDATE_MARGIN * 100:.0f} % more (best: {top[0]}, "
                f"{top[1]:,.1f} tokens/s){late}")
+    elif unscored:
+        why = f"no candidate scored before the time limit ({unscored} left)"
     else:
-        why = f"no candidate scored{late}"
+        why = "no candidate placement to score"
     return {"placement": name or "max flow", "predicted_tokens_per_s": predicted, "reason": why}
 
 

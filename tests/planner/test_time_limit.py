@@ -63,6 +63,9 @@ def test_chains_and_candidates_stop_at_a_passed_deadline():
                           deadline=passed)
     assert kept.placements == flow_pick.placements
     assert kept.extras["candidates"] == [] and kept.extras["candidates_unscored"] == 1
+    said = choice(kept, max_flow_result(flow_pick), True)
+    assert said["placement"] == "max flow"
+    assert said["reason"] == "no candidate scored before the time limit (1 left)"
 
 
 def test_the_summary_prints_the_max_flow_result_apart_from_the_choice():
