@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-#: on_phase(phase, elapsed_s, left_s): a phase of planning starts (``helix plan``'s progress line).
-PhaseProgress = Callable[[str, float, float], None]
+#: on_phase(phase, elapsed_s): a phase of planning starts (``helix plan``'s progress line).
+PhaseProgress = Callable[[str, float], None]
 
 
 @dataclass(frozen=True)
@@ -62,4 +62,4 @@ class Deadline:
     def phase(self, name: str) -> None:
         """Say that phase ``name`` starts."""
         if self.on_phase is not None:
-            self.on_phase(name, self.elapsed_s(), self.left_s())
+            self.on_phase(name, self.elapsed_s())

@@ -89,7 +89,7 @@ def plan_command(
     console = Console(stderr=as_json)
     # Progress goes to stderr, so --json's stdout stays the plan alone.
     err = Console(stderr=True)
-    deadline = Deadline(started_s, time_limit, None if quiet else _phase_line(err))
+    deadline = Deadline(started_s, time_limit, None if quiet else _phase_line(err, time_limit))
     if horizon <= 0 or hysteresis < 0:
         raise HelixUserError(f"--horizon must be > 0 and --hysteresis >= 0, got {horizon:g} and "
                              f"{hysteresis:g}")
@@ -204,10 +204,10 @@ def _check_output_path(path: Optional[Path], option: str,
         raise HelixUserError(f"{option} {path}: folder {parent} does not exist")
 
 
-def _phase_line(err):
+def _phase_line(err, time_limit_s: float):
     """The progress line each phase of planning prints as it starts (stderr)."""
-    def line(phase: str, elapsed_s: float, left_s: float) -> None:
-        err.print(f"plan {elapsed_s:6.1f} s  {phase}  ({left_s:.1f} s left)", soft_wrap=True,
+    def line(phase: str, elapsed_s: float) -> None:
+        err.print(f"plan {elapsed_s:6.1f} s of {time_limit_s:g}  {phase}", soft_wrap=True,
                   highlight=False)
     return line
 
