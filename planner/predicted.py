@@ -92,8 +92,12 @@ log = logging.getLogger("helix.planner")
 #: nodes); at 1,000 nodes one prediction alone takes seconds and the solve needs all the time.
 CANDIDATE_MAX_NODES = 128
 
-#: Fraction of the time limit kept for scoring candidates (the solves share the rest equally).
-CANDIDATE_SHARE = 0.1
+#: Fraction of the time limit kept for finding and scoring candidates (the solves share the rest
+#: equally). On a cluster of several regions they decide the plan, and finding the KV stage
+#: chains takes the most: geo24 at a 60 s limit (load average ~4 on 2 cores) needs ~20 s to
+#: reach the chain through all three regions that it picks with time to spare; with a tenth
+#: kept, it scored 5 of the 15 candidates and kept a chain predicted 7 % lower.
+CANDIDATE_SHARE = 0.4
 
 
 def predict_plan(spec: ClusterSpec, plan: Plan, cost: CostModel, *, latencies: bool = True,
@@ -271,7 +275,9 @@ def max_flow_result(found: Plan) -> dict:
 
 def choice(chosen: Plan, result: dict, scored: bool) -> dict:
     """Which placement the plan serves and why (``extras['choice']``): ``placement`` (``max
-    flow``, or the candidate's name), its predicted prompt + decode tokens/s and the reason."""
+    flow``, or the candidate's name), its predicted prompt + decode tokens/s and the reason
+    (which says what the time limit left out: ``extras['candidates_unscored']``,
+    ``extras['kv_chains_stopped']``)."""
     predicted = None if chosen.prediction is None else \
         round(chosen.prediction.prompt_decode_tokens_per_s, 1)
     name = chosen.extras.get("chosen_by", "").removeprefix("prediction: ")
@@ -279,6 +285,8 @@ def choice(chosen: Plan, result: dict, scored: bool) -> dict:
     scores = chosen.extras.get("candidates", [])
     unscored = chosen.extras.get("candidates_unscored", 0)
     late = f"; {unscored} more not scored before the time limit" if unscored else ""
+    if chosen.extras.get("kv_chains_stopped"):
+        late += "; the search for KV stage chains stopped at its share of the time limit"
     if name and base:
         why = (f"predicted {(predicted / base - 1) * 100:+.0f} % over the max-flow placement's "
                f"{base:,.1f} tokens/s, above the {CANDIDATE_MARGIN * 100:.0f} % margin{late}")
@@ -294,7 +302,7 @@ def choice(chosen: Plan, result: dict, scored: bool) -> dict:
     elif unscored:
         why = f"no candidate scored before the time limit ({unscored} left)"
     else:
-        why = "no candidate placement to score"
+        why = f"no candidate placement to score{late}"
     return {"placement": name or "max flow", "predicted_tokens_per_s": predicted, "reason": why}
 
 
@@ -318,9 +326,10 @@ class _Shares:
         return max(MIN_SOLVE_S, min(self.each_s, self.deadline.left_s() - due))
 
 
-#: Fraction of the time left after the solves that finding KV stage chains may take; scoring
-#: the candidates has the rest.
-CHAIN_SHARE = 0.5
+#: Fraction of the time left after the solves that finding KV stage chains may take (each
+#: chain over each ordered set of regions is predicted); scoring the candidates, a few
+#: predictions each, has the rest.
+CHAIN_SHARE = 0.85
 
 #: Seconds a solve gets at the least, when the phases before it used its share (it still
 #: returns its best warm start).
@@ -385,15 +394,18 @@ def _scored(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, optio
         except InfeasibleError:  # the cluster cannot hold the model with that reserve
             pass
     deadline.phase("candidates: KV stage chains")
-    # Half of what is left for finding chains, the rest (at least) for scoring them all.
-    candidates += kv_stage_candidates(spec, problem, cost, best, deadline.share(CHAIN_SHARE))
+    chains_by = deadline.share(CHAIN_SHARE)
+    candidates += kv_stage_candidates(spec, problem, cost, best, chains_by)
+    cut = chains_by.passed()   # the chain search may have stopped short
     candidates = [(n, p) for n, p in candidates
                   if p and all(e - s >= min_k for s, e in p.values())]
     routed = len({spec.region_of(n.name) for n in spec.nodes}) > 1 and \
         len(candidates) <= ROUTED_CANDIDATES
     deadline.phase(f"candidates: scoring {len(candidates)} placements by their prediction")
-    return best_candidate(spec, problem, cost, best, candidates, gap=options.gap, routed=routed,
-                          deadline=deadline, routing_s=routing_s)
+    found = best_candidate(spec, problem, cost, best, candidates, gap=options.gap, routed=routed,
+                           deadline=deadline, routing_s=routing_s)
+    return dataclasses.replace(found, extras={**found.extras, "kv_chains_stopped": True}) \
+        if cut else found
 
 
 def reserved_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostModel,
