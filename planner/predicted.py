@@ -248,8 +248,8 @@ def choose(spec: ClusterSpec, options: PlanOptions, *,
     cost = CostModel.for_cluster(spec, model)
     # Explicit T(k) tables (reference inputs) are taken as given: one solve, as before.
     rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, options.iterations)
-    scored = method == "milp" and not cost.throughput_tables and \
-        len(problem.nodes) <= CANDIDATE_MAX_NODES
+    unscored_why = _why_unscored(method, bool(cost.throughput_tables), len(problem.nodes))
+    scored = unscored_why is None
     shares = _Shares(deadline, rounds + 1 if scored else rounds, CANDIDATE_SHARE if scored else 0.0)
     best, routing_s = _rounds(spec, problem, cost, options, rounds, shares)
     result = max_flow_result(best)
@@ -257,7 +257,18 @@ def choose(spec: ClusterSpec, options: PlanOptions, *,
         best = _scored(spec, problem, cost, options, best, shares, routing_s)
         best = dataclasses.replace(best, solve_seconds=deadline.elapsed_s())
     return dataclasses.replace(best, extras={**best.extras, "max_flow_result": result,
-                                             "choice": choice(best, result, scored)})
+                                             "choice": choice(best, result, unscored_why)})
+
+
+def _why_unscored(method: str, tables: bool, num_nodes: int) -> str | None:
+    """Why no candidate placement is scored against the max-flow one (None: they are)."""
+    if method != "milp":
+        return f"placed by {method} (candidates are scored for milp only)"
+    if tables:
+        return "the cluster's throughput tables give each node its rate (no candidates are scored)"
+    if num_nodes > CANDIDATE_MAX_NODES:
+        return f"candidates are scored on clusters of up to {CANDIDATE_MAX_NODES} nodes only"
+    return None
 
 
 def max_flow_result(found: Plan) -> dict:
@@ -273,7 +284,7 @@ def max_flow_result(found: Plan) -> dict:
             round(found.prediction.prompt_decode_tokens_per_s, 1)}
 
 
-def choice(chosen: Plan, result: dict, scored: bool) -> dict:
+def choice(chosen: Plan, result: dict, unscored_why: str | None = None) -> dict:
     """Which placement the plan serves and why (``extras['choice']``): ``placement`` (``max
     flow``, or the candidate's name), its predicted prompt + decode tokens/s and the reason
     (which says what the time limit left out: ``extras['candidates_unscored']``,
@@ -292,9 +303,8 @@ def choice(chosen: Plan, result: dict, scored: bool) -> dict:
                f"{base:,.1f} tokens/s, above the {CANDIDATE_MARGIN * 100:.0f} % margin{late}")
     elif name:
         why = f"predicted {predicted:,.1f} tokens/s where the max-flow placement serves none{late}"
-    elif not scored:
-        why = (f"candidates are scored for milp on clusters of up to {CANDIDATE_MAX_NODES} "
-               "nodes only")
+    elif unscored_why is not None:
+        why = unscored_why
     elif scores:
         top = max(scores, key=lambda c: c[1])
         why = (f"no candidate predicted {CANDIDATE_MARGIN * 100:.0f} % more (best: {top[0]}, "

@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from helix.cli import main
 from helix.core.costmodel import CostModel
 from helix.core.spec import parse_cluster
@@ -63,7 +65,7 @@ def test_chains_and_candidates_stop_at_a_passed_deadline():
                           deadline=passed)
     assert kept.placements == flow_pick.placements
     assert kept.extras["candidates"] == [] and kept.extras["candidates_unscored"] == 1
-    said = choice(kept, max_flow_result(flow_pick), True)
+    said = choice(kept, max_flow_result(flow_pick))
     assert said["placement"] == "max flow"
     assert said["reason"] == "no candidate scored before the time limit (1 left)"
 
@@ -80,7 +82,7 @@ def test_the_summary_prints_the_max_flow_result_apart_from_the_choice():
     chosen = best_candidate(spec, problem, cost, flow_pick, [("sweep", construct.sweep(problem))])
     assert chosen.extras["chosen_by"] == "prediction: sweep" and chosen.gap > 0.03
     chosen = dataclasses.replace(chosen, extras={**chosen.extras, "max_flow_result": result,
-                                                 "choice": choice(chosen, result, True)})
+                                                 "choice": choice(chosen, result)})
     text = _summary(chosen)
     assert f"max flow   {flow_pick.max_flow_tokens_per_s:,.1f} tokens/s" in text
     assert "gap 1.00 %" in text and f"{chosen.gap * 100:.2f} %" not in text
@@ -99,3 +101,15 @@ def test_helix_plan_says_each_phase_on_stderr_and_keeps_stdout_json(capsys):
     captured = capsys.readouterr()
     assert "search: max flow" not in captured.err
     assert "the max-flow placement, found by" in captured.out and "chosen     " in captured.out
+
+
+@pytest.mark.parametrize("method, tables, nodes, says", [
+    ("swarm", False, 24, "placed by swarm"),
+    ("milp", True, 24, "throughput tables give each node its rate"),
+    ("milp", False, 1000, "clusters of up to"),
+    ("milp", False, 24, None),
+])
+def test_the_choice_says_why_no_candidate_was_scored(method, tables, nodes, says):
+    from planner.predicted import _why_unscored
+    why = _why_unscored(method, tables, nodes)
+    assert (why is None) if says is None else (says in why)
