@@ -11,8 +11,9 @@ Without the cluster spec (``--cluster``) nodes have no GPU kind or region (``unk
 between regions is known.
 
 ``/v1/cluster`` is guarded like every ``/v1`` route (``--api-key``); the page holds no data and is
-open: it sends the key it is given (``/dashboard?key=...``, kept in the tab's session storage, or
-typed when the server answers 401).
+open: it sends the key it is given (``/dashboard#key=...``: in the fragment, which no request
+carries, so it stays out of access logs; kept in the tab's session storage, or typed when the
+server answers 401).
 """
 
 from __future__ import annotations
