@@ -6,7 +6,8 @@ worker's last stats (KV blocks, step counters, bytes sent to each peer), the req
 pipeline and the tokens each produced, and its event log (:mod:`coordinator.events`); latencies come
 from :class:`RecentLatencies`, fed by the same observer hooks as ``/metrics``. Rates (steps/s, busy
 fraction, decode tokens/s, bytes/s) are counter differences over the last :data:`RATE_S` seconds
-of frames, so they are null in the first frame and for a node whose worker restarted since.
+of frames, so they are null in the first frame, in the first after a gap of more than
+:data:`RATE_STALE_S` between frames, and for a node whose worker restarted since.
 Without the cluster spec (``--cluster``) nodes have no GPU kind or region (``unknown``) and no link
 between regions is known.
 
@@ -33,6 +34,9 @@ from planner.live_view import RecentWindow, pipeline_id, plan_pipelines, render_
 
 RATE_S = 2.0
 """Rates in a frame are over (at least) this many seconds of counters, when frames are that old."""
+RATE_STALE_S = 3 * RATE_S
+"""...and over at most this many: after a longer gap between frames (nobody polled), a rate would
+be the gap's average, not the current one, so the frame after it has none."""
 UNKNOWN = "unknown"
 _STATE = {"ok": "serving", "drained": "draining"}   # NodeStatus states -> frame states
 _ANSWERS = ("serving", "draining")                  # states whose worker's figures are current
@@ -147,12 +151,16 @@ class ClusterView:
 
     def _base(self, now: _Counters) -> _Counters | None:
         """The latest counters at least :data:`RATE_S` old (else the oldest), after recording
-        ``now``; None when there are none before ``now``."""
+        ``now``; None when there are none before ``now``, or only ones older than
+        :data:`RATE_STALE_S`."""
         with self._lock:
             self._history.append(now)
             while len(self._history) > 1 and self._history[1].time_s <= now.time_s - RATE_S:
                 self._history.popleft()
             base = self._history[0]
+            if now.time_s - base.time_s > RATE_STALE_S:
+                self._history.popleft()
+                return None
         return base if now.time_s - base.time_s > 0.05 else None
 
     # --- the frame --------------------------------------------------------------------------------

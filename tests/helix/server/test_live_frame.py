@@ -15,7 +15,7 @@ from coordinator.drain import NodeStatus
 from coordinator.events import EventLog
 from helix.core.spec import parse_cluster
 from helix.net.stats import WorkerStats
-from helix.server.live import ClusterView, RecentLatencies
+from helix.server.live import RATE_S, ClusterView, RecentLatencies
 from planner.live_view import check_frame
 
 from tests.builders.serving import branching_plan
@@ -152,3 +152,17 @@ def test_a_frame_right_after_another_has_no_rate_rather_than_a_wild_one():
     clock.now += 1e-3
     coord.stats["cpu-0"] = stats("cpu-0", steps=1)
     assert all(n["step_rate"] is None for n in v.frame()["nodes"])
+
+
+def test_after_a_gap_in_polling_the_first_frame_has_no_rate_rather_than_the_gaps_average():
+    v, coord, clock = view()
+    v.frame()                        # polled once...
+    clock.now += 3600.0              # ...then nobody watched for an hour
+    coord.stats["cpu-0"] = stats("cpu-0", steps=36000, step_s=1800.0)
+    coord.tokens = {("cpu-0", "cpu-1"): 360000}
+    f = v.frame()
+    assert f["nodes"][0]["step_rate"] is None and f["nodes"][0]["busy"] is None
+    assert all(p["decode_tokens_per_s"] is None for p in f["pipelines"])
+    clock.now += RATE_S              # the next frame's rate is over the last RATE_S only
+    coord.stats["cpu-0"] = stats("cpu-0", steps=36010, step_s=1801.0)
+    assert v.frame()["nodes"][0]["step_rate"] == 5.0
