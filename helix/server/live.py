@@ -40,6 +40,10 @@ be the gap's average, not the current one, so the frame after it has none."""
 UNKNOWN = "unknown"
 _STATE = {"ok": "serving", "drained": "draining"}   # NodeStatus states -> frame states
 _ANSWERS = ("serving", "draining")                  # states whose worker's figures are current
+# Joins (server.elastic.JoinStatus states) whose registered worker waits for layers: the frame lists
+# the node as ``joining``. ``idle``: the re-plan kept the running placement; the node stays
+# registered, unplaced, as a simulated node that joined does until a re-plan gives it layers.
+_WAITING_JOINS = ("planning", "applying", "idle")
 
 
 class RecentLatencies:
@@ -198,7 +202,7 @@ class ClusterView:
         placed = {r["name"] for r in rows}
         joins = list(self.elastic.joins.values()) if self.elastic is not None else []
         for j in joins:
-            if j.node not in placed and j.state in ("planning", "applying"):
+            if j.node not in placed and j.state in _WAITING_JOINS:
                 rows.append({"name": j.node, "gpu": self._gpu(j.node), "region": self._region(j.node),
                              "layers": None, "state": "joining", "step_rate": None, "busy": None,
                              "kv_used_tokens": None, "kv_capacity_tokens": None, "requests": 0})

@@ -6,6 +6,7 @@ The real stack in a browser: test_dashboard.py."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
@@ -166,3 +167,30 @@ def test_after_a_gap_in_polling_the_first_frame_has_no_rate_rather_than_the_gaps
     clock.now += RATE_S              # the next frame's rate is over the last RATE_S only
     coord.stats["cpu-0"] = stats("cpu-0", steps=36010, step_s=1801.0)
     assert v.frame()["nodes"][0]["step_rate"] == 5.0
+
+
+@dataclass
+class _Join:
+    node: str
+    state: str
+
+
+class _Elastic:
+    """What ClusterView reads of ``server.elastic.Elastic``: its joins by node."""
+
+    def __init__(self, *joins: _Join) -> None:
+        self.joins = {j.node: j for j in joins}
+
+
+def test_a_registered_node_without_layers_is_joining_whether_its_replan_runs_or_kept_the_placement():
+    v, coord, _ = view(parse_cluster(SPEC))
+    v.elastic = _Elastic(_Join("gpu-a", "planning"), _Join("gpu-b", "idle"), _Join("gpu-c", "failed"),
+                         _Join("cpu-1", "serving"))
+    f = v.frame()
+    assert check_frame(f) == []
+    rows = {n["name"]: n for n in f["nodes"]}
+    assert sorted(rows) == ["cpu-0", "cpu-1", "cpu-2", "gpu-a", "gpu-b"]   # a failed join has no worker
+    assert rows["cpu-1"]["state"] == "serving"
+    for name in ("gpu-a", "gpu-b"):
+        assert (rows[name]["state"], rows[name]["layers"], rows[name]["region"]) == ("joining", None,
+                                                                                     "unknown")
