@@ -3,7 +3,8 @@ its checker, and the page that draws frames.
 
 A *frame* (``helix.cluster/1``, :mod:`helix.core.cluster_frame`) is one JSON object: the nodes with
 their layers, state, busy fraction, KV use and requests; the pipelines with their requests in flight
-and decode tokens/s; the links between regions with their bytes/s against their bandwidth; the
+and decode tokens/s; the links between regions with their bytes/s against their bandwidth (one pair of nodes' link
+times the pairs of nodes that use it); the
 cluster's request rate and latency percentiles over the last minute; the events of the last hour.
 Figures are SI (seconds, bytes/s, tokens/s); one that is not known is ``null``.
 
@@ -90,7 +91,8 @@ _NODE_KEYS = {"name": str, "gpu": str, "region": str, "layers": "layers", "state
               "step_rate": _NUM, "busy": _NUM, "kv_used_tokens": int, "kv_capacity_tokens": int,
               "requests": int}
 _PIPELINE_KEYS = {"id": str, "nodes": list, "in_flight": int, "decode_tokens_per_s": _NUM}
-_LINK_KEYS = {"from_region": str, "to_region": str, "bytes_per_s": _NUM, "bandwidth_bytes_per_s": _NUM}
+_LINK_KEYS = {"from_region": str, "to_region": str, "bytes_per_s": _NUM, "node_pairs": int,
+              "bandwidth_bytes_per_s": _NUM}
 _CLUSTER_KEYS = {"request_rate": _NUM, "ttft_p50": _NUM, "ttft_p99": _NUM, "tpot_p50": _NUM,
                  "tpot_p99": _NUM, "window_s": _NUM}
 _EVENT_KEYS = {"time": _NUM, "kind": EVENT_KINDS, "detail": str}

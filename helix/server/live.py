@@ -220,12 +220,17 @@ class ClusterView:
 
     def _links(self, c, now: _Counters, base: _Counters | None, dt: float | None) -> list[dict]:
         """Each ordered pair of regions that the plan's flows cross, with the data plane's bytes/s
-        between them and the spec's bandwidth."""
+        between them, the pairs of nodes (the coordinator one of them) that the plan's flows join
+        across them or that sent across them since the base, and the spec's bandwidth of one
+        such pair's link."""
         if self.cluster is None:
             return []
-        pairs = list(dict.fromkeys((self._region(a.src), self._region(a.dst)) for a in c.plan.arc_flows
-                                   if a.flow_tokens_per_s > 0))
-        pairs = [(ra, rb) for ra, rb in pairs if ra != rb and UNKNOWN not in (ra, rb)]
+        node_pairs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for a in c.plan.arc_flows:
+            if a.flow_tokens_per_s > 0:
+                key = (self._region(a.src), self._region(a.dst))
+                node_pairs.setdefault(key, set()).add((a.src, a.dst))
+        pairs = [(ra, rb) for ra, rb in node_pairs if ra != rb and UNKNOWN not in (ra, rb)]
         sent: dict[tuple[str, str], float] = {}
         if base is not None:
             for src, peer in now.bytes_to:
@@ -233,11 +238,14 @@ class ClusterView:
                 key = (self._region(src), self._region(peer))
                 if grew is not None:
                     sent[key] = sent.get(key, 0.0) + grew
+                    if grew > 0:
+                        node_pairs.setdefault(key, set()).add((src, peer))
         out = []
         for ra, rb in pairs:
             link = self.cluster.region_link(ra, rb)
             out.append({"from_region": ra, "to_region": rb,
                         "bytes_per_s": sent.get((ra, rb), 0.0) if base is not None else None,
+                        "node_pairs": len(node_pairs[ra, rb]),
                         "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s if link else None})
         return out
 

@@ -20,11 +20,12 @@ The figures mean what the live server's do:
   holds now, with those requests and the tokens streamed to them since the last frame per second
   (a request that arrives and finishes between two frames is in no pipeline's figure);
 - per pair of regions that the plan's flows cross: bytes per second sent from one to the other
-  since the last frame, against the spec's bandwidth between two nodes of those regions
-  (:meth:`~helix.core.spec.ClusterSpec.region_link`). Each pair of nodes has a link of its own, so
-  the sum over them may exceed that figure; and a message counts when it is put on its link (a
-  FIFO link reserves its time then), so a burst of prompts queued on a slow link reads high until
-  the queue drains;
+  since the last frame; the pairs of nodes that the run's first plan joins across them or that sent
+  across them since the last frame (``node_pairs``); and the spec's bandwidth between two nodes of
+  those regions (:meth:`~helix.core.spec.ClusterSpec.region_link`). Each pair of nodes has a link
+  of its own, so the bytes compare with the bandwidth times ``node_pairs``; a message counts when
+  it is put on its link (a FIFO link reserves its time then), so a burst of prompts queued on a
+  slow link reads high until the queue drains;
 - for the cluster, over the last ``window_s``: finished requests per second, TTFT and time per
   output token (the gaps between a request's tokens) p50 and p99 of the last ``max_samples``;
 - events of the last hour: failures and restarts (``--fail``), drains, joins and re-plans.
@@ -66,8 +67,11 @@ class FrameRecorder:
         self._paths: dict[str, list[str]] = {}   # every pipeline a request held: id -> nodes
         region = spec.region_of
         # The pairs of regions the plan's flows cross, listed from the first frame on.
-        self._region_pairs = sorted({(region(a.src), region(a.dst)) for a in plan.arc_flows
-                                     if a.flow_tokens_per_s > 0 and region(a.src) != region(a.dst)})
+        self._plan_node_pairs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for a in plan.arc_flows:
+            if a.flow_tokens_per_s > 0 and region(a.src) != region(a.dst):
+                self._plan_node_pairs.setdefault((region(a.src), region(a.dst)), set()).add((a.src, a.dst))
+        self._region_pairs = sorted(self._plan_node_pairs)
         self._link_pair: dict[tuple[str, str], tuple[str, str] | None] = {}
         self._last_s = 0.0
         self._nodes: dict[str, tuple[float, int]] = {}   # name -> (busy_s, num_steps) at the last frame
@@ -159,18 +163,23 @@ class FrameRecorder:
     def _links(self, span_s: float) -> list[dict]:
         seen, pairs = self._link_bytes, self._link_pair
         sent = dict.fromkeys(self._region_pairs, 0.0)
+        node_pairs = {pair: set(nodes) for pair, nodes in self._plan_node_pairs.items()}
         for link, (_, total) in self.sim.network.link_stats().items():
             if link not in pairs:
                 ra, rb = self.spec.region_of(link[0]), self.spec.region_of(link[1])
                 pairs[link] = None if ra == rb else (ra, rb)
             pair = pairs[link]
             if pair is not None:
-                sent[pair] = sent.get(pair, 0.0) + total - seen.get(link, 0.0)
+                grew = total - seen.get(link, 0.0)
+                sent[pair] = sent.get(pair, 0.0) + grew
                 seen[link] = total
+                if grew > 0:
+                    node_pairs.setdefault(pair, set()).add(link)
         out = []
         for (ra, rb), nbytes in sent.items():
             link = self.spec.region_link(ra, rb)
             out.append({"from_region": ra, "to_region": rb, "bytes_per_s": _per_s(nbytes, span_s),
+                        "node_pairs": len(node_pairs.get((ra, rb), ())),
                         "bandwidth_bytes_per_s": None if link is None else link.bandwidth_bytes_per_s})
         return out
 

@@ -29,7 +29,7 @@ def frame(time_s: float = 100.0, state: str = "serving") -> dict:
                    "kv_capacity_tokens": 2048, "requests": 0}],
         "pipelines": [{"id": "a>b", "nodes": ["a", "b"], "in_flight": 2, "decode_tokens_per_s": 30.0}],
         "links": [{"from_region": "us", "to_region": "eu", "bytes_per_s": 1.5e6,
-                   "bandwidth_bytes_per_s": 1.25e7}],
+                   "node_pairs": 1, "bandwidth_bytes_per_s": 1.25e7}],
         "cluster": {"request_rate": 1.5, "ttft_p50": 0.1, "ttft_p99": None, "tpot_p50": 0.02,
                     "tpot_p99": 0.05, "window_s": 60},
         "events": [{"time": time_s - 5, "kind": "failure", "detail": "b is dead (was suspect)"}],
@@ -53,6 +53,7 @@ def test_a_well_formed_frame_has_no_problem():
     (lambda f: f["pipelines"][0].update(nodes=["a", "z"]), "pipelines[0].nodes: ['z'] are not in nodes"),
     (lambda f: f["events"][0].update(kind="boom"), "events[0].kind: 'boom'; known:"),
     (lambda f: f["cluster"].pop("window_s"), "cluster.window_s: missing"),
+    (lambda f: f["links"][0].update(node_pairs=None), "links[0].node_pairs: null"),
 ])
 def test_the_checker_names_what_is_wrong(change, expected):
     f = copy.deepcopy(frame())

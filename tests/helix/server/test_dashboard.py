@@ -33,6 +33,7 @@ from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS, with_kv
 from tests.builders.stack import MODEL_NAME
 from tests.builders.traffic import in_flight_on, until
+from tests.planner.test_live_view import frame as small_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -284,4 +285,27 @@ def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
     assert node_state(page, "cpu-0") == "suspect"
     page.screenshot(path=tmp_path / "replay.png", full_page=True)
     assert requested == [path.as_uri()]
+    page.close()
+
+
+def open_replay(browser, tmp_path, frames: list[dict]):
+    """The replay page of ``frames`` opened from a file, its last frame drawn; (page, errors)."""
+    path = tmp_path / "replay.html"
+    path.write_text(render_page(frames, "replay"), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 680})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("#replay.shown", timeout=10_000)
+    return page, errors
+
+
+def test_a_link_bar_compares_its_bytes_with_the_bandwidth_of_every_node_pair_on_it(browser, tmp_path):
+    f = small_frame(1.0)
+    f["links"][0].update(bytes_per_s=3e6, bandwidth_bytes_per_s=1e7, node_pairs=3)
+    page, errors = open_replay(browser, tmp_path, [f])
+    row = page.locator('tr[data-link="us>eu"]')
+    assert float(row.get_attribute("data-fraction")) == pytest.approx(0.1)   # 3 MB/s of 3 x 10 MB/s
+    assert "3 \u00d7 10 MB/s" in row.text_content()
+    assert errors == []
     page.close()

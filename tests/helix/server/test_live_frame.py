@@ -138,6 +138,20 @@ def test_links_between_regions_carry_the_bytes_sent_across_them():
     links = {(k["from_region"], k["to_region"]): k for k in v.frame()["links"]}
     assert links["us", "eu"]["bytes_per_s"] == 2000.0 and links["eu", "us"]["bytes_per_s"] == 500.0
     assert links["us", "eu"]["bandwidth_bytes_per_s"] == 10e6
+    assert links["us", "eu"]["node_pairs"] == links["eu", "us"]["node_pairs"] == 1
+
+
+def test_a_link_between_regions_counts_the_node_pairs_the_plan_joins_or_that_sent_across_it():
+    v, coord, clock = view(parse_cluster(SPEC))
+    f = v.frame()   # the plan's: cpu-0 -> cpu-2 one way, cpu-2 -> the coordinator back
+    assert [(k["from_region"], k["to_region"], k["node_pairs"]) for k in f["links"]] == [
+        ("us", "eu", 1), ("eu", "us", 1)]
+    clock.now += 2.0
+    coord.stats["cpu-0"] = stats("cpu-0", sent={"cpu-2": 4000})
+    coord.stats["cpu-1"] = stats("cpu-1", sent={"cpu-2": 8000})   # off the plan: a moved request
+    links = {(k["from_region"], k["to_region"]): k for k in v.frame()["links"]}
+    # Two node pairs, two links: 6 kB/s against twice one link's bandwidth.
+    assert (links["us", "eu"]["bytes_per_s"], links["us", "eu"]["node_pairs"]) == (6000.0, 2)
 
 
 def test_events_reach_the_frame():

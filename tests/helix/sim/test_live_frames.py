@@ -157,3 +157,13 @@ def test_links_between_regions_carry_bytes_against_the_region_bandwidth():
     crossing = sum(b for (src, dst), (_, b) in sim.network.link_stats().items()
                    if geo.region_of(src) != geo.region_of(dst))
     assert sent == pytest.approx(crossing, rel=1e-3) and sent > 0
+    # Each link's bytes are over the node pairs the plan joins across it (each its own link) or that
+    # sent across it: never over one pair's bandwidth when several share the regions.
+    region = geo.region_of
+    planned = {(region(a.src), region(a.dst)): set() for a in geo_plan.arc_flows}
+    for a in geo_plan.arc_flows:
+        if a.flow_tokens_per_s > 0:
+            planned[region(a.src), region(a.dst)].add((a.src, a.dst))
+    for link in recorder.frames[-1]["links"]:
+        assert link["node_pairs"] >= len(planned[link["from_region"], link["to_region"]]) >= 1
+    assert max(link["node_pairs"] for link in recorder.frames[-1]["links"]) > 1
