@@ -42,15 +42,24 @@ def plan_pipelines(plan: Plan, limit: int = MAX_PIPELINES) -> list[tuple[str, ..
     return [p.nodes for p in paths[:limit]]
 
 
-def quantile(values, q: float) -> float | None:
-    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; None when empty."""
+def quantiles(values, qs=(0.5, 0.99)) -> list[float | None]:
+    """The ``qs`` quantiles (each 0..1) of ``values`` by linear interpolation, sorting them once;
+    None each when empty."""
     xs = sorted(values)
     if not xs:
-        return None
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+        return [None for _ in qs]
+    out = []
+    for q in qs:
+        pos = q * (len(xs) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out.append(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+    return out
+
+
+def quantile(values, q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; None when empty."""
+    return quantiles(values, (q,))[0]
 
 
 class RecentWindow:
@@ -73,10 +82,13 @@ class RecentWindow:
         while self._samples and self._samples[0][0] < since:
             self._samples.popleft()
 
-    def quantiles(self, now_s: float, qs=(0.5, 0.99)) -> list[float | None]:
+    def values(self, now_s: float) -> list[float]:
+        """A copy of the window's values at ``now_s`` (quantiles of it need no lock)."""
         self._trim(now_s)
-        values = [v for _, v in self._samples]
-        return [quantile(values, q) for q in qs]
+        return [v for _, v in self._samples]
+
+    def quantiles(self, now_s: float, qs=(0.5, 0.99)) -> list[float | None]:
+        return quantiles(self.values(now_s), qs)
 
     def rate(self, now_s: float) -> float:
         """Samples per second over the window (or since ``start_s``, when that is shorter)."""

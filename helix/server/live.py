@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse
 from helix.core.cluster_frame import SCHEMA, WINDOW_S
 from helix.core.plan import COORDINATOR
 from helix.core.spec import ClusterSpec
-from planner.live_view import RecentWindow, pipeline_id, plan_pipelines, render_page
+from planner.live_view import RecentWindow, pipeline_id, plan_pipelines, quantiles, render_page
 
 RATE_S = 2.0
 """Rates in a frame are over (at least) this many seconds of counters, when frames are that old."""
@@ -72,12 +72,14 @@ class RecentLatencies:
 
     def cluster(self, now_s: float) -> dict:
         """The frame's ``cluster`` object at ``now_s``."""
+        # Copied under the lock, sorted outside it: next_token (every token streamed) takes it.
         with self._lock:
-            ttft50, ttft99 = self.ttft.quantiles(now_s)
-            tpot50, tpot99 = self.tpot.quantiles(now_s)
-            return {"request_rate": self.finished_requests.rate(now_s), "ttft_p50": ttft50,
-                    "ttft_p99": ttft99, "tpot_p50": tpot50, "tpot_p99": tpot99,
-                    "window_s": WINDOW_S}
+            ttft, tpot = self.ttft.values(now_s), self.tpot.values(now_s)
+            rate = self.finished_requests.rate(now_s)
+        ttft50, ttft99 = quantiles(ttft)
+        tpot50, tpot99 = quantiles(tpot)
+        return {"request_rate": rate, "ttft_p50": ttft50, "ttft_p99": ttft99, "tpot_p50": tpot50,
+                "tpot_p99": tpot99, "window_s": WINDOW_S}
 
 
 @dataclass

@@ -208,3 +208,23 @@ def test_a_registered_node_without_layers_is_joining_whether_its_replan_runs_or_
     for name in ("gpu-a", "gpu-b"):
         assert (rows[name]["state"], rows[name]["layers"], rows[name]["region"]) == ("joining", None,
                                                                                      "unknown")
+
+
+def test_latency_percentiles_sort_each_window_once_and_outside_the_lock_tokens_take(monkeypatch):
+    import planner.live_view
+
+    clock = Clock()
+    lat = RecentLatencies(clock)
+    for i in range(1000):
+        lat.first_token(i / 1000)
+        lat.next_token(i / 10_000)
+    held: list[bool] = []
+
+    def spy(values, *args, **kwargs):
+        held.append(lat._lock.locked())
+        return sorted(values, *args, **kwargs)
+
+    monkeypatch.setattr(planner.live_view, "sorted", spy, raising=False)
+    c = lat.cluster(clock())
+    assert held == [False, False]   # one sort per window, next_token never waits for one
+    assert (c["ttft_p50"], c["tpot_p50"]) == (pytest.approx(0.4995), pytest.approx(0.04995))
