@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import deque
 from html import escape
 from importlib import resources
@@ -173,13 +174,56 @@ def _template() -> str:
     return resources.files("planner").joinpath("live_view.html").read_text(encoding="utf-8")
 
 
+def _pack(frames: list[dict]) -> dict:
+    """``frames`` with their events once: ``{"events": [...], "frames": [...]}``, each frame's
+    ``events`` a half-open ``[from, to]`` range of the shared list where its events are a run of
+    it (they are, when events come oldest first and a frame holds those of a window of time), else
+    its own list. A replay's frames each repeat the hour of events before them."""
+    shared: list[dict] = []
+    index: dict[tuple, int] = {}
+    packed = []
+    for f in frames:
+        ids = []
+        for e in f["events"]:
+            key = (e["time"], e["kind"], e["detail"])
+            if key not in index:
+                index[key] = len(shared)
+                shared.append(e)
+            ids.append(index[key])
+        run = bool(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
+        packed.append({**f, "events": [ids[0], ids[0] + len(ids)] if run else f["events"]})
+    return {"events": shared, "frames": packed}
+
+
+def _unpack(data: dict) -> list[dict]:
+    shared = data["events"]
+
+    def events(span: list):
+        if len(span) == 2 and all(isinstance(x, int) for x in span):
+            return shared[span[0]:span[1]]
+        return span
+
+    return [{**f, "events": events(f["events"])} for f in data["frames"]]
+
+
+_EMBEDDED = re.compile(r'<script id="helix-frames" type="application/json">(.*?)</script>', re.DOTALL)
+
+
+def embedded_frames(page: str) -> list[dict]:
+    """The frames a replay page (:func:`render_page`) embeds, as they were given; [] for a live
+    page."""
+    found = _EMBEDDED.search(page)
+    return [] if found is None else _unpack(json.loads(found.group(1)))
+
+
 def render_page(frames: list | None, title: str) -> str:
     """The whole HTML document. ``frames`` None: the page polls ``/v1/cluster`` of its own origin
     once a second; a list of frames (oldest first): it embeds them (in ``<script
-    id="helix-frames" type="application/json">``) and shows a time slider over them instead."""
+    id="helix-frames" type="application/json">``, their events once: :func:`embedded_frames`
+    reads them back) and shows a time slider over them instead."""
     data = ""
     if frames is not None:
-        text = json.dumps(frames, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(_pack(frames), separators=(",", ":"), allow_nan=False)
         # Inside <script> only "</" could end the element early; "\/" is the same JSON string.
         data = ('<script id="helix-frames" type="application/json">'
                 + text.replace("</", "<\\/") + "</script>")

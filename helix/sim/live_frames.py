@@ -34,6 +34,7 @@ The figures mean what the live server's do:
 from __future__ import annotations
 
 import bisect
+import math
 from array import array
 from typing import TYPE_CHECKING
 
@@ -48,19 +49,36 @@ if TYPE_CHECKING:
     from helix.sim.engine import Simulator
 
 
+MAX_FRAMES = 5000
+"""A replay holds at most this many frames (a page of about 10 kB each)."""
+MIN_PERIOD_S = 0.1
+"""``helix simulate --html-every`` takes no shorter period (a frame is a pass over the cluster)."""
+
+
+def frame_count(duration_s: float, period_s: float) -> int:
+    """How many frames a run of ``duration_s`` simulated seconds gives, one each ``period_s`` from
+    0 on (the last at the end, when the period divides it)."""
+    return math.floor(duration_s / period_s + 1e-9) + 1
+
+
 class FrameRecorder:
     """Samples one simulator into ``frames`` (dicts in the ``helix.cluster/1`` shape)."""
 
     def __init__(self, sim: Simulator, spec: ClusterSpec, plan: Plan, period_s: float = 1.0,
-                 window_s: float = WINDOW_S, max_samples: int = 20_000) -> None:
+                 window_s: float = WINDOW_S, max_samples: int = 20_000,
+                 max_frames: int = MAX_FRAMES) -> None:
         """Attaches itself as ``sim.sampler``. ``plan``: the plan the run starts with;
         ``period_s``: simulated seconds between frames; ``window_s``: the span of the cluster
         figures; ``max_samples``: the most recent latency samples their percentiles read (as the
-        live server keeps)."""
-        if not period_s > 0 or not window_s > 0:
-            raise ValueError(f"period_s and window_s must be > 0, got {period_s}, {window_s}")
+        live server keeps); ``max_frames``: past this many, every other frame is dropped and the
+        period doubled (a run of unknown length: ``--duration 0``); a kept frame's rates stay over
+        the period it was recorded with."""
+        if not period_s > 0 or not window_s > 0 or max_frames < 2:
+            raise ValueError(f"period_s and window_s must be > 0 and max_frames >= 2, got "
+                             f"{period_s}, {window_s}, {max_frames}")
         self.sim, self.spec = sim, spec
         self.period_s, self.window_s, self.max_samples = period_s, window_s, max_samples
+        self.max_frames = max_frames
         self.frames: list[dict] = []
         self._static = [(n.name, n.gpu, spec.region_of(n.name)) for n in spec.nodes]
         self._plan_paths = {pipeline_id(p): list(p) for p in plan_pipelines(plan)}
@@ -83,9 +101,14 @@ class FrameRecorder:
         sim.sampler = self
 
     def __call__(self, at_s: float) -> float:
-        """Record the frame of ``at_s``; return the next sample time."""
+        """Record the frame of ``at_s``; return the next sample time. Frame ``k`` is at ``k *
+        period_s`` (a product, not a running sum: no drift over many frames)."""
         self.frames.append(self.frame(at_s))
-        return at_s + self.period_s
+        if len(self.frames) > self.max_frames:
+            # Frames 0, 2, 4, ... are at multiples of twice the period: keep those.
+            self.frames = self.frames[::2]
+            self.period_s *= 2
+        return len(self.frames) * self.period_s
 
     def frame(self, at_s: float) -> dict:
         """The frame of now (``at_s``); figures per second are since the previous frame."""

@@ -13,7 +13,8 @@ import tomllib
 import pytest
 
 from helix.core.cluster_frame import SCHEMA
-from planner.live_view import RecentWindow, check_frame, pipeline_id, quantile, render_page
+from planner.live_view import (RecentWindow, check_frame, embedded_frames, pipeline_id, quantile,
+                               render_page)
 from tests.conftest import REPO_ROOT
 
 
@@ -96,7 +97,20 @@ def test_embedded_frames_cannot_end_their_script_element():
     start = page.index('<script id="helix-frames" type="application/json">') + len(
         '<script id="helix-frames" type="application/json">')
     body = page[start:page.index("</script>", start)]
-    assert json.loads(body) == frames
+    assert embedded_frames(page) == frames
+    assert "alert" in body
+
+
+def test_a_replay_embeds_each_event_once_and_gives_every_frame_back_as_it_was():
+    frames = [frame(float(t)) for t in range(10, 60)]
+    for i, f in enumerate(frames):   # a growing hour of events, oldest first
+        f["events"] = [{"time": float(t), "kind": "drain", "detail": f"event number {t}"}
+                       for t in range(i)]
+    frames[7]["events"] = frames[7]["events"][::-1]   # not a run of the shared list: its own
+    page = render_page(frames, "replay")
+    assert embedded_frames(page) == frames
+    assert page.count("event number 5\"") == 2   # in the shared list, and in frame 7's own
+    assert embedded_frames(render_page(None, "live")) == []
 
 
 def test_the_page_ships_as_package_data():

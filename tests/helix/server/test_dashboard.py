@@ -309,3 +309,16 @@ def test_a_link_bar_compares_its_bytes_with_the_bandwidth_of_every_node_pair_on_
     assert "3 \u00d7 10 MB/s" in row.text_content()
     assert errors == []
     page.close()
+
+
+def test_a_replay_gives_each_frame_its_events_from_the_list_embedded_once(browser, tmp_path):
+    frames = [small_frame(float(t)) for t in (10, 20, 30)]
+    frames[0]["events"] = []
+    frames[2]["events"] = frames[1]["events"] + [{"time": 25.0, "kind": "drain", "detail": "b drains"}]
+    page, errors = open_replay(browser, tmp_path, frames)
+    assert page.eval_on_selector_all(".event", "es => es.map(e => e.dataset.kind)") == ["drain", "failure"]
+    page.fill("#slider", "0")
+    page.dispatch_event("#slider", "input")
+    assert page.locator(".event").count() == 0
+    assert errors == []
+    page.close()

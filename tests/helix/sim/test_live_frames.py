@@ -5,7 +5,6 @@ samples gives the same numbers as one that does not."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.sim.failures import NodeFailure
 from helix.sim.live_frames import FrameRecorder
-from planner.live_view import check_frame
+from planner.live_view import check_frame, embedded_frames
 from tests.builders.sims import single24_plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -43,9 +42,9 @@ def plan_file(plan, tmp_path_factory):
 
 
 def _frames_of(page: Path) -> list[dict]:
-    found = EMBEDDED.findall(page.read_text())
-    assert len(found) == 1, "the page embeds its frames once"
-    return json.loads(found[0])
+    text = page.read_text()
+    assert len(EMBEDDED.findall(text)) == 1, "the page embeds its frames once"
+    return embedded_frames(text)
 
 
 def _node(frame: dict, name: str) -> dict:
@@ -97,11 +96,15 @@ def test_a_drained_node_reads_draining_and_a_late_one_joining(plan_file, tmp_pat
 
 @pytest.mark.parametrize("args, message", [
     (["--compare"], "--html shows one run"),
-    (["--html-every", "0"], "--html-every must be > 0"),
+    (["--html-every", "0"], "--html-every must be >= 0.1"),
+    (["--html-every", "0.05"], "--html-every must be >= 0.1"),
+    (["--html-every", "0.1", "--duration", "1000"],
+     "--html-every 0.1 over --duration 1000 makes 10001 frames; a page holds at most 5000: use "
+     "--html-every 0.21 or more"),
 ])
 def test_bad_html_options_are_one_line_errors(plan_file, tmp_path, capsys, args, message):
     rc = main(["simulate", str(SINGLE24), "--plan", str(plan_file), "--duration", "1",
-               "--html", str(tmp_path / "x.html"), *args])
+               "--html", str(tmp_path / "x.html"), *args])   # a later --duration wins
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
@@ -167,3 +170,20 @@ def test_links_between_regions_carry_bytes_against_the_region_bandwidth():
     for link in recorder.frames[-1]["links"]:
         assert link["node_pairs"] >= len(planned[link["from_region"], link["to_region"]]) >= 1
     assert max(link["node_pairs"] for link in recorder.frames[-1]["links"]) > 1
+
+
+def test_frame_times_are_multiples_of_the_period_without_drift(spec, plan):
+    sim = _sim(spec, plan, 3)
+    recorder = FrameRecorder(sim, spec, plan, period_s=0.1)
+    sim.run()
+    # A running sum drifts: ten additions of 0.1 make 0.9999999999999999, not 1.0.
+    assert [f["time"] for f in recorder.frames] == [k * 0.1 for k in range(31)]
+
+
+def test_past_max_frames_every_other_frame_goes_and_the_period_doubles(spec, plan):
+    sim = _sim(spec, plan, 10)
+    recorder = FrameRecorder(sim, spec, plan, period_s=0.5, max_frames=8)
+    sim.run()
+    assert recorder.period_s == 2.0
+    assert [f["time"] for f in recorder.frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert all(check_frame(f) == [] for f in recorder.frames)
