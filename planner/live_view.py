@@ -224,7 +224,9 @@ def render_page(frames: list | None, title: str) -> str:
     data = ""
     if frames is not None:
         text = json.dumps(_pack(frames), separators=(",", ":"), allow_nan=False)
-        # Inside <script> only "</" could end the element early; "\/" is the same JSON string.
+        # Inside <script>, "</script" ends the element, and "<!--" then "<script" puts the parser
+        # in a state where the real "</script>" does not: no "<" at all ("\u003c" is the same JSON
+        # string; "<" appears only inside strings).
         data = ('<script id="helix-frames" type="application/json">'
-                + text.replace("</", "<\\/") + "</script>")
+                + text.replace("<", "\\u003c") + "</script>")
     return _template().replace("{{TITLE}}", escape(title)).replace("{{FRAMES}}", data)

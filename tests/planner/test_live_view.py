@@ -93,10 +93,15 @@ def test_the_live_page_fetches_only_its_own_cluster_endpoint():
 def test_embedded_frames_cannot_end_their_script_element():
     frames = [frame(1.0), frame(2.0, state="dead")]
     frames[1]["events"][0]["detail"] = "</script><script>alert(1)</script>"
+    # An HTML comment opened in a script's text, then "<script": the parser's "double escaped"
+    # state, in which the page's own "</script>" no longer ends the element.
+    frames[0]["nodes"][0]["name"] = "a<!--<script>"
+    frames[0]["pipelines"][0]["nodes"][0] = "a<!--<script>"
     page = render_page(frames, "replay")
     start = page.index('<script id="helix-frames" type="application/json">') + len(
         '<script id="helix-frames" type="application/json">')
     body = page[start:page.index("</script>", start)]
+    assert "<" not in body
     assert embedded_frames(page) == frames
     assert "alert" in body
 

@@ -322,3 +322,14 @@ def test_a_replay_gives_each_frame_its_events_from_the_list_embedded_once(browse
     assert page.locator(".event").count() == 0
     assert errors == []
     page.close()
+
+
+def test_a_node_named_like_markup_is_drawn_as_text(browser, tmp_path):
+    f = small_frame(1.0)
+    f["nodes"][0]["name"] = f["pipelines"][0]["nodes"][0] = "a<!--<script>"
+    f["pipelines"][0]["id"] = "a<!--<script>>b"
+    page, errors = open_replay(browser, tmp_path, [f])
+    assert page.text_content("#status") == "replay of 1 frames"
+    assert page.locator('g.node[data-node="a<!--<script>"]').count() == 1
+    assert errors == []
+    page.close()
