@@ -20,7 +20,7 @@ MAX_EVENTS = 2000
 
 KINDS = {
     "failure": "failure",          # a node stopped answering (suspect) or was declared dead
-    "return": "join",              # a failed node serves again
+    "return": "return",            # a failed node serves again
     "join": "join",                # a node the plan lacks registered to join
     "restart": "restart",          # a new worker process registered for a plan node
     "lost": "lost",                # a dead node whose worker cannot be restarted

@@ -28,7 +28,7 @@ The figures mean what the live server's do:
   slow link reads high until the queue drains;
 - for the cluster, over the last ``window_s``: finished requests per second, TTFT and time per
   output token (the gaps between a request's tokens) p50 and p99 of the last ``max_samples``;
-- events of the last hour: failures and restarts (``--fail``), drains, joins and re-plans.
+- events of the last hour: failures and returns (``--fail``), drains, joins and re-plans.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class FrameRecorder:
         for f in sim.config.failures:
             out.append((f.at_s, "failure", f"{f.node} went down (declared dead {f.detect_s:g} s later)"))
             if f.down_for_s is not None:
-                out.append((f.at_s + f.down_for_s, "restart", f"{f.node} is back, empty"))
+                out.append((f.at_s + f.down_for_s, "return", f"{f.node} is back, empty"))
         for t, what, _ in sim.marks:
             if what.startswith("drain ") or what.endswith(" drained"):
                 out.append((t, "drain", what))

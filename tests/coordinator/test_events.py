@@ -47,7 +47,8 @@ def test_each_kind_is_counted_and_the_frame_gets_its_coarse_kind():
     log.record("replan_decided", "re-plan (drift): adopted")
     log.record("replan_applied", "new plan applied in 3.0 s")
     log.record("undrain", "cpu-3 takes requests again")
-    assert [e.kind for e in log.recent()] == ["replan", "replan", "drain"]
+    log.record("return", "cpu-2 is serving again (was dead)")
+    assert [e.kind for e in log.recent()] == ["replan", "replan", "drain", "return"]
     counts = log.counts()
     assert counts["replan_decided"] == counts["replan_applied"] == counts["undrain"] == 1
-    assert sum(counts.values()) == 3
+    assert sum(counts.values()) == 4

@@ -333,3 +333,14 @@ def test_a_node_named_like_markup_is_drawn_as_text(browser, tmp_path):
     assert page.locator('g.node[data-node="a<!--<script>"]').count() == 1
     assert errors == []
     page.close()
+
+
+def test_a_node_serving_again_has_its_own_colour_on_the_timeline(browser, tmp_path):
+    f = small_frame(10.0)   # its failure at 5 s
+    f["events"].append({"time": 8.0, "kind": "return", "detail": "b is serving again (was dead)"})
+    page, errors = open_replay(browser, tmp_path, [small_frame(5.0), f])
+    colours = page.eval_on_selector_all(
+        ".event .ev", "es => es.map(e => [e.textContent, getComputedStyle(e).backgroundColor])")
+    assert dict(colours)["return"] not in {c for kind, c in colours if kind != "return"} | {"rgb(85, 85, 85)"}
+    assert errors == []
+    page.close()

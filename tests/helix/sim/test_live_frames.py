@@ -122,7 +122,7 @@ def test_sampling_leaves_the_run_unchanged(spec, plan):
     assert len(recorder.frames) == 21
     states = [_node(f, "l4-5")["state"] for f in recorder.frames]
     assert states[8] == "serving" and states[9] == "dead" and states[-1] == "serving"   # back at 7 s
-    assert [e["kind"] for e in recorder.frames[-1]["events"]] == ["failure", "restart"]
+    assert [e["kind"] for e in recorder.frames[-1]["events"]] == ["failure", "return"]
 
 
 def test_figures_add_up_to_the_run(spec, plan):
