@@ -101,17 +101,17 @@ class RecentWindow:
 # --- the frame's shape ----------------------------------------------------------------------------
 _NUM = (int, float)
 _NODE_KEYS = {"name": str, "gpu": str, "region": str, "layers": "layers", "state": NODE_STATES,
-              "step_rate": _NUM, "busy": _NUM, "kv_used_tokens": int, "kv_capacity_tokens": int,
+              "steps_per_s": _NUM, "busy": _NUM, "kv_used_tokens": int, "kv_capacity_tokens": int,
               "requests": int}
 _PIPELINE_KEYS = {"id": str, "nodes": list, "in_flight": int, "decode_tokens_per_s": _NUM}
 _LINK_KEYS = {"from_region": str, "to_region": str, "bytes_per_s": _NUM, "node_pairs": int,
               "bandwidth_bytes_per_s": _NUM}
-_CLUSTER_KEYS = {"request_rate": _NUM, "ttft_p50": _NUM, "ttft_p99": _NUM, "tpot_p50": _NUM,
-                 "tpot_p99": _NUM, "window_s": _NUM}
-_EVENT_KEYS = {"time": _NUM, "kind": EVENT_KINDS, "detail": str}
-_NULLABLE = {"layers", "step_rate", "busy", "kv_used_tokens", "kv_capacity_tokens", "requests",
-             "decode_tokens_per_s", "bytes_per_s", "bandwidth_bytes_per_s", "request_rate",
-             "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"}
+_CLUSTER_KEYS = {"requests_per_s": _NUM, "ttft_p50_s": _NUM, "ttft_p99_s": _NUM, "tpot_p50_s": _NUM,
+                 "tpot_p99_s": _NUM, "window_s": _NUM}
+_EVENT_KEYS = {"time_s": _NUM, "kind": EVENT_KINDS, "detail": str}
+_NULLABLE = {"layers", "steps_per_s", "busy", "kv_used_tokens", "kv_capacity_tokens", "requests",
+             "decode_tokens_per_s", "bytes_per_s", "bandwidth_bytes_per_s", "requests_per_s",
+             "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"}
 
 
 def _check_object(obj, keys: dict, where: str, problems: list[str]) -> None:
@@ -143,7 +143,7 @@ def check_frame(frame) -> list[str]:
     """What is wrong with ``frame`` (every key, its type, the states and kinds named), one line per
     problem; empty when it is a well-formed ``helix.cluster/1`` frame."""
     problems: list[str] = []
-    top = {"schema": str, "time": _NUM, "model": str, "nodes": list, "pipelines": list,
+    top = {"schema": str, "time_s": _NUM, "model": str, "nodes": list, "pipelines": list,
            "links": list, "cluster": dict, "events": list}
     _check_object(frame, top, "frame", problems)
     if problems:
@@ -185,7 +185,7 @@ def _pack(frames: list[dict]) -> dict:
     for f in frames:
         ids = []
         for e in f["events"]:
-            key = (e["time"], e["kind"], e["detail"])
+            key = (e["time_s"], e["kind"], e["detail"])
             if key not in index:
                 index[key] = len(shared)
                 shared.append(e)

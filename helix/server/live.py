@@ -78,8 +78,8 @@ class RecentLatencies:
             rate = self.finished_requests.rate(now_s)
         ttft50, ttft99 = quantiles(ttft)
         tpot50, tpot99 = quantiles(tpot)
-        return {"request_rate": rate, "ttft_p50": ttft50, "ttft_p99": ttft99, "tpot_p50": tpot50,
-                "tpot_p99": tpot99, "window_s": WINDOW_S}
+        return {"requests_per_s": rate, "ttft_p50_s": ttft50, "ttft_p99_s": ttft99, "tpot_p50_s": tpot50,
+                "tpot_p99_s": tpot99, "window_s": WINDOW_S}
 
 
 @dataclass
@@ -178,7 +178,7 @@ class ClusterView:
         base = self._base(now)
         dt = now_s - base.time_s if base is not None else None
         nodes = self._nodes(c, now, base, dt)
-        return {"schema": SCHEMA, "time": now_s, "model": self.model_name, "nodes": nodes,
+        return {"schema": SCHEMA, "time_s": now_s, "model": self.model_name, "nodes": nodes,
                 "pipelines": self._pipelines(c, now, base, dt), "links": self._links(c, now, base, dt),
                 "cluster": self.latencies.cluster(now_s),
                 "events": [e.to_dict() for e in c.events.recent()]}
@@ -190,14 +190,14 @@ class ClusterView:
             state = _STATE.get(st.state, st.state)
             s = stats.get(st.node)
             answers = state in _ANSWERS and s is not None
-            step_rate = busy = None
+            steps_per_s = busy = None
             if answers and base is not None:
-                step_rate = _rate(now.steps, base.steps, st.node, dt)
+                steps_per_s = _rate(now.steps, base.steps, st.node, dt)
                 busy = _rate(now.step_s, base.step_s, st.node, dt)
                 busy = None if busy is None else min(1.0, busy)
             block = s.block_size_tokens if s is not None else 0
             rows.append({"name": st.node, "gpu": self._gpu(st.node), "region": self._region(st.node),
-                         "layers": [st.start, st.end], "state": state, "step_rate": step_rate,
+                         "layers": [st.start, st.end], "state": state, "steps_per_s": steps_per_s,
                          "busy": busy, "kv_used_tokens": s.kv_blocks_used * block if answers else None,
                          "kv_capacity_tokens": s.kv_blocks_total * block if s is not None else None,
                          "requests": st.requests})
@@ -206,7 +206,7 @@ class ClusterView:
         for j in joins:
             if j.node not in placed and j.state in _WAITING_JOINS:
                 rows.append({"name": j.node, "gpu": self._gpu(j.node), "region": self._region(j.node),
-                             "layers": None, "state": "joining", "step_rate": None, "busy": None,
+                             "layers": None, "state": "joining", "steps_per_s": None, "busy": None,
                              "kv_used_tokens": None, "kv_capacity_tokens": None, "requests": 0})
         return rows
 

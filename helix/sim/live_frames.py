@@ -113,7 +113,7 @@ class FrameRecorder:
     def frame(self, at_s: float) -> dict:
         """The frame of now (``at_s``); figures per second are since the previous frame."""
         span_s = at_s - self._last_s
-        frame = {"schema": SCHEMA, "time": at_s, "model": self.spec.model.name,
+        frame = {"schema": SCHEMA, "time_s": at_s, "model": self.spec.model.name,
                  "nodes": self._node_rows(at_s, span_s), "pipelines": self._pipelines(span_s),
                  "links": self._links(span_s), "cluster": self._cluster(at_s),
                  "events": self._events(at_s)}
@@ -130,21 +130,21 @@ class FrameRecorder:
             if w is None:
                 if name in joined:
                     rows.append({"name": name, "gpu": gpu, "region": region, "layers": None,
-                                 "state": "joining", "step_rate": None, "busy": None,
+                                 "state": "joining", "steps_per_s": None, "busy": None,
                                  "kv_used_tokens": None, "kv_capacity_tokens": None, "requests": 0})
                 continue
             busy_s, steps = self._nodes.get(name, (0.0, 0))
             self._nodes[name] = (w.busy_s, w.num_steps)
             blocks = w.policy.blocks
             row = {"name": name, "gpu": gpu, "region": region, "layers": [w.start, w.end],
-                   "state": _state(sim, w), "step_rate": _per_s(w.num_steps - steps, span_s),
+                   "state": _state(sim, w), "steps_per_s": _per_s(w.num_steps - steps, span_s),
                    # A step's time is counted when it ends: one that ends just after a frame
                    # counts towards the next, which may then read above 1.
                    "busy": min(1.0, _per_s(w.busy_s - busy_s, span_s)),
                    "kv_used_tokens": blocks.num_used_blocks * blocks.block_size_tokens,
                    "kv_capacity_tokens": w.kv_capacity_tokens, "requests": len(w.requests)}
             if w.down:   # no answer: unknown figures, the requests the coordinator counts there
-                row.update(step_rate=None, busy=None, kv_used_tokens=None,
+                row.update(steps_per_s=None, busy=None, kv_used_tokens=None,
                            requests=sum(w in r.workers for r in sim.active.values()))
             rows.append(row)
         return rows
@@ -216,8 +216,8 @@ class FrameRecorder:
         span_s = at_s - since_s
         ttft = self._percentiles(m.ttft_s, ttft_from)
         tpot = self._percentiles(m.itl_s, itl_from)
-        return {"request_rate": _per_s(m.requests_completed - completed, span_s),
-                "ttft_p50": ttft[0], "ttft_p99": ttft[1], "tpot_p50": tpot[0], "tpot_p99": tpot[1],
+        return {"requests_per_s": _per_s(m.requests_completed - completed, span_s),
+                "ttft_p50_s": ttft[0], "ttft_p99_s": ttft[1], "tpot_p50_s": tpot[0], "tpot_p99_s": tpot[1],
                 "window_s": self.window_s}
 
     def _percentiles(self, samples: array, start: int) -> tuple[float | None, float | None]:
@@ -247,7 +247,7 @@ class FrameRecorder:
         for r in sim.replans:
             out.append((r["at_s"], "replan", f"re-plan {r['number']} ({r['cause']}): "
                         f"{'adopted' if r['adopt'] else 'kept the running plan'}, {r['moves']} moves"))
-        return [{"time": t, "kind": kind, "detail": detail} for t, kind, detail in sorted(out)
+        return [{"time_s": t, "kind": kind, "detail": detail} for t, kind, detail in sorted(out)
                 if at_s - EVENTS_KEEP_S <= t < at_s]
 
 

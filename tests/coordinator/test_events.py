@@ -22,8 +22,8 @@ def test_events_are_kept_an_hour_oldest_first():
     log.record("failure", "cpu-2 is dead (was suspect)")
     clock.now += KEEP_S / 2
     log.record("drain", "cpu-3 drains")
-    assert [(e.time, e.kind) for e in log.recent()] == [(1000.0, "failure"), (1000.0 + KEEP_S / 2, "drain")]
-    assert log.recent()[0].to_dict() == {"time": 1000.0, "kind": "failure",
+    assert [(e.time_s, e.kind) for e in log.recent()] == [(1000.0, "failure"), (1000.0 + KEEP_S / 2, "drain")]
+    assert log.recent()[0].to_dict() == {"time_s": 1000.0, "kind": "failure",
                                          "detail": "cpu-2 is dead (was suspect)"}
     clock.now += KEEP_S / 2 + 1
     assert [e.kind for e in log.recent()] == ["drain"]

@@ -21,19 +21,19 @@ from tests.conftest import REPO_ROOT
 def frame(time_s: float = 100.0, state: str = "serving") -> dict:
     """A small well-formed frame: two nodes in two regions, one pipeline, one link, one event."""
     return {
-        "schema": SCHEMA, "time": time_s, "model": "tiny",
+        "schema": SCHEMA, "time_s": time_s, "model": "tiny",
         "nodes": [{"name": "a", "gpu": "L4", "region": "us", "layers": [0, 4], "state": "serving",
-                   "step_rate": 12.5, "busy": 0.4, "kv_used_tokens": 64, "kv_capacity_tokens": 1024,
+                   "steps_per_s": 12.5, "busy": 0.4, "kv_used_tokens": 64, "kv_capacity_tokens": 1024,
                    "requests": 2},
                   {"name": "b", "gpu": "A100-40G", "region": "eu", "layers": [4, 8], "state": state,
-                   "step_rate": None, "busy": None, "kv_used_tokens": None,
+                   "steps_per_s": None, "busy": None, "kv_used_tokens": None,
                    "kv_capacity_tokens": 2048, "requests": 0}],
         "pipelines": [{"id": "a>b", "nodes": ["a", "b"], "in_flight": 2, "decode_tokens_per_s": 30.0}],
         "links": [{"from_region": "us", "to_region": "eu", "bytes_per_s": 1.5e6,
                    "node_pairs": 1, "bandwidth_bytes_per_s": 1.25e7}],
-        "cluster": {"request_rate": 1.5, "ttft_p50": 0.1, "ttft_p99": None, "tpot_p50": 0.02,
-                    "tpot_p99": 0.05, "window_s": 60},
-        "events": [{"time": time_s - 5, "kind": "failure", "detail": "b is dead (was suspect)"}],
+        "cluster": {"requests_per_s": 1.5, "ttft_p50_s": 0.1, "ttft_p99_s": None, "tpot_p50_s": 0.02,
+                    "tpot_p99_s": 0.05, "window_s": 60},
+        "events": [{"time_s": time_s - 5, "kind": "failure", "detail": "b is dead (was suspect)"}],
     }
 
 
@@ -109,7 +109,7 @@ def test_embedded_frames_cannot_end_their_script_element():
 def test_a_replay_embeds_each_event_once_and_gives_every_frame_back_as_it_was():
     frames = [frame(float(t)) for t in range(10, 60)]
     for i, f in enumerate(frames):   # a growing hour of events, oldest first
-        f["events"] = [{"time": float(t), "kind": "drain", "detail": f"event number {t}"}
+        f["events"] = [{"time_s": float(t), "kind": "drain", "detail": f"event number {t}"}
                        for t in range(i)]
     frames[7]["events"] = frames[7]["events"][::-1]   # not a run of the shared list: its own
     page = render_page(frames, "replay")

@@ -166,12 +166,12 @@ def test_the_frame_has_every_key_with_its_type(served):
     finally:
         traffic.stop()
     assert check_frame(first) == [] and check_frame(frame) == [], check_frame(frame)
-    assert frame["model"] == MODEL_NAME and frame["time"] > first["time"]
+    assert frame["model"] == MODEL_NAME and frame["time_s"] > first["time_s"]
     assert [(n["name"], n["region"], n["layers"], n["state"]) for n in frame["nodes"]] == [
         ("cpu-0", "us-east", [0, 4], "serving"), ("cpu-1", "us-east", [2, 8], "serving"),
         ("cpu-2", "eu-west", [4, 8], "serving"), ("cpu-3", "eu-west", [4, 8], "serving")]
     assert {n["gpu"] for n in frame["nodes"]} == {"CPU"}
-    assert all(n["kv_capacity_tokens"] >= 4096 and n["step_rate"] > 0 and 0 < n["busy"] <= 1
+    assert all(n["kv_capacity_tokens"] >= 4096 and n["steps_per_s"] > 0 and 0 < n["busy"] <= 1
                for n in frame["nodes"]), frame["nodes"]
     assert [p["id"] for p in frame["pipelines"]] == ["cpu-0>cpu-1", "cpu-0>cpu-2", "cpu-0>cpu-3"]
     assert sum(p["decode_tokens_per_s"] for p in frame["pipelines"]) > 0
@@ -180,8 +180,8 @@ def test_the_frame_has_every_key_with_its_type(served):
     assert links["us-east", "eu-west"]["bandwidth_bytes_per_s"] == 100e6 / 8
     assert links["us-east", "eu-west"]["bytes_per_s"] > 0   # activations from cpu-0 to cpu-2, cpu-3
     c = frame["cluster"]
-    assert c["window_s"] == 60 and c["request_rate"] > 0
-    assert 0 < c["ttft_p50"] <= c["ttft_p99"] and 0 < c["tpot_p50"] <= c["tpot_p99"]
+    assert c["window_s"] == 60 and c["requests_per_s"] > 0
+    assert 0 < c["ttft_p50_s"] <= c["ttft_p99_s"] and 0 < c["tpot_p50_s"] <= c["tpot_p99_s"]
     assert not traffic.failed, traffic.failed[:3]
 
 
@@ -267,11 +267,11 @@ def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_p
 def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
     _, url, _ = served
     frames = [httpx.get(url + "/v1/cluster", timeout=30).json() for _ in range(2)]
-    start = frames[0]["time"]
+    start = frames[0]["time_s"]
     for f in frames:   # a simulated run's times start at 0
-        f["time"] -= start
+        f["time_s"] -= start
         for e in f["events"]:
-            e["time"] -= start
+            e["time_s"] -= start
     frames[0]["nodes"][0]["state"] = "suspect"
     path = tmp_path / "replay.html"
     path.write_text(render_page(frames, "replay"), encoding="utf-8")
@@ -314,7 +314,7 @@ def test_a_link_bar_compares_its_bytes_with_the_bandwidth_of_every_node_pair_on_
 def test_a_replay_gives_each_frame_its_events_from_the_list_embedded_once(browser, tmp_path):
     frames = [small_frame(float(t)) for t in (10, 20, 30)]
     frames[0]["events"] = []
-    frames[2]["events"] = frames[1]["events"] + [{"time": 25.0, "kind": "drain", "detail": "b drains"}]
+    frames[2]["events"] = frames[1]["events"] + [{"time_s": 25.0, "kind": "drain", "detail": "b drains"}]
     page, errors = open_replay(browser, tmp_path, frames)
     assert page.eval_on_selector_all(".event", "es => es.map(e => e.dataset.kind)") == ["drain", "failure"]
     page.fill("#slider", "0")
@@ -337,7 +337,7 @@ def test_a_node_named_like_markup_is_drawn_as_text(browser, tmp_path):
 
 def test_a_node_serving_again_has_its_own_colour_on_the_timeline(browser, tmp_path):
     f = small_frame(10.0)   # its failure at 5 s
-    f["events"].append({"time": 8.0, "kind": "return", "detail": "b is serving again (was dead)"})
+    f["events"].append({"time_s": 8.0, "kind": "return", "detail": "b is serving again (was dead)"})
     page, errors = open_replay(browser, tmp_path, [small_frame(5.0), f])
     colours = page.eval_on_selector_all(
         ".event .ev", "es => es.map(e => [e.textContent, getComputedStyle(e).backgroundColor])")

@@ -90,13 +90,13 @@ def test_the_first_frame_knows_no_rate_and_without_a_spec_no_place():
     assert [(n["name"], n["gpu"], n["region"], n["state"]) for n in f["nodes"]] == [
         ("cpu-0", "unknown", "unknown", "serving"), ("cpu-1", "unknown", "unknown", "serving"),
         ("cpu-2", "unknown", "unknown", "serving")]
-    assert all(n["step_rate"] is None and n["busy"] is None for n in f["nodes"])
+    assert all(n["steps_per_s"] is None and n["busy"] is None for n in f["nodes"])
     assert f["nodes"][0]["kv_used_tokens"] == 32 and f["nodes"][0]["kv_capacity_tokens"] == 1024
     assert [p["id"] for p in f["pipelines"]] == ["cpu-0>cpu-1", "cpu-0>cpu-2"]
     assert all(p["decode_tokens_per_s"] is None for p in f["pipelines"])
     assert f["links"] == []
-    assert f["cluster"] == {"request_rate": 0.0, "ttft_p50": None, "ttft_p99": None, "tpot_p50": None,
-                            "tpot_p99": None, "window_s": 60}
+    assert f["cluster"] == {"requests_per_s": 0.0, "ttft_p50_s": None, "ttft_p99_s": None, "tpot_p50_s": None,
+                            "tpot_p99_s": None, "window_s": 60}
 
 
 def test_rates_come_from_counter_differences_and_a_restart_or_silence_has_none():
@@ -114,15 +114,15 @@ def test_rates_come_from_counter_differences_and_a_restart_or_silence_has_none()
     f = v.frame()
     assert check_frame(f) == []
     n0, n1, n2 = f["nodes"]
-    assert (n0["step_rate"], n0["busy"]) == (20.0, 0.25)
-    assert (n1["state"], n1["step_rate"]) == ("draining", 5.0)
-    assert (n2["state"], n2["step_rate"], n2["busy"], n2["kv_used_tokens"]) == ("dead", None, None, None)
+    assert (n0["steps_per_s"], n0["busy"]) == (20.0, 0.25)
+    assert (n1["state"], n1["steps_per_s"]) == ("draining", 5.0)
+    assert (n2["state"], n2["steps_per_s"], n2["busy"], n2["kv_used_tokens"]) == ("dead", None, None, None)
     assert n2["kv_capacity_tokens"] == 1024   # the pool is still known
     assert [(p["in_flight"], p["decode_tokens_per_s"]) for p in f["pipelines"]] == [(3, 50.0), (0, 0.0)]
-    assert f["cluster"]["ttft_p50"] == 0.2 and f["cluster"]["request_rate"] == 0.5
+    assert f["cluster"]["ttft_p50_s"] == 0.2 and f["cluster"]["requests_per_s"] == 0.5
     clock.now += 2.0
     coord.stats["cpu-0"] = stats("cpu-0", steps=4)   # a new process: its counters began again
-    assert v.frame()["nodes"][0]["step_rate"] is None
+    assert v.frame()["nodes"][0]["steps_per_s"] is None
 
 
 def test_links_between_regions_carry_the_bytes_sent_across_them():
@@ -157,7 +157,7 @@ def test_a_link_between_regions_counts_the_node_pairs_the_plan_joins_or_that_sen
 def test_events_reach_the_frame():
     v, coord, _ = view()
     coord.events.record("failure", "cpu-2 is dead (was suspect)")
-    assert v.frame()["events"] == [{"time": 1000.0, "kind": "failure",
+    assert v.frame()["events"] == [{"time_s": 1000.0, "kind": "failure",
                                     "detail": "cpu-2 is dead (was suspect)"}]
 
 
@@ -166,7 +166,7 @@ def test_a_frame_right_after_another_has_no_rate_rather_than_a_wild_one():
     v.frame()
     clock.now += 1e-3
     coord.stats["cpu-0"] = stats("cpu-0", steps=1)
-    assert all(n["step_rate"] is None for n in v.frame()["nodes"])
+    assert all(n["steps_per_s"] is None for n in v.frame()["nodes"])
 
 
 def test_after_a_gap_in_polling_the_first_frame_has_no_rate_rather_than_the_gaps_average():
@@ -176,11 +176,11 @@ def test_after_a_gap_in_polling_the_first_frame_has_no_rate_rather_than_the_gaps
     coord.stats["cpu-0"] = stats("cpu-0", steps=36000, step_s=1800.0)
     coord.tokens = {("cpu-0", "cpu-1"): 360000}
     f = v.frame()
-    assert f["nodes"][0]["step_rate"] is None and f["nodes"][0]["busy"] is None
+    assert f["nodes"][0]["steps_per_s"] is None and f["nodes"][0]["busy"] is None
     assert all(p["decode_tokens_per_s"] is None for p in f["pipelines"])
     clock.now += RATE_S              # the next frame's rate is over the last RATE_S only
     coord.stats["cpu-0"] = stats("cpu-0", steps=36010, step_s=1801.0)
-    assert v.frame()["nodes"][0]["step_rate"] == 5.0
+    assert v.frame()["nodes"][0]["steps_per_s"] == 5.0
 
 
 @dataclass
@@ -227,4 +227,4 @@ def test_latency_percentiles_sort_each_window_once_and_outside_the_lock_tokens_t
     monkeypatch.setattr(planner.live_view, "sorted", spy, raising=False)
     c = lat.cluster(clock())
     assert held == [False, False]   # one sort per window, next_token never waits for one
-    assert (c["ttft_p50"], c["tpot_p50"]) == (pytest.approx(0.4995), pytest.approx(0.04995))
+    assert (c["ttft_p50_s"], c["tpot_p50_s"]) == (pytest.approx(0.4995), pytest.approx(0.04995))

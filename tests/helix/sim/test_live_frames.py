@@ -65,16 +65,16 @@ def test_html_page_embeds_well_formed_frames_and_shows_a_failed_node_dead(plan_f
     assert "<title>single24: hand+helix (offline), simulated</title>" in text
     assert "http://" not in text and "https://" not in text   # nothing to fetch: works offline
     frames = _frames_of(page)
-    assert [f["time"] for f in frames] == [float(t) for t in range(21)]
+    assert [f["time_s"] for f in frames] == [float(t) for t in range(21)]
     for f in frames:
-        assert check_frame(f) == [], f["time"]
-    assert {_node(f, "l4-3")["state"] for f in frames if f["time"] <= 8} == {"serving"}
-    later = [f for f in frames if f["time"] >= 9]
+        assert check_frame(f) == [], f["time_s"]
+    assert {_node(f, "l4-3")["state"] for f in frames if f["time_s"] <= 8} == {"serving"}
+    later = [f for f in frames if f["time_s"] >= 9]
     assert {_node(f, "l4-3")["state"] for f in later} == {"dead"}
     assert all(_node(f, "l4-3")["kv_used_tokens"] is None for f in later)   # it does not answer
     assert all(any(e["kind"] == "failure" and "l4-3" in e["detail"] for e in f["events"])
                for f in later)
-    assert not any(f["events"] for f in frames if f["time"] <= 8)
+    assert not any(f["events"] for f in frames if f["time_s"] <= 8)
     # Its pipeline carries nothing once it is dead; the requests went elsewhere.
     dead_path = [p for p in frames[-1]["pipelines"] if "l4-3" in p["nodes"]]
     assert dead_path and all(p["in_flight"] == 0 and p["decode_tokens_per_s"] == 0
@@ -88,7 +88,7 @@ def test_a_drained_node_reads_draining_and_a_late_one_joining(plan_file, tmp_pat
                  "--drain", "a100-1@5", "--join", "l4-6@3", "--html", str(page),
                  "--html-every", "2"]) == 0
     frames = _frames_of(page)
-    assert [f["time"] for f in frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+    assert [f["time_s"] for f in frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     assert [_node(f, "a100-1")["state"] for f in frames] == ["serving"] * 3 + ["draining"] * 4
     assert [_node(f, "l4-6")["state"] for f in frames] == ["joining"] * 2 + ["serving"] * 5
     assert [e["kind"] for e in frames[-1]["events"]] == ["join", "drain"]
@@ -133,7 +133,7 @@ def test_figures_add_up_to_the_run(spec, plan):
     streamed = sum(p["decode_tokens_per_s"] for f in frames for p in f["pipelines"])   # 1 s apart
     # Requests that start and finish between two frames are in no pipeline's figure.
     assert 0.9 * result.tokens_generated <= streamed <= result.tokens_generated
-    steps = sum(n["step_rate"] for f in frames for n in f["nodes"])
+    steps = sum(n["steps_per_s"] for f in frames for n in f["nodes"])
     assert steps == pytest.approx(sum(w.num_steps for w in sim.workers.values()))
     last = frames[-1]
     for n in last["nodes"]:
@@ -141,8 +141,8 @@ def test_figures_add_up_to_the_run(spec, plan):
         assert n["requests"] == len(w.requests)
         assert 0 <= n["kv_used_tokens"] <= n["kv_capacity_tokens"] == w.kv_capacity_tokens
         assert 0 <= n["busy"] <= 1
-    assert last["cluster"]["request_rate"] == pytest.approx(result.requests_completed / 30, abs=1e-3)
-    assert last["cluster"]["ttft_p50"] <= last["cluster"]["ttft_p99"]
+    assert last["cluster"]["requests_per_s"] == pytest.approx(result.requests_completed / 30, abs=1e-3)
+    assert last["cluster"]["ttft_p50_s"] <= last["cluster"]["ttft_p99_s"]
     assert last["links"] == []   # one region
 
 
@@ -177,7 +177,7 @@ def test_frame_times_are_multiples_of_the_period_without_drift(spec, plan):
     recorder = FrameRecorder(sim, spec, plan, period_s=0.1)
     sim.run()
     # A running sum drifts: ten additions of 0.1 make 0.9999999999999999, not 1.0.
-    assert [f["time"] for f in recorder.frames] == [k * 0.1 for k in range(31)]
+    assert [f["time_s"] for f in recorder.frames] == [k * 0.1 for k in range(31)]
 
 
 def test_past_max_frames_every_other_frame_goes_and_the_period_doubles(spec, plan):
@@ -185,5 +185,5 @@ def test_past_max_frames_every_other_frame_goes_and_the_period_doubles(spec, pla
     recorder = FrameRecorder(sim, spec, plan, period_s=0.5, max_frames=8)
     sim.run()
     assert recorder.period_s == 2.0
-    assert [f["time"] for f in recorder.frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert [f["time_s"] for f in recorder.frames] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert all(check_frame(f) == [] for f in recorder.frames)
