@@ -65,8 +65,9 @@ def quantile(values, q: float) -> float | None:
 
 class RecentWindow:
     """Timed samples of the last ``window_s`` seconds (at most ``max_samples``): their quantiles
-    and their count per second. Times are given, never read from a clock, so the simulator and the
-    live server feed it alike. Not thread-safe: its owner locks."""
+    and their count per second. Times are given, never read from a clock (the live server's
+    :class:`~helix.server.live.RecentLatencies` passes its own, a test a stand-in's; the simulator
+    keeps its samples in arrays of its own). Not thread-safe: its owner locks."""
 
     def __init__(self, start_s: float, window_s: float = WINDOW_S, max_samples: int = 20_000) -> None:
         """``start_s``: when counting began (a rate over a shorter time than the window is over
