@@ -141,11 +141,12 @@ class Draining:
 
     def undrain(self, node: str) -> NodeStatus:
         """Put a draining or drained ``node`` back into routing (a no-op for a node that takes
-        requests). Raises :class:`UnknownNode`."""
+        requests: no event is recorded). Raises :class:`UnknownNode`."""
         self._check_node(node)
         client = self.clients[node]
         self._tell_worker(client, node, False)
         with self._lock:
+            was_draining = node in self.draining_nodes()
             self.drains.since_s.pop(node, None)
             self.drains.undrained_s[node] = time.monotonic()
             s = self.stats[node]
@@ -155,8 +156,9 @@ class Draining:
                 self.scheduler.kv.observe(node, s.kv_used_token_layers)
             self._reflow()
             self._admit_waiting()
-        self.events.record("undrain", f"{node} takes requests again")
-        log.warning("coordinator: node %s takes requests again", node)
+        if was_draining:
+            self.events.record("undrain", f"{node} takes requests again")
+            log.warning("coordinator: node %s takes requests again", node)
         return self.node_status(node)
 
     @staticmethod

@@ -20,7 +20,7 @@ MAX_EVENTS = 2000
 
 KINDS = {
     "failure": "failure",          # a node stopped answering (suspect) or was declared dead
-    "return": "join",              # a failed node serves again
+    "return": "return",            # a failed node serves again
     "join": "join",                # a node the plan lacks registered to join
     "restart": "restart",          # a new worker process registered for a plan node
     "lost": "lost",                # a dead node whose worker cannot be restarted
@@ -37,10 +37,10 @@ the live view colours). The log counts each of these since start: the ``kind`` l
 
 @dataclass(frozen=True)
 class ClusterEvent:
-    """One change: ``time`` in unix seconds, ``kind`` the frame's (``cluster_frame.EVENT_KINDS``),
+    """One change: ``time_s`` in unix seconds, ``kind`` the frame's (``cluster_frame.EVENT_KINDS``),
     ``detail`` a line for people (``cpu-2 is dead (was suspect)``)."""
 
-    time: float
+    time_s: float
     kind: str
     detail: str
 
@@ -77,6 +77,6 @@ class EventLog:
         """The events of the last :data:`KEEP_S` seconds, oldest first."""
         since = self._clock() - KEEP_S
         with self._lock:
-            while self._events and self._events[0].time < since:
+            while self._events and self._events[0].time_s < since:
                 self._events.popleft()
             return list(self._events)

@@ -3,7 +3,8 @@ its checker, and the page that draws frames.
 
 A *frame* (``helix.cluster/1``, :mod:`helix.core.cluster_frame`) is one JSON object: the nodes with
 their layers, state, busy fraction, KV use and requests; the pipelines with their requests in flight
-and decode tokens/s; the links between regions with their bytes/s against their bandwidth; the
+and decode tokens/s; the links between regions with their bytes/s against their bandwidth (one pair of nodes' link
+times the pairs of nodes that use it); the
 cluster's request rate and latency percentiles over the last minute; the events of the last hour.
 Figures are SI (seconds, bytes/s, tokens/s); one that is not known is ``null``.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import deque
 from html import escape
 from importlib import resources
@@ -41,21 +43,31 @@ def plan_pipelines(plan: Plan, limit: int = MAX_PIPELINES) -> list[tuple[str, ..
     return [p.nodes for p in paths[:limit]]
 
 
-def quantile(values, q: float) -> float | None:
-    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; None when empty."""
+def quantiles(values, qs=(0.5, 0.99)) -> list[float | None]:
+    """The ``qs`` quantiles (each 0..1) of ``values`` by linear interpolation, sorting them once;
+    None each when empty."""
     xs = sorted(values)
     if not xs:
-        return None
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+        return [None for _ in qs]
+    out = []
+    for q in qs:
+        pos = q * (len(xs) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out.append(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+    return out
+
+
+def quantile(values, q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation; None when empty."""
+    return quantiles(values, (q,))[0]
 
 
 class RecentWindow:
     """Timed samples of the last ``window_s`` seconds (at most ``max_samples``): their quantiles
-    and their count per second. Times are given, never read from a clock, so the simulator and the
-    live server feed it alike. Not thread-safe: its owner locks."""
+    and their count per second. Times are given, never read from a clock (the live server's
+    :class:`~helix.server.live.RecentLatencies` passes its own, a test a stand-in's; the simulator
+    keeps its samples in arrays of its own). Not thread-safe: its owner locks."""
 
     def __init__(self, start_s: float, window_s: float = WINDOW_S, max_samples: int = 20_000) -> None:
         """``start_s``: when counting began (a rate over a shorter time than the window is over
@@ -72,10 +84,13 @@ class RecentWindow:
         while self._samples and self._samples[0][0] < since:
             self._samples.popleft()
 
-    def quantiles(self, now_s: float, qs=(0.5, 0.99)) -> list[float | None]:
+    def values(self, now_s: float) -> list[float]:
+        """A copy of the window's values at ``now_s`` (quantiles of it need no lock)."""
         self._trim(now_s)
-        values = [v for _, v in self._samples]
-        return [quantile(values, q) for q in qs]
+        return [v for _, v in self._samples]
+
+    def quantiles(self, now_s: float, qs=(0.5, 0.99)) -> list[float | None]:
+        return quantiles(self.values(now_s), qs)
 
     def rate(self, now_s: float) -> float:
         """Samples per second over the window (or since ``start_s``, when that is shorter)."""
@@ -87,16 +102,17 @@ class RecentWindow:
 # --- the frame's shape ----------------------------------------------------------------------------
 _NUM = (int, float)
 _NODE_KEYS = {"name": str, "gpu": str, "region": str, "layers": "layers", "state": NODE_STATES,
-              "step_rate": _NUM, "busy": _NUM, "kv_used_tokens": int, "kv_capacity_tokens": int,
+              "steps_per_s": _NUM, "busy": _NUM, "kv_used_tokens": int, "kv_capacity_tokens": int,
               "requests": int}
 _PIPELINE_KEYS = {"id": str, "nodes": list, "in_flight": int, "decode_tokens_per_s": _NUM}
-_LINK_KEYS = {"from_region": str, "to_region": str, "bytes_per_s": _NUM, "bandwidth_bytes_per_s": _NUM}
-_CLUSTER_KEYS = {"request_rate": _NUM, "ttft_p50": _NUM, "ttft_p99": _NUM, "tpot_p50": _NUM,
-                 "tpot_p99": _NUM, "window_s": _NUM}
-_EVENT_KEYS = {"time": _NUM, "kind": EVENT_KINDS, "detail": str}
-_NULLABLE = {"layers", "step_rate", "busy", "kv_used_tokens", "kv_capacity_tokens", "requests",
-             "decode_tokens_per_s", "bytes_per_s", "bandwidth_bytes_per_s", "request_rate",
-             "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"}
+_LINK_KEYS = {"from_region": str, "to_region": str, "bytes_per_s": _NUM, "node_pairs": int,
+              "bandwidth_bytes_per_s": _NUM}
+_CLUSTER_KEYS = {"requests_per_s": _NUM, "ttft_p50_s": _NUM, "ttft_p99_s": _NUM, "tpot_p50_s": _NUM,
+                 "tpot_p99_s": _NUM, "window_s": _NUM}
+_EVENT_KEYS = {"time_s": _NUM, "kind": EVENT_KINDS, "detail": str}
+_NULLABLE = {"layers", "steps_per_s", "busy", "kv_used_tokens", "kv_capacity_tokens", "requests",
+             "decode_tokens_per_s", "bytes_per_s", "bandwidth_bytes_per_s", "requests_per_s",
+             "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"}
 
 
 def _check_object(obj, keys: dict, where: str, problems: list[str]) -> None:
@@ -128,7 +144,7 @@ def check_frame(frame) -> list[str]:
     """What is wrong with ``frame`` (every key, its type, the states and kinds named), one line per
     problem; empty when it is a well-formed ``helix.cluster/1`` frame."""
     problems: list[str] = []
-    top = {"schema": str, "time": _NUM, "model": str, "nodes": list, "pipelines": list,
+    top = {"schema": str, "time_s": _NUM, "model": str, "nodes": list, "pipelines": list,
            "links": list, "cluster": dict, "events": list}
     _check_object(frame, top, "frame", problems)
     if problems:
@@ -159,14 +175,59 @@ def _template() -> str:
     return resources.files("planner").joinpath("live_view.html").read_text(encoding="utf-8")
 
 
+def _pack(frames: list[dict]) -> dict:
+    """``frames`` with their events once: ``{"events": [...], "frames": [...]}``, each frame's
+    ``events`` a half-open ``[from, to]`` range of the shared list where its events are a run of
+    it (they are, when events come oldest first and a frame holds those of a window of time), else
+    its own list. A replay's frames each repeat the hour of events before them."""
+    shared: list[dict] = []
+    index: dict[tuple, int] = {}
+    packed = []
+    for f in frames:
+        ids = []
+        for e in f["events"]:
+            key = (e["time_s"], e["kind"], e["detail"])
+            if key not in index:
+                index[key] = len(shared)
+                shared.append(e)
+            ids.append(index[key])
+        run = bool(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
+        packed.append({**f, "events": [ids[0], ids[0] + len(ids)] if run else f["events"]})
+    return {"events": shared, "frames": packed}
+
+
+def _unpack(data: dict) -> list[dict]:
+    shared = data["events"]
+
+    def events(span: list):
+        if len(span) == 2 and all(isinstance(x, int) for x in span):
+            return shared[span[0]:span[1]]
+        return span
+
+    return [{**f, "events": events(f["events"])} for f in data["frames"]]
+
+
+_EMBEDDED = re.compile(r'<script id="helix-frames" type="application/json">(.*?)</script>', re.DOTALL)
+
+
+def embedded_frames(page: str) -> list[dict]:
+    """The frames a replay page (:func:`render_page`) embeds, as they were given; [] for a live
+    page."""
+    found = _EMBEDDED.search(page)
+    return [] if found is None else _unpack(json.loads(found.group(1)))
+
+
 def render_page(frames: list | None, title: str) -> str:
     """The whole HTML document. ``frames`` None: the page polls ``/v1/cluster`` of its own origin
     once a second; a list of frames (oldest first): it embeds them (in ``<script
-    id="helix-frames" type="application/json">``) and shows a time slider over them instead."""
+    id="helix-frames" type="application/json">``, their events once: :func:`embedded_frames`
+    reads them back) and shows a time slider over them instead."""
     data = ""
     if frames is not None:
-        text = json.dumps(frames, separators=(",", ":"), allow_nan=False)
-        # Inside <script> only "</" could end the element early; "\/" is the same JSON string.
+        text = json.dumps(_pack(frames), separators=(",", ":"), allow_nan=False)
+        # Inside <script>, "</script" ends the element, and "<!--" then "<script" puts the parser
+        # in a state where the real "</script>" does not: no "<" at all ("\u003c" is the same JSON
+        # string; "<" appears only inside strings).
         data = ('<script id="helix-frames" type="application/json">'
-                + text.replace("</", "<\\/") + "</script>")
+                + text.replace("<", "\\u003c") + "</script>")
     return _template().replace("{{TITLE}}", escape(title)).replace("{{FRAMES}}", data)

@@ -99,7 +99,8 @@ def simulate(
                                         "over simulated time with a slider (nodes and their state, "
                                         "pipelines, links, latencies, failures)."),
     html_every: float = typer.Option(1.0, "--html-every", help="With --html: simulated seconds "
-                                     "between two frames of the page."),
+                                     "between two frames of the page (>= 0.1; at most 5,000 frames: "
+                                     "with --duration 0 the period doubles as needed)."),
     replan: bool = typer.Option(False, "--replan", help="Re-plan during the run as helix serve's "
                                 "trigger would (planner.trigger): at once when a node joins "
                                 "(--join: it may hold no layers in the plan) or is drained for good "
@@ -194,8 +195,8 @@ def simulate(
     load_azure_trace(resolve_trace(trace), max_prompt, max_output)
     if html is not None and compare_all:
         raise HelixUserError("--html shows one run, not --compare")
-    if not (math.isfinite(html_every) and html_every > 0):
-        raise HelixUserError(f"--html-every must be > 0 seconds and finite, got {html_every:g}")
+    if html is not None:
+        _check_html_every(html_every, duration)
     if compare_all and (drain or join or replan):
         raise HelixUserError("--drain and --join run with one plan, not with --compare (so does "
                              "--replan)")
@@ -205,6 +206,19 @@ def simulate(
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
                     json_out, event_log, (html, html_every))
+
+
+def _check_html_every(every_s: float, duration_s: float) -> None:
+    """One line when ``--html-every`` is too short, or gives more frames than a page holds."""
+    from helix.sim.live_frames import MAX_FRAMES, MIN_PERIOD_S, frame_count
+    if not (math.isfinite(every_s) and every_s >= MIN_PERIOD_S):
+        raise HelixUserError(f"--html-every must be >= {MIN_PERIOD_S:g} seconds and finite, got "
+                             f"{every_s:g}")
+    if duration_s and frame_count(duration_s, every_s) > MAX_FRAMES:
+        least = duration_s / (MAX_FRAMES - 1)
+        raise HelixUserError(f"--html-every {every_s:g} over --duration {duration_s:g} makes "
+                             f"{frame_count(duration_s, every_s)} frames; a page holds at most "
+                             f"{MAX_FRAMES}: use --html-every {math.ceil(least * 100) / 100:g} or more")
 
 
 def _task_mix(tasks: int, skew: str, rank: int, replicas: int | None):

@@ -13,8 +13,9 @@ short while), ``dead`` (no answer past the health limit), ``draining`` (takes no
 emptied one too), ``joining`` (registered, not placed yet), ``lost`` (dead, and its worker cannot be
 restarted)."""
 
-EVENT_KINDS = ("replan", "failure", "restart", "lost", "drain", "join")
-"""What an event in a frame's timeline says happened."""
+EVENT_KINDS = ("replan", "failure", "return", "restart", "lost", "drain", "join")
+"""What an event in a frame's timeline says happened: ``return``, a failed node serves again (live
+and simulated alike); ``restart``, a new worker process registered for a plan node."""
 
 WINDOW_S = 60.0
 """The frame's cluster figures (request rate, latency percentiles) are over this many seconds."""

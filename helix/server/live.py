@@ -6,13 +6,15 @@ worker's last stats (KV blocks, step counters, bytes sent to each peer), the req
 pipeline and the tokens each produced, and its event log (:mod:`coordinator.events`); latencies come
 from :class:`RecentLatencies`, fed by the same observer hooks as ``/metrics``. Rates (steps/s, busy
 fraction, decode tokens/s, bytes/s) are counter differences over the last :data:`RATE_S` seconds
-of frames, so they are null in the first frame and for a node whose worker restarted since.
+of frames, so they are null in the first frame, in the first after a gap of more than
+:data:`RATE_STALE_S` between frames, and for a node whose worker restarted since.
 Without the cluster spec (``--cluster``) nodes have no GPU kind or region (``unknown``) and no link
 between regions is known.
 
 ``/v1/cluster`` is guarded like every ``/v1`` route (``--api-key``); the page holds no data and is
-open: it sends the key it is given (``/dashboard?key=...``, kept in the tab's session storage, or
-typed when the server answers 401).
+open: it sends the key it is given (``/dashboard#key=...``: in the fragment, which no request
+carries, so it stays out of access logs; kept in the tab's session storage, or typed when the
+server answers 401).
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ from fastapi.responses import HTMLResponse
 from helix.core.cluster_frame import SCHEMA, WINDOW_S
 from helix.core.plan import COORDINATOR
 from helix.core.spec import ClusterSpec
-from planner.live_view import RecentWindow, pipeline_id, plan_pipelines, render_page
+from planner.live_view import RecentWindow, pipeline_id, plan_pipelines, quantiles, render_page
 
 RATE_S = 2.0
 """Rates in a frame are over (at least) this many seconds of counters, when frames are that old."""
+RATE_STALE_S = 3 * RATE_S
+"""...and over at most this many: after a longer gap between frames (nobody polled), a rate would
+be the gap's average, not the current one, so the frame after it has none."""
 UNKNOWN = "unknown"
 _STATE = {"ok": "serving", "drained": "draining"}   # NodeStatus states -> frame states
 _ANSWERS = ("serving", "draining")                  # states whose worker's figures are current
+# Joins (server.elastic.JoinStatus states) whose registered worker waits for layers: the frame lists
+# the node as ``joining``. ``idle``: the re-plan kept the running placement; the node stays
+# registered, unplaced, as a simulated node that joined does until a re-plan gives it layers.
+_WAITING_JOINS = ("planning", "applying", "idle")
 
 
 class RecentLatencies:
@@ -63,12 +72,14 @@ class RecentLatencies:
 
     def cluster(self, now_s: float) -> dict:
         """The frame's ``cluster`` object at ``now_s``."""
+        # Copied under the lock, sorted outside it: next_token (every token streamed) takes it.
         with self._lock:
-            ttft50, ttft99 = self.ttft.quantiles(now_s)
-            tpot50, tpot99 = self.tpot.quantiles(now_s)
-            return {"request_rate": self.finished_requests.rate(now_s), "ttft_p50": ttft50,
-                    "ttft_p99": ttft99, "tpot_p50": tpot50, "tpot_p99": tpot99,
-                    "window_s": WINDOW_S}
+            ttft, tpot = self.ttft.values(now_s), self.tpot.values(now_s)
+            rate = self.finished_requests.rate(now_s)
+        ttft50, ttft99 = quantiles(ttft)
+        tpot50, tpot99 = quantiles(tpot)
+        return {"requests_per_s": rate, "ttft_p50_s": ttft50, "ttft_p99_s": ttft99, "tpot_p50_s": tpot50,
+                "tpot_p99_s": tpot99, "window_s": WINDOW_S}
 
 
 @dataclass
@@ -146,12 +157,16 @@ class ClusterView:
 
     def _base(self, now: _Counters) -> _Counters | None:
         """The latest counters at least :data:`RATE_S` old (else the oldest), after recording
-        ``now``; None when there are none before ``now``."""
+        ``now``; None when there are none before ``now``, or only ones older than
+        :data:`RATE_STALE_S`."""
         with self._lock:
             self._history.append(now)
             while len(self._history) > 1 and self._history[1].time_s <= now.time_s - RATE_S:
                 self._history.popleft()
             base = self._history[0]
+            if now.time_s - base.time_s > RATE_STALE_S:
+                self._history.popleft()
+                return None
         return base if now.time_s - base.time_s > 0.05 else None
 
     # --- the frame --------------------------------------------------------------------------------
@@ -163,7 +178,7 @@ class ClusterView:
         base = self._base(now)
         dt = now_s - base.time_s if base is not None else None
         nodes = self._nodes(c, now, base, dt)
-        return {"schema": SCHEMA, "time": now_s, "model": self.model_name, "nodes": nodes,
+        return {"schema": SCHEMA, "time_s": now_s, "model": self.model_name, "nodes": nodes,
                 "pipelines": self._pipelines(c, now, base, dt), "links": self._links(c, now, base, dt),
                 "cluster": self.latencies.cluster(now_s),
                 "events": [e.to_dict() for e in c.events.recent()]}
@@ -175,23 +190,23 @@ class ClusterView:
             state = _STATE.get(st.state, st.state)
             s = stats.get(st.node)
             answers = state in _ANSWERS and s is not None
-            step_rate = busy = None
+            steps_per_s = busy = None
             if answers and base is not None:
-                step_rate = _rate(now.steps, base.steps, st.node, dt)
+                steps_per_s = _rate(now.steps, base.steps, st.node, dt)
                 busy = _rate(now.step_s, base.step_s, st.node, dt)
                 busy = None if busy is None else min(1.0, busy)
             block = s.block_size_tokens if s is not None else 0
             rows.append({"name": st.node, "gpu": self._gpu(st.node), "region": self._region(st.node),
-                         "layers": [st.start, st.end], "state": state, "step_rate": step_rate,
+                         "layers": [st.start, st.end], "state": state, "steps_per_s": steps_per_s,
                          "busy": busy, "kv_used_tokens": s.kv_blocks_used * block if answers else None,
                          "kv_capacity_tokens": s.kv_blocks_total * block if s is not None else None,
                          "requests": st.requests})
         placed = {r["name"] for r in rows}
         joins = list(self.elastic.joins.values()) if self.elastic is not None else []
         for j in joins:
-            if j.node not in placed and j.state in ("planning", "applying"):
+            if j.node not in placed and j.state in _WAITING_JOINS:
                 rows.append({"name": j.node, "gpu": self._gpu(j.node), "region": self._region(j.node),
-                             "layers": None, "state": "joining", "step_rate": None, "busy": None,
+                             "layers": None, "state": "joining", "steps_per_s": None, "busy": None,
                              "kv_used_tokens": None, "kv_capacity_tokens": None, "requests": 0})
         return rows
 
@@ -207,12 +222,17 @@ class ClusterView:
 
     def _links(self, c, now: _Counters, base: _Counters | None, dt: float | None) -> list[dict]:
         """Each ordered pair of regions that the plan's flows cross, with the data plane's bytes/s
-        between them and the spec's bandwidth."""
+        between them, the pairs of nodes (the coordinator one of them) that the plan's flows join
+        across them or that sent across them since the base, and the spec's bandwidth of one
+        such pair's link."""
         if self.cluster is None:
             return []
-        pairs = list(dict.fromkeys((self._region(a.src), self._region(a.dst)) for a in c.plan.arc_flows
-                                   if a.flow_tokens_per_s > 0))
-        pairs = [(ra, rb) for ra, rb in pairs if ra != rb and UNKNOWN not in (ra, rb)]
+        node_pairs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for a in c.plan.arc_flows:
+            if a.flow_tokens_per_s > 0:
+                key = (self._region(a.src), self._region(a.dst))
+                node_pairs.setdefault(key, set()).add((a.src, a.dst))
+        pairs = [(ra, rb) for ra, rb in node_pairs if ra != rb and UNKNOWN not in (ra, rb)]
         sent: dict[tuple[str, str], float] = {}
         if base is not None:
             for src, peer in now.bytes_to:
@@ -220,11 +240,14 @@ class ClusterView:
                 key = (self._region(src), self._region(peer))
                 if grew is not None:
                     sent[key] = sent.get(key, 0.0) + grew
+                    if grew > 0:
+                        node_pairs.setdefault(key, set()).add((src, peer))
         out = []
         for ra, rb in pairs:
             link = self.cluster.region_link(ra, rb)
             out.append({"from_region": ra, "to_region": rb,
                         "bytes_per_s": sent.get((ra, rb), 0.0) if base is not None else None,
+                        "node_pairs": len(node_pairs[ra, rb]),
                         "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s if link else None})
         return out
 

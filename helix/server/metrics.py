@@ -10,6 +10,8 @@ several servers (tests) can live in one process.
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coordinator.events import KINDS as EVENT_KINDS
@@ -81,6 +83,10 @@ class ServingMetrics:
                                    "for a pipeline now (sized from the restart time and the "
                                    "capacity serving).")
         self._preemptions_seen: dict[str, int] = {}
+        # Counters fed from the coordinator's absolute counts grow by the difference since the last
+        # scrape; concurrent scrapes read and add under this lock, or a slower one adds a negative
+        # difference (an error) or counts a difference twice.
+        self._delta_lock = threading.Lock()
         self.cluster_events = Counter("helix:cluster_events", "Cluster events by kind, as the "
                                       "coordinator's event log records them: "
                                       + ", ".join(EVENT_KINDS) + ".", m + ["kind"], registry=r)
@@ -119,14 +125,16 @@ class ServingMetrics:
 
     def _count_preemptions(self, stats) -> None:
         """Add each worker's new preemptions since the last scrape; a worker whose count went down
-        restarted, so all of its count is new. A node that stopped answering keeps its last count."""
+        restarted, so all of its count is new. A node that stopped answering keeps its last count.
+        The caller holds ``_delta_lock`` from reading ``stats`` on."""
         for node, s in stats.items():
             now, seen = s.num_preemptions_total, self._preemptions_seen.get(node, 0)
             self.preemptions.inc(now - seen if now >= seen else now)
             self._preemptions_seen[node] = now
 
     def _count_events(self, counts: dict[str, int]) -> None:
-        """Add the event log's new events of each kind since the last scrape."""
+        """Add the event log's new events of each kind since the last scrape. The caller holds
+        ``_delta_lock`` from reading ``counts`` on."""
         for kind, n in counts.items():
             self.cluster_events.labels(self.model_name, kind).inc(n - self._events_seen.get(kind, 0))
             self._events_seen[kind] = n
@@ -146,7 +154,9 @@ class ServingMetrics:
         m = self.model_name
         self.running.set(coordinator.num_running)
         self.waiting.set(coordinator.num_waiting)
-        self._count_preemptions(dict(coordinator.stats))
+        with self._delta_lock:
+            self._count_preemptions(dict(coordinator.stats))
+            self._count_events(coordinator.events.counts())
         states = coordinator.node_states()
         for node, frac in coordinator.kv_usage_fraction().items():
             # A node that does not answer has no known KV use: its series is dropped, not frozen.
@@ -166,5 +176,4 @@ class ServingMetrics:
         self._adapter_caches(dict(coordinator.stats))
         self.requests_moved.set(coordinator.requests_moved)
         self.moved_prefill_tokens.set(coordinator.moved_prefill_tokens)
-        self._count_events(coordinator.events.counts())
         return generate_latest(self.registry)

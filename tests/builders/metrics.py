@@ -9,6 +9,12 @@ from helix.net.stats import WorkerStats
 from helix.server.metrics import ServingMetrics
 
 
+def worker_stats(node: str, preemptions: int = 0) -> WorkerStats:
+    """A worker's stats reply with ``preemptions`` counted since it started."""
+    return WorkerStats(node, True, 0, 2, 10, 0, 16, "float32", 8, 0, 0, 0, 1, 0.0, None, None, False,
+                       num_preemptions_total=preemptions)
+
+
 class StubCoordinator:
     """Two nodes, one of them dead, and a real (empty) event log."""
 
@@ -17,8 +23,7 @@ class StubCoordinator:
 
     def __init__(self) -> None:
         self.restarts = Counter({"n0": 0, "n1": 1})
-        self.stats = {"n0": WorkerStats("n0", True, 0, 2, 10, 0, 16, "float32", 8, 0, 0, 0, 1, 0.0,
-                                        None, None, False, num_preemptions_total=0)}
+        self.stats = {"n0": worker_stats("n0")}
         self.events = EventLog()
 
     def node_states(self):

@@ -22,8 +22,8 @@ def test_events_are_kept_an_hour_oldest_first():
     log.record("failure", "cpu-2 is dead (was suspect)")
     clock.now += KEEP_S / 2
     log.record("drain", "cpu-3 drains")
-    assert [(e.time, e.kind) for e in log.recent()] == [(1000.0, "failure"), (1000.0 + KEEP_S / 2, "drain")]
-    assert log.recent()[0].to_dict() == {"time": 1000.0, "kind": "failure",
+    assert [(e.time_s, e.kind) for e in log.recent()] == [(1000.0, "failure"), (1000.0 + KEEP_S / 2, "drain")]
+    assert log.recent()[0].to_dict() == {"time_s": 1000.0, "kind": "failure",
                                          "detail": "cpu-2 is dead (was suspect)"}
     clock.now += KEEP_S / 2 + 1
     assert [e.kind for e in log.recent()] == ["drain"]
@@ -47,7 +47,8 @@ def test_each_kind_is_counted_and_the_frame_gets_its_coarse_kind():
     log.record("replan_decided", "re-plan (drift): adopted")
     log.record("replan_applied", "new plan applied in 3.0 s")
     log.record("undrain", "cpu-3 takes requests again")
-    assert [e.kind for e in log.recent()] == ["replan", "replan", "drain"]
+    log.record("return", "cpu-2 is serving again (was dead)")
+    assert [e.kind for e in log.recent()] == ["replan", "replan", "drain", "return"]
     counts = log.counts()
     assert counts["replan_decided"] == counts["replan_applied"] == counts["undrain"] == 1
-    assert sum(counts.values()) == 3
+    assert sum(counts.values()) == 4

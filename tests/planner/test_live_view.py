@@ -13,26 +13,27 @@ import tomllib
 import pytest
 
 from helix.core.cluster_frame import SCHEMA
-from planner.live_view import RecentWindow, check_frame, pipeline_id, quantile, render_page
+from planner.live_view import (RecentWindow, check_frame, embedded_frames, pipeline_id, quantile,
+                               render_page)
 from tests.conftest import REPO_ROOT
 
 
 def frame(time_s: float = 100.0, state: str = "serving") -> dict:
     """A small well-formed frame: two nodes in two regions, one pipeline, one link, one event."""
     return {
-        "schema": SCHEMA, "time": time_s, "model": "tiny",
+        "schema": SCHEMA, "time_s": time_s, "model": "tiny",
         "nodes": [{"name": "a", "gpu": "L4", "region": "us", "layers": [0, 4], "state": "serving",
-                   "step_rate": 12.5, "busy": 0.4, "kv_used_tokens": 64, "kv_capacity_tokens": 1024,
+                   "steps_per_s": 12.5, "busy": 0.4, "kv_used_tokens": 64, "kv_capacity_tokens": 1024,
                    "requests": 2},
                   {"name": "b", "gpu": "A100-40G", "region": "eu", "layers": [4, 8], "state": state,
-                   "step_rate": None, "busy": None, "kv_used_tokens": None,
+                   "steps_per_s": None, "busy": None, "kv_used_tokens": None,
                    "kv_capacity_tokens": 2048, "requests": 0}],
         "pipelines": [{"id": "a>b", "nodes": ["a", "b"], "in_flight": 2, "decode_tokens_per_s": 30.0}],
         "links": [{"from_region": "us", "to_region": "eu", "bytes_per_s": 1.5e6,
-                   "bandwidth_bytes_per_s": 1.25e7}],
-        "cluster": {"request_rate": 1.5, "ttft_p50": 0.1, "ttft_p99": None, "tpot_p50": 0.02,
-                    "tpot_p99": 0.05, "window_s": 60},
-        "events": [{"time": time_s - 5, "kind": "failure", "detail": "b is dead (was suspect)"}],
+                   "node_pairs": 1, "bandwidth_bytes_per_s": 1.25e7}],
+        "cluster": {"requests_per_s": 1.5, "ttft_p50_s": 0.1, "ttft_p99_s": None, "tpot_p50_s": 0.02,
+                    "tpot_p99_s": 0.05, "window_s": 60},
+        "events": [{"time_s": time_s - 5, "kind": "failure", "detail": "b is dead (was suspect)"}],
     }
 
 
@@ -53,6 +54,7 @@ def test_a_well_formed_frame_has_no_problem():
     (lambda f: f["pipelines"][0].update(nodes=["a", "z"]), "pipelines[0].nodes: ['z'] are not in nodes"),
     (lambda f: f["events"][0].update(kind="boom"), "events[0].kind: 'boom'; known:"),
     (lambda f: f["cluster"].pop("window_s"), "cluster.window_s: missing"),
+    (lambda f: f["links"][0].update(node_pairs=None), "links[0].node_pairs: null"),
 ])
 def test_the_checker_names_what_is_wrong(change, expected):
     f = copy.deepcopy(frame())
@@ -91,11 +93,29 @@ def test_the_live_page_fetches_only_its_own_cluster_endpoint():
 def test_embedded_frames_cannot_end_their_script_element():
     frames = [frame(1.0), frame(2.0, state="dead")]
     frames[1]["events"][0]["detail"] = "</script><script>alert(1)</script>"
+    # An HTML comment opened in a script's text, then "<script": the parser's "double escaped"
+    # state, in which the page's own "</script>" no longer ends the element.
+    frames[0]["nodes"][0]["name"] = "a<!--<script>"
+    frames[0]["pipelines"][0]["nodes"][0] = "a<!--<script>"
     page = render_page(frames, "replay")
     start = page.index('<script id="helix-frames" type="application/json">') + len(
         '<script id="helix-frames" type="application/json">')
     body = page[start:page.index("</script>", start)]
-    assert json.loads(body) == frames
+    assert "<" not in body
+    assert embedded_frames(page) == frames
+    assert "alert" in body
+
+
+def test_a_replay_embeds_each_event_once_and_gives_every_frame_back_as_it_was():
+    frames = [frame(float(t)) for t in range(10, 60)]
+    for i, f in enumerate(frames):   # a growing hour of events, oldest first
+        f["events"] = [{"time_s": float(t), "kind": "drain", "detail": f"event number {t}"}
+                       for t in range(i)]
+    frames[7]["events"] = frames[7]["events"][::-1]   # not a run of the shared list: its own
+    page = render_page(frames, "replay")
+    assert embedded_frames(page) == frames
+    assert page.count("event number 5\"") == 2   # in the shared list, and in frame 7's own
+    assert embedded_frames(render_page(None, "live")) == []
 
 
 def test_the_page_ships_as_package_data():

@@ -33,6 +33,7 @@ from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS, with_kv
 from tests.builders.stack import MODEL_NAME
 from tests.builders.traffic import in_flight_on, until
+from tests.planner.test_live_view import frame as small_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -165,12 +166,12 @@ def test_the_frame_has_every_key_with_its_type(served):
     finally:
         traffic.stop()
     assert check_frame(first) == [] and check_frame(frame) == [], check_frame(frame)
-    assert frame["model"] == MODEL_NAME and frame["time"] > first["time"]
+    assert frame["model"] == MODEL_NAME and frame["time_s"] > first["time_s"]
     assert [(n["name"], n["region"], n["layers"], n["state"]) for n in frame["nodes"]] == [
         ("cpu-0", "us-east", [0, 4], "serving"), ("cpu-1", "us-east", [2, 8], "serving"),
         ("cpu-2", "eu-west", [4, 8], "serving"), ("cpu-3", "eu-west", [4, 8], "serving")]
     assert {n["gpu"] for n in frame["nodes"]} == {"CPU"}
-    assert all(n["kv_capacity_tokens"] >= 4096 and n["step_rate"] > 0 and 0 < n["busy"] <= 1
+    assert all(n["kv_capacity_tokens"] >= 4096 and n["steps_per_s"] > 0 and 0 < n["busy"] <= 1
                for n in frame["nodes"]), frame["nodes"]
     assert [p["id"] for p in frame["pipelines"]] == ["cpu-0>cpu-1", "cpu-0>cpu-2", "cpu-0>cpu-3"]
     assert sum(p["decode_tokens_per_s"] for p in frame["pipelines"]) > 0
@@ -179,8 +180,8 @@ def test_the_frame_has_every_key_with_its_type(served):
     assert links["us-east", "eu-west"]["bandwidth_bytes_per_s"] == 100e6 / 8
     assert links["us-east", "eu-west"]["bytes_per_s"] > 0   # activations from cpu-0 to cpu-2, cpu-3
     c = frame["cluster"]
-    assert c["window_s"] == 60 and c["request_rate"] > 0
-    assert 0 < c["ttft_p50"] <= c["ttft_p99"] and 0 < c["tpot_p50"] <= c["tpot_p99"]
+    assert c["window_s"] == 60 and c["requests_per_s"] > 0
+    assert 0 < c["ttft_p50_s"] <= c["ttft_p99_s"] and 0 < c["tpot_p50_s"] <= c["tpot_p99_s"]
     assert not traffic.failed, traffic.failed[:3]
 
 
@@ -197,9 +198,15 @@ def test_with_an_api_key_the_frame_needs_it_and_the_page_sends_the_one_it_was_gi
     page.fill("#keyinput", API_KEY)
     page.click("#keyform button")
     wait_frames(page, 1)
-    page.goto(keyed + f"/dashboard?key={API_KEY}")   # the key in the address: kept for the tab
+    page.close()
+    # The key in the address's fragment (a new tab: nothing in its session storage): the server
+    # never sees it, the page keeps it for the tab and takes it out of the address bar (the
+    # current history entry; the browser's list of visited pages may still hold it).
+    page, requested = open_page(browser, keyed + f"/dashboard#key={API_KEY}")
     wait_frames(page, 2)
-    assert "key=" not in page.url   # taken out of the address bar (and its history)
+    assert page.text_content("#status") == "live"
+    assert API_KEY not in page.url
+    assert not [u for u in requested if API_KEY in u.split("#")[0]]
     page.screenshot(path=tmp_path / "keyed.png")
     only_own_origin(requested, keyed)
     page.close()
@@ -260,11 +267,11 @@ def test_the_dashboard_shows_a_node_die_and_another_drain(served, browser, tmp_p
 def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
     _, url, _ = served
     frames = [httpx.get(url + "/v1/cluster", timeout=30).json() for _ in range(2)]
-    start = frames[0]["time"]
+    start = frames[0]["time_s"]
     for f in frames:   # a simulated run's times start at 0
-        f["time"] -= start
+        f["time_s"] -= start
         for e in f["events"]:
-            e["time"] -= start
+            e["time_s"] -= start
     frames[0]["nodes"][0]["state"] = "suspect"
     path = tmp_path / "replay.html"
     path.write_text(render_page(frames, "replay"), encoding="utf-8")
@@ -278,4 +285,62 @@ def test_a_replay_shows_its_frames_under_a_slider(served, browser, tmp_path):
     assert node_state(page, "cpu-0") == "suspect"
     page.screenshot(path=tmp_path / "replay.png", full_page=True)
     assert requested == [path.as_uri()]
+    page.close()
+
+
+def open_replay(browser, tmp_path, frames: list[dict]):
+    """The replay page of ``frames`` opened from a file, its last frame drawn; (page, errors)."""
+    path = tmp_path / "replay.html"
+    path.write_text(render_page(frames, "replay"), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 680})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("#replay.shown", timeout=10_000)
+    return page, errors
+
+
+def test_a_link_bar_compares_its_bytes_with_the_bandwidth_of_every_node_pair_on_it(browser, tmp_path):
+    f = small_frame(1.0)
+    f["links"][0].update(bytes_per_s=3e6, bandwidth_bytes_per_s=1e7, node_pairs=3)
+    page, errors = open_replay(browser, tmp_path, [f])
+    row = page.locator('tr[data-link="us>eu"]')
+    assert float(row.get_attribute("data-fraction")) == pytest.approx(0.1)   # 3 MB/s of 3 x 10 MB/s
+    assert "3 \u00d7 10 MB/s" in row.text_content()
+    assert errors == []
+    page.close()
+
+
+def test_a_replay_gives_each_frame_its_events_from_the_list_embedded_once(browser, tmp_path):
+    frames = [small_frame(float(t)) for t in (10, 20, 30)]
+    frames[0]["events"] = []
+    frames[2]["events"] = frames[1]["events"] + [{"time_s": 25.0, "kind": "drain", "detail": "b drains"}]
+    page, errors = open_replay(browser, tmp_path, frames)
+    assert page.eval_on_selector_all(".event", "es => es.map(e => e.dataset.kind)") == ["drain", "failure"]
+    page.fill("#slider", "0")
+    page.dispatch_event("#slider", "input")
+    assert page.locator(".event").count() == 0
+    assert errors == []
+    page.close()
+
+
+def test_a_node_named_like_markup_is_drawn_as_text(browser, tmp_path):
+    f = small_frame(1.0)
+    f["nodes"][0]["name"] = f["pipelines"][0]["nodes"][0] = "a<!--<script>"
+    f["pipelines"][0]["id"] = "a<!--<script>>b"
+    page, errors = open_replay(browser, tmp_path, [f])
+    assert page.text_content("#status") == "replay of 1 frames"
+    assert page.locator('g.node[data-node="a<!--<script>"]').count() == 1
+    assert errors == []
+    page.close()
+
+
+def test_a_node_serving_again_has_its_own_colour_on_the_timeline(browser, tmp_path):
+    f = small_frame(10.0)   # its failure at 5 s
+    f["events"].append({"time_s": 8.0, "kind": "return", "detail": "b is serving again (was dead)"})
+    page, errors = open_replay(browser, tmp_path, [small_frame(5.0), f])
+    colours = page.eval_on_selector_all(
+        ".event .ev", "es => es.map(e => [e.textContent, getComputedStyle(e).backgroundColor])")
+    assert dict(colours)["return"] not in {c for kind, c in colours if kind != "return"} | {"rgb(85, 85, 85)"}
+    assert errors == []
     page.close()

@@ -106,6 +106,18 @@ def test_drain_with_move_restarts_its_requests_elsewhere(stack, reference):
     stack.wait_kv_free()
 
 
+def test_undrain_records_an_event_only_when_the_node_was_draining(stack):
+    coord = stack.coordinator
+    before = coord.events.counts()["undrain"]
+    coord.undrain("cpu-1")   # it takes requests: nothing changes, nothing to log
+    assert coord.events.counts()["undrain"] == before
+    coord.drain("cpu-2")
+    coord.undrain("cpu-2")
+    assert coord.events.counts()["undrain"] == before + 1
+    assert coord.events.recent()[-1].detail == "cpu-2 takes requests again"
+    stack.wait_kv_free()
+
+
 def test_refusals_and_unknown_nodes(stack):
     r = _admin(stack, "POST", "/admin/drain", {"node": "cpu-0"})
     assert r.status_code == 409

@@ -6,6 +6,7 @@ The real stack in a browser: test_dashboard.py."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
@@ -15,7 +16,7 @@ from coordinator.drain import NodeStatus
 from coordinator.events import EventLog
 from helix.core.spec import parse_cluster
 from helix.net.stats import WorkerStats
-from helix.server.live import ClusterView, RecentLatencies
+from helix.server.live import RATE_S, ClusterView, RecentLatencies
 from planner.live_view import check_frame
 
 from tests.builders.serving import branching_plan
@@ -89,13 +90,13 @@ def test_the_first_frame_knows_no_rate_and_without_a_spec_no_place():
     assert [(n["name"], n["gpu"], n["region"], n["state"]) for n in f["nodes"]] == [
         ("cpu-0", "unknown", "unknown", "serving"), ("cpu-1", "unknown", "unknown", "serving"),
         ("cpu-2", "unknown", "unknown", "serving")]
-    assert all(n["step_rate"] is None and n["busy"] is None for n in f["nodes"])
+    assert all(n["steps_per_s"] is None and n["busy"] is None for n in f["nodes"])
     assert f["nodes"][0]["kv_used_tokens"] == 32 and f["nodes"][0]["kv_capacity_tokens"] == 1024
     assert [p["id"] for p in f["pipelines"]] == ["cpu-0>cpu-1", "cpu-0>cpu-2"]
     assert all(p["decode_tokens_per_s"] is None for p in f["pipelines"])
     assert f["links"] == []
-    assert f["cluster"] == {"request_rate": 0.0, "ttft_p50": None, "ttft_p99": None, "tpot_p50": None,
-                            "tpot_p99": None, "window_s": 60}
+    assert f["cluster"] == {"requests_per_s": 0.0, "ttft_p50_s": None, "ttft_p99_s": None, "tpot_p50_s": None,
+                            "tpot_p99_s": None, "window_s": 60}
 
 
 def test_rates_come_from_counter_differences_and_a_restart_or_silence_has_none():
@@ -113,15 +114,15 @@ def test_rates_come_from_counter_differences_and_a_restart_or_silence_has_none()
     f = v.frame()
     assert check_frame(f) == []
     n0, n1, n2 = f["nodes"]
-    assert (n0["step_rate"], n0["busy"]) == (20.0, 0.25)
-    assert (n1["state"], n1["step_rate"]) == ("draining", 5.0)
-    assert (n2["state"], n2["step_rate"], n2["busy"], n2["kv_used_tokens"]) == ("dead", None, None, None)
+    assert (n0["steps_per_s"], n0["busy"]) == (20.0, 0.25)
+    assert (n1["state"], n1["steps_per_s"]) == ("draining", 5.0)
+    assert (n2["state"], n2["steps_per_s"], n2["busy"], n2["kv_used_tokens"]) == ("dead", None, None, None)
     assert n2["kv_capacity_tokens"] == 1024   # the pool is still known
     assert [(p["in_flight"], p["decode_tokens_per_s"]) for p in f["pipelines"]] == [(3, 50.0), (0, 0.0)]
-    assert f["cluster"]["ttft_p50"] == 0.2 and f["cluster"]["request_rate"] == 0.5
+    assert f["cluster"]["ttft_p50_s"] == 0.2 and f["cluster"]["requests_per_s"] == 0.5
     clock.now += 2.0
     coord.stats["cpu-0"] = stats("cpu-0", steps=4)   # a new process: its counters began again
-    assert v.frame()["nodes"][0]["step_rate"] is None
+    assert v.frame()["nodes"][0]["steps_per_s"] is None
 
 
 def test_links_between_regions_carry_the_bytes_sent_across_them():
@@ -137,12 +138,26 @@ def test_links_between_regions_carry_the_bytes_sent_across_them():
     links = {(k["from_region"], k["to_region"]): k for k in v.frame()["links"]}
     assert links["us", "eu"]["bytes_per_s"] == 2000.0 and links["eu", "us"]["bytes_per_s"] == 500.0
     assert links["us", "eu"]["bandwidth_bytes_per_s"] == 10e6
+    assert links["us", "eu"]["node_pairs"] == links["eu", "us"]["node_pairs"] == 1
+
+
+def test_a_link_between_regions_counts_the_node_pairs_the_plan_joins_or_that_sent_across_it():
+    v, coord, clock = view(parse_cluster(SPEC))
+    f = v.frame()   # the plan's: cpu-0 -> cpu-2 one way, cpu-2 -> the coordinator back
+    assert [(k["from_region"], k["to_region"], k["node_pairs"]) for k in f["links"]] == [
+        ("us", "eu", 1), ("eu", "us", 1)]
+    clock.now += 2.0
+    coord.stats["cpu-0"] = stats("cpu-0", sent={"cpu-2": 4000})
+    coord.stats["cpu-1"] = stats("cpu-1", sent={"cpu-2": 8000})   # off the plan: a moved request
+    links = {(k["from_region"], k["to_region"]): k for k in v.frame()["links"]}
+    # Two node pairs, two links: 6 kB/s against twice one link's bandwidth.
+    assert (links["us", "eu"]["bytes_per_s"], links["us", "eu"]["node_pairs"]) == (6000.0, 2)
 
 
 def test_events_reach_the_frame():
     v, coord, _ = view()
     coord.events.record("failure", "cpu-2 is dead (was suspect)")
-    assert v.frame()["events"] == [{"time": 1000.0, "kind": "failure",
+    assert v.frame()["events"] == [{"time_s": 1000.0, "kind": "failure",
                                     "detail": "cpu-2 is dead (was suspect)"}]
 
 
@@ -151,4 +166,65 @@ def test_a_frame_right_after_another_has_no_rate_rather_than_a_wild_one():
     v.frame()
     clock.now += 1e-3
     coord.stats["cpu-0"] = stats("cpu-0", steps=1)
-    assert all(n["step_rate"] is None for n in v.frame()["nodes"])
+    assert all(n["steps_per_s"] is None for n in v.frame()["nodes"])
+
+
+def test_after_a_gap_in_polling_the_first_frame_has_no_rate_rather_than_the_gaps_average():
+    v, coord, clock = view()
+    v.frame()                        # polled once...
+    clock.now += 3600.0              # ...then nobody watched for an hour
+    coord.stats["cpu-0"] = stats("cpu-0", steps=36000, step_s=1800.0)
+    coord.tokens = {("cpu-0", "cpu-1"): 360000}
+    f = v.frame()
+    assert f["nodes"][0]["steps_per_s"] is None and f["nodes"][0]["busy"] is None
+    assert all(p["decode_tokens_per_s"] is None for p in f["pipelines"])
+    clock.now += RATE_S              # the next frame's rate is over the last RATE_S only
+    coord.stats["cpu-0"] = stats("cpu-0", steps=36010, step_s=1801.0)
+    assert v.frame()["nodes"][0]["steps_per_s"] == 5.0
+
+
+@dataclass
+class _Join:
+    node: str
+    state: str
+
+
+class _Elastic:
+    """What ClusterView reads of ``server.elastic.Elastic``: its joins by node."""
+
+    def __init__(self, *joins: _Join) -> None:
+        self.joins = {j.node: j for j in joins}
+
+
+def test_a_registered_node_without_layers_is_joining_whether_its_replan_runs_or_kept_the_placement():
+    v, coord, _ = view(parse_cluster(SPEC))
+    v.elastic = _Elastic(_Join("gpu-a", "planning"), _Join("gpu-b", "idle"), _Join("gpu-c", "failed"),
+                         _Join("cpu-1", "serving"))
+    f = v.frame()
+    assert check_frame(f) == []
+    rows = {n["name"]: n for n in f["nodes"]}
+    assert sorted(rows) == ["cpu-0", "cpu-1", "cpu-2", "gpu-a", "gpu-b"]   # a failed join has no worker
+    assert rows["cpu-1"]["state"] == "serving"
+    for name in ("gpu-a", "gpu-b"):
+        assert (rows[name]["state"], rows[name]["layers"], rows[name]["region"]) == ("joining", None,
+                                                                                     "unknown")
+
+
+def test_latency_percentiles_sort_each_window_once_and_outside_the_lock_tokens_take(monkeypatch):
+    import planner.live_view
+
+    clock = Clock()
+    lat = RecentLatencies(clock)
+    for i in range(1000):
+        lat.first_token(i / 1000)
+        lat.next_token(i / 10_000)
+    held: list[bool] = []
+
+    def spy(values, *args, **kwargs):
+        held.append(lat._lock.locked())
+        return sorted(values, *args, **kwargs)
+
+    monkeypatch.setattr(planner.live_view, "sorted", spy, raising=False)
+    c = lat.cluster(clock())
+    assert held == [False, False]   # one sort per window, next_token never waits for one
+    assert (c["ttft_p50_s"], c["tpot_p50_s"]) == (pytest.approx(0.4995), pytest.approx(0.04995))
