@@ -29,11 +29,11 @@ from helix.server.app import create_app
 from helix.server.guard import HttpOptions
 from helix.server.http import HttpThread
 from planner.live_view import check_frame, render_page
+from tests.builders.frames import frame as small_frame
 from tests.builders.serve_stack import ServeCluster
 from tests.builders.serving import PROMPTS, with_kv
 from tests.builders.stack import MODEL_NAME
 from tests.builders.traffic import in_flight_on, until
-from tests.planner.test_live_view import frame as small_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
