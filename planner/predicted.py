@@ -47,9 +47,15 @@ stage chains stop at 12 stages, where it holds (``planner.search.kv_stages.MAX_S
 The plan returned is the one with the highest predicted prompt + decode tokens/s; its max flow,
 bound, gap and status describe the inner problem it was solved on (``extras['capacities']`` says
 which; a candidate keeps the solver's bound, valid for every placement, and ``extras['chosen_by']``
-names it), and ``prediction`` is the outer figure. Each solve (the candidate's too) gets an equal
-share of the time limit less :data:`CANDIDATE_SHARE`. Deterministic when the solves are (the loop
-itself has no randomness and a fixed order).
+names it), and ``prediction`` is the outer figure; ``extras['max_flow_result']`` keeps what the
+search proved about its own placement and ``extras['choice']`` which placement was kept and why.
+
+One :class:`~planner.deadline.Deadline` bounds it all: each solve (the candidate's too) gets an
+equal share of the time limit less :data:`CANDIDATE_SHARE` (less still when a phase before it
+ran over), the KV stage chains are sought for :data:`CHAIN_SHARE` of what is left after the
+solves, and a candidate is scored only while the time left holds the longest scoring so far.
+Deterministic when the solves are and the deadline is not reached (the loop itself has no
+randomness and a fixed order).
 
 Every prediction the loop compares (routings, candidates, and :mod:`planner.budget`'s step
 budgets) is made by :func:`predict_plan`, its one way into :mod:`planner.prediction`.
@@ -60,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 from helix.core.costmodel import CostModel
 from helix.core.errors import InfeasibleError
@@ -70,6 +77,7 @@ from helix.core.slices import as_placement, as_slices
 from planner.build import build_problem
 from planner.flowgraph import max_flow
 from planner.link_regions import planning_spec
+from planner.deadline import Deadline
 from planner.options import PlanOptions
 from planner.prediction import NoFixedPoint, PipelineState, predict
 from planner.problem import Link, NodeCapacity, PlacementProblem
@@ -223,11 +231,14 @@ def evaluate(spec: ClusterSpec, placement, *, model: ModelSpec | None = None,
 
 
 def choose(spec: ClusterSpec, options: PlanOptions, *,
-           problem: PlacementProblem | None = None) -> Plan:
+           problem: PlacementProblem | None = None, deadline: Deadline | None = None) -> Plan:
     """The placement of ``spec``'s model (or ``options.model``) with the highest predicted
     throughput (module docstring); the first step of :func:`planner.plan`. ``problem``:
-    ``build_problem(spec, options.model)`` when already built."""
+    ``build_problem(spec, options.model)`` when already built. ``deadline``: when to be done
+    (default: ``options.time_limit_s`` from now); each solve gets its share of what is left, and
+    the candidates are scored until it passes, the best so far kept."""
     method, model = options.method, options.model
+    deadline = deadline or Deadline.after(options.time_limit_s)
     problem = problem or build_problem(spec, model)
     spec = planning_spec(spec)[0]   # the regions the problem's nodes carry
     cost = CostModel.for_cluster(spec, model)
@@ -235,25 +246,111 @@ def choose(spec: ClusterSpec, options: PlanOptions, *,
     rounds = 1 if method in HEURISTICS or cost.throughput_tables else max(1, options.iterations)
     scored = method == "milp" and not cost.throughput_tables and \
         len(problem.nodes) <= CANDIDATE_MAX_NODES
-    t0 = time.perf_counter()
-    share = options.time_limit_s * ((1 - CANDIDATE_SHARE) / (rounds + 1) if scored else 1 / rounds)
-    each = options.replace(time_limit_s=share)
+    shares = _Shares(deadline, rounds + 1 if scored else rounds, CANDIDATE_SHARE if scored else 0.0)
+    best, routing_s = _rounds(spec, problem, cost, options, rounds, shares)
+    result = max_flow_result(best)
+    if scored:
+        best = _scored(spec, problem, cost, options, best, shares, routing_s)
+        best = dataclasses.replace(best, solve_seconds=deadline.elapsed_s())
+    return dataclasses.replace(best, extras={**best.extras, "max_flow_result": result,
+                                             "choice": choice(best, result, scored)})
+
+
+def max_flow_result(found: Plan) -> dict:
+    """What the search proved about its own placement (``extras['max_flow_result']``): its max
+    flow, the bound, the gap between them and the status they prove, the method that found it
+    and its predicted prompt + decode tokens/s. A candidate chosen over it later (its max flow
+    lower by design) leaves these as they are."""
+    return {"max_flow_tokens_per_s": found.max_flow_tokens_per_s,
+            "bound_tokens_per_s": found.upper_bound_tokens_per_s, "gap": found.gap,
+            "status": found.extras.get("status", "heuristic"),
+            "found_by": found.extras.get("found_by", found.method),
+            "predicted_tokens_per_s": None if found.prediction is None else
+            round(found.prediction.prompt_decode_tokens_per_s, 1)}
+
+
+def choice(chosen: Plan, result: dict, scored: bool) -> dict:
+    """Which placement the plan serves and why (``extras['choice']``): ``placement`` (``max
+    flow``, or the candidate's name), its predicted prompt + decode tokens/s and the reason."""
+    predicted = None if chosen.prediction is None else \
+        round(chosen.prediction.prompt_decode_tokens_per_s, 1)
+    name = chosen.extras.get("chosen_by", "").removeprefix("prediction: ")
+    base = result["predicted_tokens_per_s"]
+    scores = chosen.extras.get("candidates", [])
+    unscored = chosen.extras.get("candidates_unscored", 0)
+    late = f"; {unscored} more not scored before the time limit" if unscored else ""
+    if name and base:
+        why = (f"predicted {(predicted / base - 1) * 100:+.0f} % over the max-flow placement's "
+               f"{base:,.1f} tokens/s, above the {CANDIDATE_MARGIN * 100:.0f} % margin{late}")
+    elif name:
+        why = f"predicted {predicted:,.1f} tokens/s where the max-flow placement serves none{late}"
+    elif not scored:
+        why = (f"candidates are scored for milp on clusters of up to {CANDIDATE_MAX_NODES} "
+               "nodes only")
+    elif scores:
+        top = max(scores, key=lambda c: c[1])
+        why = (f"no candidate predicted {CANDIDATE_MARGIN * 100:.0f} % more (best: {top[0]}, "
+               f"{top[1]:,.1f} tokens/s){late}")
+    else:
+        why = f"no candidate scored{late}"
+    return {"placement": name or "max flow", "predicted_tokens_per_s": predicted, "reason": why}
+
+
+@dataclass(frozen=True)
+class _Shares:
+    """How :func:`choose` shares its deadline: ``solves`` solves of equal share, then
+    ``scoring`` of the time limit for scoring candidates; a solve that starts late gets what is
+    left less what the phases after it are due."""
+
+    deadline: Deadline
+    solves: int
+    scoring: float
+
+    @property
+    def each_s(self) -> float:
+        return self.deadline.limit_s * (1 - self.scoring) / self.solves
+
+    def solve_s(self, after: int) -> float:
+        """Seconds for a solve with ``after`` solves still to come."""
+        due = (after * self.each_s + self.scoring * self.deadline.limit_s)
+        return max(MIN_SOLVE_S, min(self.each_s, self.deadline.left_s() - due))
+
+
+#: Fraction of the time left after the solves that finding KV stage chains may take; scoring
+#: the candidates has the rest.
+CHAIN_SHARE = 0.5
+
+#: Seconds a solve gets at the least, when the phases before it used its share (it still
+#: returns its best warm start).
+MIN_SOLVE_S = 0.05
+
+
+def _rounds(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, options: PlanOptions,
+            rounds: int, shares: _Shares) -> tuple[Plan, float]:
+    """The outer loop's solves (module docstring): the one predicted to serve the most, and the
+    seconds the last one's routings took to predict."""
     best: Plan | None = None
     seen: set[tuple] = set()
     inner = problem
     history = []
     for i in range(rounds):
-        solved = solve(inner, each)
+        limit_s = shares.solve_s(after=shares.solves - i - 1)
+        shares.deadline.phase(f"search: max flow ({options.method}"
+                              + (f", round {i + 1}" if i else "") + f"), up to {limit_s:.1f} s")
+        solved = solve(inner, options.replace(time_limit_s=limit_s))
         solved = dataclasses.replace(solved, extras={
             **solved.extras, "capacities": "T(k)" if i == 0 else f"pipeline-aware (round {i + 1})"})
+        shares.deadline.phase("prediction: the max-flow placement's routings")
+        started_s = time.perf_counter()
         found, states = best_routing(spec, inner, solved, cost)
+        routing_s = time.perf_counter() - started_s
         prediction = found.prediction
         history.append(round(prediction.prompt_decode_tokens_per_s, 1))
         if best is None or prediction.prompt_decode_tokens_per_s > \
                 best.prediction.prompt_decode_tokens_per_s:  # type: ignore[union-attr]
             best = found
         key = found.placements
-        if key in seen:
+        if key in seen or i + 1 == rounds or shares.deadline.passed():
             break
         seen.add(key)
         nxt = pipeline_problem(problem, spec, cost, states)
@@ -261,28 +358,40 @@ def choose(spec: ClusterSpec, options: PlanOptions, *,
             break
         inner = nxt
     assert best is not None
-    best = dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history})
-    if scored:
-        min_k = options.min_layers(problem.num_layers)
-        candidates = [("swarm", swarm(problem))]
-        reserved = reserved_problem(problem, spec, cost, cost.serving.max_batch_seqs)
-        if reserved is not None:
-            # A caller's start placement may not fit the caps, and its progress line shows one solve.
-            try:
-                solved = solve(reserved, each.replace(start=None, progress=None))
-                candidates.insert(0, (f"milp, KV reserve {cost.serving.max_batch_seqs} requests",
-                                      as_placement(solved.placements)))
-            except InfeasibleError:  # the cluster cannot hold the model with that reserve
-                pass
-        candidates += kv_stage_candidates(spec, problem, cost, best)
-        candidates = [(n, p) for n, p in candidates
-                      if p and all(e - s >= min_k for s, e in p.values())]
-        routed = len({spec.region_of(n.name) for n in spec.nodes}) > 1 and \
-            len(candidates) <= ROUTED_CANDIDATES
-        best = best_candidate(spec, problem, cost, best, candidates, gap=options.gap,
-                              routed=routed)
-        best = dataclasses.replace(best, solve_seconds=time.perf_counter() - t0)
-    return best
+    return dataclasses.replace(best, extras={**best.extras, "predicted_by_round": history}), \
+        routing_s
+
+
+def _scored(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, options: PlanOptions,
+            best: Plan, shares: _Shares, routing_s: float) -> Plan:
+    """``best`` or the candidate predicted to serve more (module docstring), scored until the
+    deadline; ``routing_s``: what predicting ``best``'s routings took."""
+    deadline = shares.deadline
+    min_k = options.min_layers(problem.num_layers)
+    candidates = [("swarm", swarm(problem))]
+    reserved = reserved_problem(problem, spec, cost, cost.serving.max_batch_seqs)
+    if reserved is not None and not deadline.passed():
+        limit_s = shares.solve_s(after=0)
+        deadline.phase(f"search: max flow with a KV reserve of {cost.serving.max_batch_seqs} "
+                       f"requests, up to {limit_s:.1f} s")
+        # A caller's start placement may not fit the caps, and its progress line shows one solve.
+        try:
+            solved = solve(reserved, options.replace(time_limit_s=limit_s, start=None,
+                                                     progress=None))
+            candidates.insert(0, (f"milp, KV reserve {cost.serving.max_batch_seqs} requests",
+                                  as_placement(solved.placements)))
+        except InfeasibleError:  # the cluster cannot hold the model with that reserve
+            pass
+    deadline.phase("candidates: KV stage chains")
+    # Half of what is left for finding chains, the rest (at least) for scoring them all.
+    candidates += kv_stage_candidates(spec, problem, cost, best, deadline.share(CHAIN_SHARE))
+    candidates = [(n, p) for n, p in candidates
+                  if p and all(e - s >= min_k for s, e in p.values())]
+    routed = len({spec.region_of(n.name) for n in spec.nodes}) > 1 and \
+        len(candidates) <= ROUTED_CANDIDATES
+    deadline.phase(f"candidates: scoring {len(candidates)} placements by their prediction")
+    return best_candidate(spec, problem, cost, best, candidates, gap=options.gap, routed=routed,
+                          deadline=deadline, routing_s=routing_s)
 
 
 def reserved_problem(problem: PlacementProblem, spec: ClusterSpec, cost: CostModel,
@@ -342,22 +451,27 @@ MAX_SCORED_CHAINS = 48
 
 
 def kv_stage_candidates(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel,
-                        template: Plan) -> list[tuple[str, dict]]:
+                        template: Plan, deadline: Deadline | None = None) -> list[tuple[str, dict]]:
     """KV stage chains (``planner.search.kv_stages``) as candidates. One region: every chain.
     Several: every way to cut the regions into chains (``region_partitions``), each chain the
     one over its regions (in its order) predicted to serve the most on its own; chains share no
     node, so a partition's prediction is about the sum of its chains'. ``template``: the plan
-    whose settings the scored plans copy."""
+    whose settings the scored plans copy. ``deadline``: chains are predicted until it passes
+    (the best so far kept)."""
     regions = sorted({spec.region_of(n.name) for n in spec.nodes})
     if len(regions) == 1:
-        return chain_placements(spec, cost, problem.num_layers, tuple(regions))
+        return chain_placements(spec, cost, problem.num_layers, tuple(regions),
+                                deadline_s=None if deadline is None else deadline.end_s)
     best: dict[tuple[str, ...], tuple[str, dict] | None] = {}
 
     def best_chain(block: tuple[str, ...]) -> tuple[str, dict] | None:
         if block not in best:
             top, found = 0.0, None
-            for name, placement in chain_placements(spec, cost, problem.num_layers, block,
-                                                    most_holding=MAX_SCORED_CHAINS):
+            for name, placement in chain_placements(
+                    spec, cost, problem.num_layers, block, most_holding=MAX_SCORED_CHAINS,
+                    deadline_s=None if deadline is None else deadline.end_s):
+                if deadline is not None and deadline.passed():
+                    break
                 flow = max_flow(problem, placement, template.partial_inference)
                 if flow.value_tokens_per_s <= 0:
                     continue
@@ -401,7 +515,8 @@ ROUTED_CANDIDATES = 16
 
 def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel, incumbent: Plan,
                    candidates: list[tuple[str, dict]], gap: float = 0.01,
-                   routed: bool = False) -> Plan:
+                   routed: bool = False, deadline: Deadline | None = None,
+                   routing_s: float = 0.0) -> Plan:
     """``incumbent``, or the candidate placement predicted to serve more than
     ``(1 + CANDIDATE_MARGIN)`` times its prompt + decode tokens/s (the first best, in the given
     order), with its best routing (:func:`best_routing`); the incumbent's bound (valid for every
@@ -409,17 +524,29 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
     (``gap``: the target), and ``extras['max_flow_placement']`` keeps what was replaced.
     Candidates are scored with their best routing when ``routed`` (:data:`ROUTED_CANDIDATES`),
     otherwise with their max flow's own routing (one prediction each; only the winner's routings
-    are all tried); no time limit applies and the choice is deterministic.
-    ``extras['candidates']``: [name, predicted prompt + decode tokens/s] of each scored one."""
+    are all tried). ``deadline``: a candidate is scored only while the time left holds the
+    longest scoring so far (at first ``routing_s``, what the incumbent's routings took, when
+    ``routed``) and, unless ``routed``, the winner's routings after them (``routing_s``); those
+    left are counted in ``extras['candidates_unscored']``. Without a deadline, or with time to
+    spare, the choice is deterministic. ``extras['candidates']``: [name, predicted prompt +
+    decode tokens/s] of each scored one."""
     partial = incumbent.partial_inference
     base = incumbent.prediction.prompt_decode_tokens_per_s if incumbent.prediction else 0.0
     scores: list[list] = []
+    unscored = 0
     winner: tuple[str, dict] | None = None
+    routed_winner: Plan | None = None   # its best routing, when scored with it
     top = base * (1 + CANDIDATE_MARGIN)
-    for name, placement in candidates:
+    longest_s, after_s = (routing_s, 0.0) if routed else (0.0, routing_s)
+    for i, (name, placement) in enumerate(candidates):
+        if deadline is not None and not deadline.allows(longest_s + after_s):
+            unscored = len(candidates) - i
+            break
+        started_s = time.perf_counter()
         flow = max_flow(problem, placement, partial)
         if flow.value_tokens_per_s <= 0:
             continue
+        found = None
         if routed:
             found, _ = best_routing(spec, problem,
                                     evaluate_placement(problem, placement, partial, name), cost)
@@ -429,13 +556,16 @@ def best_candidate(spec: ClusterSpec, problem: PlacementProblem, cost: CostModel
             value = predict_plan(spec, rough, cost)[0].prompt_decode_tokens_per_s
         scores.append([name, round(value, 1)])
         if value > top:
-            winner, top = (name, placement), value
+            winner, routed_winner, top = (name, placement), found, value
+        longest_s = max(longest_s, time.perf_counter() - started_s)
     extras = {**incumbent.extras, "candidates": scores}
+    if unscored:
+        extras["candidates_unscored"] = unscored
     if winner is None:
         return dataclasses.replace(incumbent, extras=extras)
     name, placement = winner
-    found, _ = best_routing(spec, problem, evaluate_placement(problem, placement, partial, name),
-                            cost)
+    found = routed_winner or best_routing(
+        spec, problem, evaluate_placement(problem, placement, partial, name), cost)[0]
     if found.prediction.prompt_decode_tokens_per_s <= base * (1 + CANDIDATE_MARGIN):
         return dataclasses.replace(incumbent, extras=extras)
     bound = incumbent.upper_bound_tokens_per_s

@@ -188,6 +188,12 @@ class ChoiceReport:
     """The step budget chosen (``chunk_tokens: auto``, ``planner.budget``)."""
     chunk_tokens_predicted: dict[str, float] | None = None
     """Predicted decode tokens/s at each budget tried."""
+    max_flow_result: dict[str, Any] | None = None
+    """What the search proved about its own placement: max flow, bound, gap, status, found by,
+    predicted tokens/s (``planner.predicted.max_flow_result``)."""
+    choice: dict[str, Any] | None = None
+    """The placement served (``max flow`` or a candidate's name), its predicted tokens/s and why
+    (``planner.predicted.choice``)."""
 
     @classmethod
     def of(cls, plan: Plan) -> ChoiceReport:
@@ -199,4 +205,5 @@ class ChoiceReport:
                    chosen_by=extras.get("chosen_by"),
                    max_flow_placement=extras.get("max_flow_placement"),
                    chunk_tokens_chosen=extras.get("chunk_tokens_chosen"),
-                   chunk_tokens_predicted=extras.get("chunk_tokens_predicted"))
+                   chunk_tokens_predicted=extras.get("chunk_tokens_predicted"),
+                   max_flow_result=extras.get("max_flow_result"), choice=extras.get("choice"))

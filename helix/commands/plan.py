@@ -1,8 +1,12 @@
 """``helix plan CLUSTER``: where every layer lives, the tokens/s it serves, and how far from the best.
 
 Prints a table (or ``--json``), writes ``-o plan.yaml``, draws ``--draw plan.png``, and with
-``--compare`` runs every method on the cluster and prints one table. While the MILP runs on a
-terminal, a live line shows elapsed time, incumbent, bound and gap.
+``--compare`` runs every method on the cluster and prints one table. ``--time-limit`` bounds the
+whole command, from reading the spec to the printed plan (:class:`planner.deadline.Deadline`);
+each phase of planning says on stderr when it starts (unless ``--quiet``), and while the MILP runs
+on a terminal, a live line there shows elapsed time, incumbent, bound and gap. The summary keeps
+apart what the max-flow search proved (its placement's flow, bound, gap and status) and the
+placement chosen on predicted throughput (which, and why).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +31,9 @@ def plan_command(
     method: str = typer.Option("milp", "--method", "-m",
                                help="milp | milp-paper | petals | swarm | separate | uniform"),
     solver: str = typer.Option("highs", help="MILP solver: highs | gurobi (falls back to HiGHS)."),
-    time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds for the MILP."),
+    time_limit: float = typer.Option(
+        60.0, "--time-limit", help="Seconds for the whole command: search, candidate scoring, "
+        "prediction (each phase gets a share, the best found so far is kept)."),
     gap: float = typer.Option(0.01, "--gap", help="Stop when the proven gap is within this (0.01 = 1 %)."),
     threads: int = typer.Option(0, "--threads", help="Solver threads (0 = all cores)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (solver and heuristics)."),
@@ -51,10 +58,13 @@ def plan_command(
     hysteresis: float = typer.Option(
         0.05, "--hysteresis", help="With --from: a new placement must beat the running one by this "
         "fraction after paying for its moves (0.05 = 5 %), so near-equal plans never alternate."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="No progress lines on stderr (which phase runs)."),
 ) -> None:
     """Place the model's layers on the cluster by max flow (MILP with a proven bound), keeping the
     placement predicted to serve users the most (a capped-KV re-solve, Swarm's placement and
     one-copy chains of one-kind stages that keep the most KV are candidates)."""
+    started_s = time.perf_counter()   # the time limit counts from here
     from rich.console import Console
 
     import planner
@@ -63,6 +73,7 @@ def plan_command(
     from helix.core.spec import load_cluster
     from planner import METHODS, PlanOptions, predicted
     from planner.build import build_problem
+    from planner.deadline import Deadline
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     # Bad options fail now, in one line, not after a minute of solving.
@@ -76,6 +87,9 @@ def plan_command(
     options = options.replace(model=chosen)
     problem = build_problem(spec, chosen)
     console = Console(stderr=as_json)
+    # Progress goes to stderr, so --json's stdout stays the plan alone.
+    err = Console(stderr=True)
+    deadline = Deadline(started_s, time_limit, None if quiet else _phase_line(err))
     if horizon <= 0 or hysteresis < 0:
         raise HelixUserError(f"--horizon must be > 0 and --hysteresis >= 0, got {horizon:g} and "
                              f"{hysteresis:g}")
@@ -86,7 +100,7 @@ def plan_command(
         options = options.replace(start=start)
     if compare:
         # Every method's search and choice (planner.predicted), side by side.
-        plans = [_run(console, options.replace(method=m),
+        plans = [_run(err, options.replace(method=m),
                       lambda o: predicted.choose(spec, o, problem=problem)) for m in METHODS]
         if as_json:
             print(json.dumps([p.to_dict() if p else None for p in plans], indent=1))
@@ -96,7 +110,8 @@ def plan_command(
         return
     # The planner's one verb: search, prediction, choice, serving limits, step budget, flow
     # capacities (helix serve re-solves the flow with them when nodes die).
-    plan = _run(console, options, lambda o: planner.plan(spec, o, problem=problem), must=True)
+    plan = _run(err, options, lambda o: planner.plan(spec, o, problem=problem, deadline=deadline),
+                must=True)
     decision = None
     if start_from is not None and start_from.suffix.lower() != ".ini":
         from planner import replan
@@ -121,7 +136,7 @@ def plan_command(
         print(json.dumps(plan.to_dict(), indent=1))
     else:
         console.print(_placement_table(problem, plan))
-        console.print(_summary(plan))
+        console.print(_summary(plan), soft_wrap=True)
         console.print(_serving_line(plan))
         if decision is not None:
             _print_replan(console, decision)
@@ -189,9 +204,17 @@ def _check_output_path(path: Optional[Path], option: str,
         raise HelixUserError(f"{option} {path}: folder {parent} does not exist")
 
 
+def _phase_line(err):
+    """The progress line each phase of planning prints as it starts (stderr)."""
+    def line(phase: str, elapsed_s: float, left_s: float) -> None:
+        err.print(f"plan {elapsed_s:6.1f} s  {phase}  ({left_s:.1f} s left)", soft_wrap=True,
+                  highlight=False)
+    return line
+
+
 def _run(console, options, make, must=False):
-    """``make(options)``, with the live progress line on a terminal; an infeasible method is a
-    yellow line and None unless ``must``."""
+    """``make(options)``, with the live progress line on ``console`` (stderr) when it is a
+    terminal; an infeasible method is a yellow line and None unless ``must``."""
     from helix.core.errors import InfeasibleError
     progress = _progress(console, options.method) if console.is_terminal else None
     try:
@@ -256,8 +279,22 @@ def _serving_line(plan) -> str:
             f"tokens a node, high-water {s.kv_high_water:g}")
 
 
+def _result(plan):
+    """What the max-flow search proved about its own placement: (max flow, bound, gap, status,
+    found by), from ``extras['max_flow_result']`` (the plan's own fields in a plan without it)."""
+    r, found = _choice(plan).max_flow_result, _search(plan)
+    if r is not None:
+        return (r["max_flow_tokens_per_s"], r["bound_tokens_per_s"], r["gap"], r["status"],
+                r["found_by"])
+    return (plan.max_flow_tokens_per_s, plan.upper_bound_tokens_per_s, plan.gap,
+            "heuristic" if found is None else found.status,
+            None if found is None else found.found_by)
+
+
 def _fmt_gap(plan) -> str:
-    return "-" if plan.gap is None else f"{plan.gap * 100:.2f} %"
+    """The max-flow placement's gap (a candidate chosen over it has less max flow by design)."""
+    gap = _result(plan)[2]
+    return "-" if gap is None else f"{gap * 100:.2f} %"
 
 
 def _search(plan):
@@ -298,21 +335,21 @@ def _prediction_lines(plan) -> list[str]:
 
 
 def _summary(plan) -> str:
+    """Two parts: what the max-flow search proved about its placement (max flow, bound, gap,
+    status), then the placement chosen on predicted throughput (which, why, what users get)."""
     found, choice = _search(plan), _choice(plan)
-    depth_max, depth_mean, latency_s, status, found_by = (None, None, 0, "heuristic", None) \
-        if found is None else (found.depth_max, found.depth_mean, found.latency_mean_s,
-                               found.status, found.found_by)
-    bound = plan.upper_bound_tokens_per_s
-    lines = [f"max flow   {plan.max_flow_tokens_per_s:,.1f} tokens/s "
-             f"(node capacities: {choice.capacities})",
+    depth_max, depth_mean, latency_s = (None, None, 0) if found is None else \
+        (found.depth_max, found.depth_mean, found.latency_mean_s)
+    flow, bound, _, status, found_by = _result(plan)
+    lines = [f"max flow   {flow:,.1f} tokens/s (node capacities: {choice.capacities}); the "
+             f"max-flow placement, found by the {found_by} method",
              f"bound      {'-' if bound is None else f'{bound:,.1f}'} tokens/s ({_bound_label(plan)})"
              f"   gap {_fmt_gap(plan)}",
+             f"solver     {plan.solver or '-'} ({status}), {plan.solve_seconds:.1f} s in all",
+             *_chosen_line(plan, choice), *_prediction_lines(plan),
              f"depth      {depth_max} nodes max, {depth_mean} mean per pipeline;  "
              f"{latency_s * 1e3:.1f} ms for a token to cross a pipeline (mean)",
-             f"solver     {plan.solver or '-'} ({status}), "
-             f"{plan.solve_seconds:.1f} s; best placement came from the {found_by} method",
-             *_prediction_lines(plan), *_caution_line(plan), *_chosen_line(choice),
-             *_budget_line(choice), *_regions_line(plan)]
+             *_caution_line(plan), *_budget_line(choice), *_regions_line(plan)]
     return "\n".join(lines)
 
 
@@ -353,14 +390,16 @@ def _budget_line(choice) -> list[str]:
             f"predicted decode tokens/s of {each}"]
 
 
-def _chosen_line(choice) -> list[str]:
-    """When a candidate placement replaced the max-flow one (planner.predicted.best_candidate)."""
-    other = choice.max_flow_placement
-    if not choice.chosen_by or not other:
+def _chosen_line(plan, choice) -> list[str]:
+    """The placement the plan serves, chosen on predicted throughput, and why
+    (planner.predicted.choice)."""
+    c = choice.choice
+    if c is None:
         return []
-    return [f"chosen     by the prediction ({choice.chosen_by.removeprefix('prediction: ')}) "
-            f"over the max-flow placement ({other['max_flow_tokens_per_s']:,.1f} tokens/s max "
-            f"flow, {other['predicted_tokens_per_s']:,.1f} predicted)"]
+    if c["placement"] == "max flow":
+        return [f"chosen     the max-flow placement: {c['reason']}"]
+    return [f"chosen     {c['placement']}, by the prediction: {c['reason']}; its own max flow "
+            f"{plan.max_flow_tokens_per_s:,.1f} tokens/s"]
 
 
 def _compare_table(problem, methods, plans):
@@ -389,5 +428,5 @@ def _compare_table(problem, methods, plans):
             "-" if pr.tpot_p50_s is None else f"{pr.tpot_p50_s:.3f}"]
         t.add_row(m, *predicted, f"{p.max_flow_tokens_per_s:.0f}",
                   "-" if bound is None else f"{bound:.0f}{mark}", _fmt_gap(p),
-                  "-" if f is None else f.status, f"{p.solve_seconds:.1f}")
+                  _result(p)[3], f"{p.solve_seconds:.1f}")
     return t

@@ -27,12 +27,13 @@ KV for ~570 requests where the A100s alone held ~30 and a chain over the EU and 
 At most :data:`MAX_CHOICES` choices of stage counts per chain (the product over its kinds of
 their divisors: 72 on single24, 288 for geo24's three regions together; hetero42's seven kinds
 give 6,912 and are skipped) and
-:data:`MAX_REGIONS` regions. Pure and deterministic.
+:data:`MAX_REGIONS` regions. Pure and deterministic, unless a caller's deadline stops the search.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 from helix.core.costmodel import CostModel
 from helix.core.spec import ClusterSpec, NodeSpec
@@ -71,13 +72,15 @@ def _kinds(nodes: list[NodeSpec]) -> list[list[NodeSpec]]:
 
 
 def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
-                     regions: tuple[str, ...], most_holding: int | None = None
+                     regions: tuple[str, ...], most_holding: int | None = None,
+                     deadline_s: float | None = None
                      ) -> list[tuple[str, dict[str, tuple[int, int]]]]:
     """Chains over the nodes of ``regions``, in that order (each region's kinds by memory, most
     first; over several regions also least first, :func:`_kind_orders`), as ``(name, {node:
     (start, end)})`` in a fixed order; [] when there are more than :data:`MAX_CHOICES` choices of
     stage counts or none holds the model. ``most_holding``: only that many, the ones whose KV
-    holds the most tokens per layer (ties: the earlier), in the same order."""
+    holds the most tokens per layer (ties: the earlier), in the same order. ``deadline_s``
+    (``time.perf_counter``'s clock): the search stops there with the chains found so far."""
     orders = _kind_orders(spec, regions)   # the same kinds in each order: one count of choices
     if not orders[0] or _product(len(_divisors(len(g))) for g in orders[0]) > MAX_CHOICES:
         return []
@@ -89,7 +92,9 @@ def chain_placements(spec: ClusterSpec, cost: CostModel, num_layers: int,
         for stages in itertools.product(*(_divisors(len(g)) for g in kinds)):
             if sum(stages) > MAX_STAGES:
                 continue
-            for held, layers in _splits(kinds, stages, most, cost, num_layers):
+            if deadline_s is not None and time.perf_counter() > deadline_s:
+                break
+            for held, layers in _splits(kinds, stages, most, cost, num_layers, deadline_s):
                 found.append((held, _name(kinds, stages, layers, len(regions) > 1),
                               _layout(kinds, stages, layers)))
     if most_holding is not None and len(found) > most_holding:
@@ -153,12 +158,14 @@ def _product(values) -> int:
 
 
 def _splits(kinds: list[list[NodeSpec]], stages: tuple[int, ...], most: list[int],
-            cost: CostModel, num_layers: int) -> list[tuple[float, tuple[int, ...]]]:
+            cost: CostModel, num_layers: int, deadline_s: float | None = None
+            ) -> list[tuple[float, tuple[int, ...]]]:
     """The :data:`PER_CHOICE` layer splits (layers per stage of each kind, each >= 1, within
     ``most``, ``sum s * l = num_layers``) whose chain holds the most tokens per layer (ties: the
     first in lexicographic order). Depth-first in lexicographic order, pruned where no completion
     can enter the kept list: a kind's held tokens only bound the chain's from above, and the
-    layers left must fit the kinds left (the same answer as trying every split; a test checks)."""
+    layers left must fit the kinds left (the same answer as trying every split; a test checks).
+    Past ``deadline_s``, the splits found so far."""
     held_by = [{l: len(g) // s * cost.kv_capacity_tokens(g[0], l) for l in range(1, m + 1)}
                for g, s, m in zip(kinds, stages, most)]
     n = len(kinds)
@@ -173,6 +180,8 @@ def _splits(kinds: list[list[NodeSpec]], stages: tuple[int, ...], most: list[int
     def visit(i: int, left: int, held: float, head: tuple[int, ...]) -> None:
         if full() and held <= found[-1][0]:
             return   # every completion holds <= held: it cannot displace the kept ones
+        if deadline_s is not None and time.perf_counter() > deadline_s:
+            return
         if i == n - 1:
             if left % stages[i] or not 1 <= left // stages[i] <= most[i]:
                 return
