@@ -234,6 +234,21 @@ def generated_row(case: GeneratedCase, m: Measured) -> str:
             f"({_err(pr.prompt_decode_tokens_per_s, m.sim_total)}) | {online} |")
 
 
+#: The columns of :func:`generated_row`.
+GENERATED_HEADER = ("cluster", "nodes", "regions", "model", "max flow", "plan s", "decode tok/s",
+                    "prompt+decode tok/s", "TTFT p50 s", "TPOT p50 s")
+
+
+def transposed(rows: list[str], fields: list[str]) -> list[str]:
+    """``rows`` (of :data:`GENERATED_HEADER`) as a table with a column per cluster and a line per
+    field of ``fields``."""
+    cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+    at = [GENERATED_HEADER.index(f) for f in fields]
+    return ["| | " + " | ".join(c[0] for c in cells) + " |", "|---" * (len(cells) + 1) + "|",
+            *(f"| {f} | " + " | ".join(c[j] if j < len(c) else "" for c in cells) + " |"
+              for f, j in zip(fields, at))]
+
+
 def error_summary(errors: list[float]) -> str:
     """Median and worst absolute decode throughput error of ``errors`` (fractions), and how many
     are within the targets' 10 % / 20 %."""
@@ -265,6 +280,7 @@ def generated_fidelity(cases: list[GeneratedCase], duration_s: float, time_limit
             continue
         rows.append(generated_row(case, m))
         errors.append(m.decode_error)
+        print(rows[-1], file=sys.stderr, flush=True)
     return rows, error_summary(errors) if errors else "no cluster measured."
 
 
@@ -357,14 +373,14 @@ def main_generated(args: argparse.Namespace, load0: float) -> None:
                f"{args.generated_seed} --duration {args.duration:g} --time-limit {args.time_limit:g}"
                f"{' --online' if args.online else ''}"
                f"{'' if args.chunk_tokens is None else f' --chunk-tokens {args.chunk_tokens}'}")
-    text = "\n".join([
-        ("Generated clusters (`scripts/gen_cluster.py`; name: nodes, regions, seed, model), the "
-         "protocol above: predicted / simulated (error); offline decode tokens/s after the fill"
-         f"{'' if args.online else '; online not run'}. {summary}"), "",
-        ("| cluster | nodes | regions | model | max flow | plan s | decode tok/s | "
-         "prompt+decode tok/s | TTFT p50 s | TPOT p50 s |"),
-        "|---|---|---|---|---|---|---|---|---|---|", *rows])
-    print(text)
+    intro = ("Generated clusters (`scripts/gen_cluster.py`; name: nodes, regions, seed, model), the "
+             "protocol above: predicted / simulated (error); offline decode tokens/s after the fill"
+             f"{'' if args.online else '; online not run'}. {summary}")
+    header = "| " + " | ".join(GENERATED_HEADER) + " |"
+    print("\n".join([intro, "", header, "|---" * len(GENERATED_HEADER) + "|", *rows]))
+    # BENCHMARKS.md keeps to 500 lines: there, a column per cluster.
+    fields = [f for f in GENERATED_HEADER[4:] if args.online or "p50" not in f]
+    text = "\n".join([intro, "", *transposed(rows, fields)])
     if not args.no_append:
         name = "bench_fidelity-generated" + (f"-seed{args.generated_seed}" if args.generated_seed else "") \
             + ("" if args.chunk_tokens is None else f"-chunk{args.chunk_tokens}")

@@ -54,3 +54,12 @@ def test_generated_mode_runs_end_to_end():
     worst = float(summary.split("worst ")[1].split(" %")[0])
     # The row rounds the two figures to 0.1 token/s, the summary the error to 0.1 %.
     assert abs(abs(error) - median) < 0.2 and abs(error - worst) < 0.2
+
+
+def test_transposed_puts_a_cluster_per_column():
+    rows = ["| a | 10 | 1 | m | 1,000 | 5 | 9.0 / 10.0 (-10 %) | 30 / 31 (-3 %) | - | - |",
+            "| b | 20 | 2 | m | not measured: too small ||||||"]
+    table = bench_fidelity.transposed(rows, ["max flow", "decode tok/s"])
+    assert table[0] == "| | a | b |" and table[1] == "|---|---|---|"
+    assert table[2] == "| max flow | 1,000 | not measured: too small |"
+    assert table[3] == "| decode tok/s | 9.0 / 10.0 (-10 %) |  |"
