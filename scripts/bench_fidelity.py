@@ -22,7 +22,10 @@ single24 >= 1.8x, geo24 >= 2.5x in decode tokens/s).
 Beyond the four cases, ``--generated N`` runs the same protocol (offline; online too with
 ``--online``) on N synthetic clusters of ``scripts/gen_cluster.py`` (:data:`GENERATED_SHAPES`:
 10-200 nodes, 1-5 regions, two models) and reports the distribution of the decode throughput error
-(median and worst), in block ``bench_fidelity-generated``.
+(median and worst), in block ``bench_fidelity-generated``. Its cost grows with the clusters'
+size: ``--generated 12 --duration 300 --time-limit 20`` takes ~14 minutes of one core (the
+200-node cluster's simulation the most); the time limit bounds each plan, so under load the
+planner may score fewer candidates and choose another plan.
 
 Usage: ``python scripts/bench_fidelity.py [--duration 600] [--time-limit 60] [--cases single24,...]
 [--chunk-tokens N] [--generated N [--generated-seed S] [--online]] [--no-append]``. Prints a
