@@ -102,7 +102,11 @@ output, p the mean prompt):
 - *round trip*: a token visits every stage. At each it first waits out the step in progress:
   a plain step of another wave (t0_v, a fraction 1 - s_v of the steps) or one carrying a prompt
   piece (t1_v, a fraction s_v), ``steps/s x [(1 - s_v) t0_v^2 + s_v t1_v^2] / 2``, then rides a
-  plain step, or one carrying another pipeline's prompt piece (at nodes pipelines share);
+  plain step, or one carrying another pipeline's prompt piece (at nodes pipelines share), with
+  its wave's decodes, ``N / W`` (weighted over the node's pipelines by their decode rates), not
+  D_v: where the budget cuts more steps than waves, D_v averages in steps that carry prompt
+  pieces and few decodes, and a token sees the size-biased step (a generated 20-node, 2-region
+  chain at 256: D_v ~ 50, the decodes' own steps ~165, each 1.6x as long);
   plus link latencies, bytes / bandwidth and the wait behind the message each link is sending
   (a prompt's hidden states take a second on a 100 Mb/s link), coordinator hop included; a
   stage steps at most back to back, so with many thin pipelines through it

@@ -194,14 +194,18 @@ class Model:
                                  where=through[A.cols] > 0)
         plain_wait = steps * (1 - share) * base ** 2 / 2   # another wave's step in progress
         piece_wait = steps * share * full ** 2 / 2          # a prompt piece's step
-        visit = self.per_path(base + plain_wait) + self.per_path(
-            share * (full - base) + piece_wait, others)
         waits = self.link_waits(rate, float(batch.mean()))
         links = self.link_latency + waits
         lag = self.per_path(full - base)                    # a prompt piece's longer steps
         stages_paced = A.row_max((pieces - 1) * full)       # the later pieces, by the stages
         excess = lag + stages_paced
-        R = visit + links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
+        fixed = links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
+
+        def round_trip(ride: np.ndarray) -> np.ndarray:   # R with decodes riding ``ride`` decodes a step
+            r_base, r_full, r_share, _ = self.step_times(ride)
+            return self.per_path(r_base + plain_wait) + self.per_path(
+                r_share * (r_full - r_base) + piece_wait, others) + fixed
+        R = round_trip(batch)
         # The prompt: its pieces' steps at every stage (the first waits out the step in
         # progress), and over every link, the first piece's bytes; the pieces after the
         # first are paced by the slowest stage or link (a link forwards a piece while the
@@ -214,6 +218,14 @@ class Model:
         F = F0 + lag + paced + self.link_s_per_token * p / split
         stay = F + (o - 1.0) * R
         N = in_flight_of(stay)
+        # A decode rides the step of its wave, not the node's mean step: where the step budget
+        # cuts more steps than waves (prompt pieces between them), the mean batch counts steps
+        # that hold few of the decodes, and a token sees the size-biased one.
+        ride = self.wave_decodes(N, rate, batch)
+        if np.any(ride > batch):
+            R = round_trip(ride)
+            stay = F + (o - 1.0) * R
+            N = in_flight_of(stay)
         new_rate = N / stay                           # requests/s per pipeline
         decode_rate = A.T @ (new_rate * o)            # decode tokens/s per node
         # Steps/s: one per wave of each pipeline through the node, or more where the waves
@@ -227,6 +239,17 @@ class Model:
         new = np.clip(np.divide(decode_rate, new_steps, out=np.ones_like(new_steps),
                                 where=new_steps > 0), 1.0, self.max_batch)
         return Evaluation(N, new_rate, R, F, F0, new, step)
+
+    def wave_decodes(self, N: np.ndarray, rate: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        """Per node, the decodes in the step a decode token rides: its pipeline's wave, ``N /
+        min(W, N)`` (:data:`DECODE_WAVES`), averaged over the pipelines through the node by their
+        decode rates (``rate``); at least the mean ``batch`` (a token's step holds at least the
+        mean: it is size-biased) and at most :attr:`max_batch`."""
+        A = self.incidence
+        wave = N / np.maximum(np.minimum(DECODE_WAVES, N), 1.0)
+        weight = A.T @ rate
+        ride = np.divide(A.T @ (rate * wave), weight, out=batch.copy(), where=weight > 0)
+        return np.clip(ride, batch, self.max_batch)
 
     def steps_per_s(self, batch: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """Steps per s per node that carry the decodes of ``rate`` in batches of ``batch``."""

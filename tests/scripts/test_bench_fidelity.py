@@ -22,3 +22,44 @@ def test_the_bench_reads_the_simulators_steady_state():
         bench_fidelity.steady_of(SimpleNamespace(label="x", duration_s=1.0,
                                                  steady_decode_throughput_tokens_per_s=None))
 
+
+
+def test_generated_cases_span_the_shapes_and_seeds():
+    cases = bench_fidelity.generated_cases(len(bench_fidelity.GENERATED_SHAPES) + 2, seed=5)
+    assert [c.seed for c in cases] == list(range(5, 5 + len(cases)))
+    assert (cases[-1].nodes, cases[-1].regions) == (cases[1].nodes, cases[1].regions)
+    first = cases[:len(bench_fidelity.GENERATED_SHAPES)]
+    assert min(c.nodes for c in first) == 10 and max(c.nodes for c in first) == 200
+    assert {c.regions for c in first} == {1, 2, 3, 4, 5}
+    assert {c.model for c in first} == {"llama-2-70b", "llama-1-30b"}
+    assert len({c.name for c in cases}) == len(cases)
+
+
+def test_error_summary_reads_median_and_worst():
+    text = bench_fidelity.error_summary([0.05, -0.12, 0.02, 0.25])
+    assert text.startswith("4 clusters: median |error| 8.5 %, worst +25.0 %; 2 within 10 %, 3 within 20 %")
+
+
+def test_generated_mode_runs_end_to_end():
+    """A 10-node cluster, 120 simulated s: one row, and the summary is that row's error."""
+    case = bench_fidelity.GeneratedCase(10, 1, 0, "llama-1-30b")
+    rows, summary = bench_fidelity.generated_fidelity([case], duration_s=120, time_limit_s=5)
+    assert len(rows) == 1 and rows[0].startswith(f"| {case.name} | 10 | 1 | llama-1-30b |")
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    pred, sim = (float(x.replace(",", "")) for x in cells[6].split(" (")[0].split(" / "))
+    assert pred > 0 and sim > 0
+    error = (pred - sim) / sim * 100
+    assert summary.startswith("1 cluster: median |error| ")
+    median = float(summary.split("median |error| ")[1].split(" %")[0])
+    worst = float(summary.split("worst ")[1].split(" %")[0])
+    # The row rounds the two figures to 0.1 token/s, the summary the error to 0.1 %.
+    assert abs(abs(error) - median) < 0.2 and abs(error - worst) < 0.2
+
+
+def test_transposed_puts_a_cluster_per_column():
+    rows = ["| a | 10 | 1 | m | 1,000 | 5 | 9.0 / 10.0 (-10 %) | 30 / 31 (-3 %) | - | - |",
+            "| b | 20 | 2 | m | not measured: too small ||||||"]
+    table = bench_fidelity.transposed(rows, ["max flow", "decode tok/s"])
+    assert table[0] == "| | a | b |" and table[1] == "|---|---|---|"
+    assert table[2] == "| max flow | 1,000 | not measured: too small |"
+    assert table[3] == "| decode tok/s | 9.0 / 10.0 (-10 %) |  |"
