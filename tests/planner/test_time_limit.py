@@ -73,7 +73,7 @@ def test_chains_and_candidates_stop_at_a_passed_deadline():
 def test_the_summary_prints_the_max_flow_result_apart_from_the_choice():
     """A candidate chosen on its prediction has less max flow by design: the printed gap is the
     max-flow placement's, and the chosen line says which placement serves and why."""
-    spec = at_budget(small_spec(), 512)   # where the sweep placement wins (test_candidates)
+    spec = at_budget(small_spec(), 2048)   # where the sweep placement wins (test_candidates)
     problem, cost = build_problem(spec), CostModel.for_cluster(spec)
     flow_pick = evaluate(spec, uniform(problem), problem=problem)
     flow_pick = dataclasses.replace(flow_pick, upper_bound_tokens_per_s=(
