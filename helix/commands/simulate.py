@@ -192,7 +192,7 @@ def simulate(
                                   in_order=in_order)
     # Missing or unreadable data is a one-line error before any planning starts, not after it.
     from helix.sim.workload import load_azure_trace, resolve_trace
-    load_azure_trace(resolve_trace(trace), max_prompt, max_output)
+    trace_requests = len(load_azure_trace(resolve_trace(trace), max_prompt, max_output))
     if html is not None and compare_all:
         raise HelixUserError("--html shows one run, not --compare")
     if html is not None:
@@ -202,7 +202,7 @@ def simulate(
                              "--replan)")
     if compare_all:
         _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out,
-                     jobs)
+                     jobs, trace_requests)
     else:
         _run_single(console, spec, cluster, config, opts, plan, method, time_limit, scheduler, plot,
                     json_out, event_log, (html, html_every))
@@ -355,7 +355,7 @@ def _print_prediction(console, the_plan, scheduler: str, result) -> None:
 
 
 def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit, plot, json_out,
-                 jobs=None):
+                 jobs=None, trace_requests=0):
     from helix.sim import run as simrun
     plans = {method: _load_plan(spec, plan)} if plan is not None else {}
     methods = (method, *[m for m in simrun.COMPARE_METHODS if m != method])
@@ -364,11 +364,8 @@ def _run_compare(console, spec, cluster, config, opts, plan, method, time_limit,
                           jobs=simrun.default_jobs() if jobs is None else jobs)
     results = [r.result for r in rows]
     console.print(_summary_table(results, f"{cluster.name} {config.mode}: placement+scheduler"))
-    if config.mode == "offline":
-        from helix.sim.workload import load_azure_trace, resolve_trace
-        n = opts.num_requests or len(load_azure_trace(resolve_trace(opts.trace),
-                                                      opts.max_prompt_tokens, opts.max_output_tokens))
-        _print_replay(console, opts, config, n, results)
+    if config.mode == "offline":   # the trace was read (and checked) once, up front
+        _print_replay(console, opts, config, opts.num_requests or trace_requests, results)
     if plot is not None:
         from helix.sim.plots import plot_compare, plot_results
         kinds = {n.name: n.label for n in spec.nodes}
