@@ -123,7 +123,7 @@ class StepPlan:
         return self.num_seqs == 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Req:
     request_id: Hashable
     num_prompt_tokens: int

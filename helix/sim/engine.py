@@ -431,26 +431,69 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
 
     def on_step_finish(self, ev: StepFinish) -> list[Event]:
         """Forward the hidden states of newly computed positions; the last stage samples."""
-        now_s, w, plan, duration_s = ev.time_s, ev.worker, ev.plan, ev.duration_s
+        w = ev.worker
         if ev.epoch != w.epoch:
             return []   # the worker went down during this step: it never finished
+        now_s, plan = ev.time_s, ev.plan
         w.busy = False
-        w.busy_s += duration_s
+        w.busy_s += ev.duration_s
         w.num_steps += 1
         w.policy.complete(plan)
+        # Per destination (None: the coordinator), the items of its message, in first-seen order.
         outs: dict[SimWorker | None, list] = {}
-        num_tokens: dict[SimWorker, int] = {}   # hidden states each next stage gets
-        requests = w.requests
-        observe = self._observe_hops
-        # Positions [.., end) of each request in the plan are now computed here.
-        ends = zip(plan.decode_ids, [pos + 1 for pos in plan.decode_positions])
-        if plan.prefill_chunks:
-            ends = itertools.chain(ends, ((c.request_id, c.end) for c in plan.prefill_chunks))
-        for rid, end in ends:
-            entry = requests.get(rid)
+        get = w.requests.get
+        # Positions [.., end) of each request in the plan are now computed here. A decode's end is
+        # past its prompt (the policy decodes only after the prompt), so only chunks are first passes.
+        for rid, pos in zip(plan.decode_ids, plan.decode_positions):
+            entry = get(rid)
             if entry is None:
                 continue  # finished while this step ran
             req, idx = entry
+            workers = req.workers
+            if idx + 1 < len(workers):
+                sent_upto = req.sent_upto
+                sent = sent_upto[idx]
+                if pos >= sent:  # a stage recomputing after preemption forwards nothing twice
+                    sent_upto[idx] = end = pos + 1
+                    req.sent_at_s[idx + 1] = now_s
+                    nxt = workers[idx + 1]
+                    batch = outs.get(nxt)
+                    if batch is None:
+                        outs[nxt] = [(req, idx + 1, end - sent, req.epoch)]
+                    else:
+                        batch.append((req, idx + 1, end - sent, req.epoch))
+            elif pos == req.prompt_tokens + req.generated - 1:
+                req.generated += 1  # the last stage samples a new token from its newest position
+                batch = outs.get(None)
+                if batch is None:
+                    outs[None] = [(req, idx, 1, req.epoch)]
+                else:
+                    batch.append((req, idx, 1, req.epoch))
+        if plan.prefill_chunks:
+            self._forward_chunks(now_s, w, plan.prefill_chunks, outs)
+        out: list[Event] = []
+        for dst, items in outs.items():
+            if dst is None:
+                nbytes = len(items) * self.token_id_bytes
+            else:
+                num_tokens = 0   # hidden states the next stage gets
+                for item in items:
+                    num_tokens += item[2]
+                nbytes = num_tokens * self.activation_bytes_per_token
+            out.extend(self._send(now_s, w.name, dst, nbytes, items))
+        out.extend(self.start_step(now_s, w))
+        return out
+
+    def _forward_chunks(self, now_s: float, w: SimWorker, chunks, outs: dict) -> None:
+        """``on_step_finish`` for the prefill chunks of its step (after its decodes)."""
+        requests = w.requests
+        observe = self._observe_hops
+        for c in chunks:
+            entry = requests.get(c.request_id)
+            if entry is None:
+                continue  # finished while this step ran
+            req, idx = entry
+            end = c.start + c.num_tokens
             if observe and end == req.prompt_tokens:   # its first pass: the prompt
                 prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
                 self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
@@ -460,23 +503,11 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                 if end > sent:  # a stage recomputing after preemption forwards nothing twice
                     req.sent_upto[idx] = end
                     req.sent_at_s[idx + 1] = now_s
-                    nxt = workers[idx + 1]
-                    batch = outs.get(nxt)
-                    if batch is None:
-                        batch = outs[nxt] = []
-                        num_tokens[nxt] = 0
-                    batch.append((req, idx + 1, end - sent, req.epoch))
-                    num_tokens[nxt] += end - sent
+                    outs.setdefault(workers[idx + 1], []).append((req, idx + 1, end - sent,
+                                                                  req.epoch))
             elif end == req.prompt_tokens + req.generated:
                 req.generated += 1  # the last stage samples a new token from its newest position
                 outs.setdefault(None, []).append((req, idx, 1, req.epoch))
-        out: list[Event] = []
-        for dst, items in outs.items():
-            nbytes = len(items) * self.token_id_bytes if dst is None else \
-                num_tokens[dst] * self.activation_bytes_per_token
-            out.extend(self._send(now_s, w.name, dst, nbytes, items))
-        out.extend(self.start_step(now_s, w))
-        return out
 
     # --- summary ------------------------------------------------------------------------------------
     def _result(self, end_s: float, wall_s: float) -> SimResult:
