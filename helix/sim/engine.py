@@ -134,6 +134,10 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         self._observe_hops = scheduler.uses_hop_delays
         self._heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
+        self._event_seq = 0   # the heap sequence number of the event being handled
+        self._inboxes = False
+        """Whether inputs reaching a busy worker wait in its inbox until its step ends (set by
+        ``run``; see ``on_inputs_at_worker``)."""
         self.arrived = self.admitted = self.rejected = self.preemptions = self.events = 0
         self.active: dict[int, SimRequest] = {}
         """Requests with a pipeline (admitted, not finished), by id."""
@@ -172,12 +176,17 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         heap, pop, push, seq, handlers = (self._heap, heapq.heappop, heapq.heappush, self._seq,
                                           self.handlers)
         until = self.config.duration_s
+        config = self.config
+        # Inboxes hold inputs back from everything that could look at a busy worker's requests
+        # before its step ends: samples, event logs, and the handlers of failures and elastic events.
+        self._inboxes = self.sampler is None and self.event_log is None and not (
+            config.failures or config.drains or config.joins or config.replan)
         events = 0
         sample_s = math.inf if self.sampler is None else 0.0   # the next sample time
         while heap:
             if until is not None and heap[0][0] > until:
                 break
-            t, _, event = pop(heap)
+            t, self._event_seq, event = pop(heap)
             while t >= sample_s:
                 sample_s = self.sampler(sample_s)
             self.now_s = t
@@ -352,7 +361,13 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         """Put a message on the link ``src -> dst`` (None = the coordinator)."""
         dst_name = COORDINATOR if dst is None else dst.name
         if self.network.sharing == "fifo":
-            return (TransferFinish(self.network.send(now_s, src, dst_name, nbytes), dst, items),)
+            arrive_s = self.network.send(now_s, src, dst_name, nbytes)
+            if dst is not None and dst.busy and arrive_s < dst.busy_until_s and self._inboxes:
+                # It arrives during the step in progress: straight to the inbox, keyed by the time
+                # and the sequence number its TransferFinish would have had (no event at all).
+                dst.inbox.append((arrive_s, next(self._seq), items))
+                return NO_EVENTS
+            return (TransferFinish(arrive_s, dst, items),)
         link, wake_s = self.network.start_shared(now_s, src, dst_name, nbytes, (dst, items))
         return (LinkWake(wake_s, link, link.version),)
 
@@ -370,6 +385,26 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
     def on_inputs_at_worker(self, now_s: float, w: SimWorker, items: list) -> Iterable[Event]:
         if w.down:
             return NO_EVENTS   # lost with the node
+        if w.busy and self._inboxes:
+            # Nothing looks at a busy worker's requests before its step ends but the finish of a
+            # request (which the feeding then skips, as it drops what it fed): feeding them all
+            # then, in arrival order, ahead of the step's completion, gives the same state.
+            w.inbox.append((now_s, self._event_seq, items))
+            return NO_EVENTS
+        self._feed(w, items)
+        if w.busy or w.start_pending:
+            return NO_EVENTS
+        heap = self._heap
+        if (heap and heap[0][0] <= now_s) or self.event_log is not None:
+            # More may happen at this instant (other inputs): the step starts after it.
+            w.start_pending = True
+            return (StepStart(now_s, w),)
+        # Nothing else is due at this instant, so a StepStart pushed now would be the next event
+        # popped: start the step at once (same run, one event fewer; kept when events are logged).
+        return self.start_step(now_s, w)
+
+    def _feed(self, w: SimWorker, items: list) -> None:
+        """Give ``w``'s policy the inputs of ``items`` (a new request is admitted)."""
         requests = w.requests
         fed = []
         for req, idx, n, epoch in items:
@@ -382,16 +417,17 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         if fed:
             w.policy.feed_many(fed)
         w.maybe_ready = True
-        if w.busy or w.start_pending:
-            return NO_EVENTS
-        heap = self._heap
-        if (heap and heap[0][0] <= now_s) or self.event_log is not None:
-            # More may happen at this instant (other inputs): the step starts after it.
-            w.start_pending = True
-            return (StepStart(now_s, w),)
-        # Nothing else is due at this instant, so a StepStart pushed now would be the next event
-        # popped: start the step at once (same run, one event fewer; kept when events are logged).
-        return self.start_step(now_s, w)
+
+    def _empty_inbox(self, w: SimWorker) -> None:
+        """Feed what reached ``w`` during its step, as if fed on arrival (it is, to any reader)."""
+        inbox = w.inbox
+        w.inbox = []
+        if len(inbox) > 1:
+            inbox.sort()   # by (arrival time, sequence number): unique, so items never compare
+            items = [item for _, _, its in inbox for item in its]
+        else:
+            items = inbox[0][2]
+        self._feed(w, items)
 
     def on_step_start(self, ev: StepStart) -> Iterable[Event]:
         ev.worker.start_pending = False
@@ -427,7 +463,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         if self.hop is not None:   # CPU the coordinator took from this worker's core
             duration_s += self.hop.charge(w)
         w.busy = True
-        return (StepFinish(now_s + duration_s, w, plan, duration_s, w.epoch),)
+        w.busy_until_s = end_s = now_s + duration_s
+        return (StepFinish(end_s, w, plan, duration_s, w.epoch),)
 
     def on_step_finish(self, ev: StepFinish) -> list[Event]:
         """Forward the hidden states of newly computed positions; the last stage samples."""
@@ -438,6 +475,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         w.busy = False
         w.busy_s += ev.duration_s
         w.num_steps += 1
+        if w.inbox:
+            self._empty_inbox(w)
         w.policy.complete(plan)
         # Per destination (None: the coordinator), the items of its message, in first-seen order.
         outs: dict[SimWorker | None, list] = {}

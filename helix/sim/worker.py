@@ -27,7 +27,7 @@ class SimWorker:
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
                  "_num_partial", "peak_used_blocks", "down", "epoch", "detected_epoch", "routed",
-                 "first_routed_s", "last_routed_s", "adapter_time")
+                 "first_routed_s", "last_routed_s", "adapter_time", "busy_until_s", "inbox")
 
     def __init__(self, name: str, start: int, end: int, kv_capacity_tokens: int,
                  layer_time: LayerTime, policy_config: PolicyConfig,
@@ -48,6 +48,12 @@ class SimWorker:
         self.entry: dict[int, int] = {}
         """First layer each request runs here (> start when it enters mid-slice)."""
         self.busy = False
+        self.busy_until_s = 0.0
+        """When the step in progress ends (while ``busy``)."""
+        self.inbox: list[tuple[float, int, list]] = []
+        """Messages that reached the worker during its step, ``(arrival time, event sequence
+        number, items)``: the simulator feeds them to the policy when the step ends (see
+        ``Simulator.on_inputs_at_worker``)."""
         self.start_pending = False
         self.maybe_ready = True
         """False when the last schedule() left nothing that could run without new inputs."""
@@ -73,6 +79,7 @@ class SimWorker:
         self.down = True
         self.epoch += 1
         self.busy = self.start_pending = False
+        self.inbox = []
         blocks = self.policy.blocks
         self.policy = StepPolicy(self.policy.config, KVBlockManager(blocks.num_blocks,
                                                                     blocks.block_size_tokens))

@@ -147,3 +147,24 @@ def test_steps_started_at_once_give_the_run_of_steps_started_by_event(mode):
         runs.append({k: v for k, v in dataclasses.asdict(r).items() if k not in ("wall_s", "events")})
     assert runs[0] == runs[1]
     assert runs[0]["requests_completed"] == 24
+
+
+@pytest.mark.parametrize("kv_tokens, bandwidth", [(100_000, 1e6), (480, 1e6), (480, 1e30)])
+def test_inputs_held_in_a_busy_workers_inbox_give_the_run_of_inputs_fed_on_arrival(kv_tokens,
+                                                                                   bandwidth):
+    # Without an event log, inputs that reach a busy worker wait in its inbox (those sent while it
+    # is busy get no event at all) and are fed when its step ends; with one, every message is an
+    # event fed on arrival. Tight KV (preemptions, requests finishing while inputs wait) and
+    # partial inference included: both must be the same run.
+    workload = tuple(TraceRequest(0.004 * i, 20 + 13 * (i % 6), 4 + i % 7) for i in range(40))
+    runs, events = [], []
+    for record in (True, False):
+        cfg = SimConfig(mode="online", duration_s=None, record_events=record,
+                        expected_output_tokens=1, kv_high_water=1.0)
+        r = make_sim(small_diamond_plan(), workload, cfg, kv_tokens=kv_tokens,
+                     bandwidth_bytes_per_s=bandwidth).run()
+        runs.append({k: v for k, v in dataclasses.asdict(r).items() if k not in ("wall_s", "events")})
+        events.append(r.events)
+    assert runs[0] == runs[1]
+    assert runs[0]["requests_completed"] == 40
+    assert events[1] < events[0]
