@@ -285,7 +285,6 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
     def _start(self, now_s: float, req: SimRequest, pipeline: Pipeline) -> Iterable[Event]:
         req.pipeline = pipeline
         req.workers = tuple(self.workers[s.node] for s in pipeline.stages)
-        req.sent_upto = [0] * len(pipeline.stages)
         req.sent_at_s = [now_s] * len(pipeline.stages)
         self.active[req.request_id] = req
         for w in req.workers:
@@ -483,31 +482,29 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         get = w.requests.get
         # Positions [.., end) of each request in the plan are now computed here. A decode's end is
         # past its prompt (the policy decodes only after the prompt), so only chunks are first passes.
+        observe = self._observe_hops
         for rid, pos in zip(plan.decode_ids, plan.decode_positions):
             entry = get(rid)
             if entry is None:
                 continue  # finished while this step ran
-            req, idx = entry
-            workers = req.workers
-            if idx + 1 < len(workers):
-                sent_upto = req.sent_upto
-                sent = sent_upto[idx]
+            req, idx, nxt, sent, epoch = entry
+            if nxt is not None:
                 if pos >= sent:  # a stage recomputing after preemption forwards nothing twice
-                    sent_upto[idx] = end = pos + 1
-                    req.sent_at_s[idx + 1] = now_s
-                    nxt = workers[idx + 1]
+                    entry[3] = end = pos + 1
+                    if observe:
+                        req.sent_at_s[idx + 1] = now_s
                     batch = outs.get(nxt)
                     if batch is None:
-                        outs[nxt] = [(req, idx + 1, end - sent, req.epoch)]
+                        outs[nxt] = [(req, idx + 1, end - sent, epoch)]
                     else:
-                        batch.append((req, idx + 1, end - sent, req.epoch))
+                        batch.append((req, idx + 1, end - sent, epoch))
             elif pos == req.prompt_tokens + req.generated - 1:
                 req.generated += 1  # the last stage samples a new token from its newest position
                 batch = outs.get(None)
                 if batch is None:
-                    outs[None] = [(req, idx, 1, req.epoch)]
+                    outs[None] = [(req, idx, 1, epoch)]
                 else:
-                    batch.append((req, idx, 1, req.epoch))
+                    batch.append((req, idx, 1, epoch))
         if plan.prefill_chunks:
             self._forward_chunks(now_s, w, plan.prefill_chunks, outs)
         out: list[Event] = []
@@ -531,22 +528,20 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             entry = requests.get(c.request_id)
             if entry is None:
                 continue  # finished while this step ran
-            req, idx = entry
+            req, idx, nxt, sent, epoch = entry
             end = c.start + c.num_tokens
             if observe and end == req.prompt_tokens:   # its first pass: the prompt
                 prev = COORDINATOR if idx == 0 else req.pipeline.stages[idx - 1].node
                 self.scheduler.observe_hop(prev, w.name, now_s - req.sent_at_s[idx])
-            workers = req.workers
-            if idx + 1 < len(workers):
-                sent = req.sent_upto[idx]
+            if nxt is not None:
                 if end > sent:  # a stage recomputing after preemption forwards nothing twice
-                    req.sent_upto[idx] = end
-                    req.sent_at_s[idx + 1] = now_s
-                    outs.setdefault(workers[idx + 1], []).append((req, idx + 1, end - sent,
-                                                                  req.epoch))
+                    entry[3] = end
+                    if observe:
+                        req.sent_at_s[idx + 1] = now_s
+                    outs.setdefault(nxt, []).append((req, idx + 1, end - sent, epoch))
             elif end == req.prompt_tokens + req.generated:
                 req.generated += 1  # the last stage samples a new token from its newest position
-                outs.setdefault(None, []).append((req, idx, 1, req.epoch))
+                outs.setdefault(None, []).append((req, idx, 1, epoch))
 
     # --- summary ------------------------------------------------------------------------------------
     def _result(self, end_s: float, wall_s: float) -> SimResult:

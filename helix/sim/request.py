@@ -8,14 +8,13 @@ from coordinator.pipeline import Pipeline
 class SimRequest:
     """One request from arrival to finish.
 
-    ``sent_upto[i]`` is how many positions stage ``i`` has forwarded downstream (a stage that
-    recomputes after a preemption forwards nothing it already sent); ``sent_at_s[i]`` is when the
-    latest input for stage ``i`` left its sender (for per-hop delays).
+    ``sent_at_s[i]`` is when the latest input for stage ``i`` left its sender (for per-hop delays;
+    kept only while the scheduler uses them).
     """
 
     __slots__ = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "pipeline",
                  "workers", "admitted_s", "first_token_s", "last_token_s", "finish_s",
-                 "generated", "received", "sent_upto", "sent_at_s", "decode_latency_sum_s",
+                 "generated", "received", "sent_at_s", "decode_latency_sum_s",
                  "epoch", "moves", "task")
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int,
@@ -34,7 +33,6 @@ class SimRequest:
         """Tokens sampled by the last stage."""
         self.received = 0
         """Tokens that reached the coordinator (streamed to the user)."""
-        self.sent_upto: list[int] = []
         self.sent_at_s: list[float] = []
         self.decode_latency_sum_s = 0.0
         self.epoch = 0

@@ -22,7 +22,9 @@ AdapterTime = Callable[[list[int]], float]
 
 
 class SimWorker:
-    """One node's slice ``[start, end)``; ``requests`` maps request id -> (SimRequest, stage index)."""
+    """One node's slice ``[start, end)``; ``requests`` maps request id -> ``[SimRequest, stage index,
+    next stage's worker (None: this is the last stage), positions forwarded downstream so far, the
+    request's epoch]`` (a stage recomputing after a preemption forwards nothing it already sent)."""
 
     __slots__ = ("name", "start", "end", "policy", "layer_time", "step_overhead", "requests", "entry",
                  "busy", "start_pending", "maybe_ready", "busy_s", "num_steps", "num_preemptions",
@@ -44,7 +46,7 @@ class SimWorker:
         self.policy = StepPolicy(policy_config, KVBlockManager(num_blocks, block_size_tokens))
         self.layer_time = layer_time
         self.step_overhead = step_overhead
-        self.requests: dict[int, tuple] = {}
+        self.requests: dict[int, list] = {}
         self.entry: dict[int, int] = {}
         """First layer each request runs here (> start when it enters mid-slice)."""
         self.busy = False
@@ -95,7 +97,9 @@ class SimWorker:
     def admit(self, request, stage_index: int, entry_layer: int, num_available: int) -> None:
         """First input of ``request`` arrived: queue it in the policy."""
         rid = request.request_id
-        self.requests[rid] = (request, stage_index)
+        workers = request.workers
+        nxt = workers[stage_index + 1] if stage_index + 1 < len(workers) else None
+        self.requests[rid] = [request, stage_index, nxt, 0, request.epoch]
         self.entry[rid] = entry_layer
         if entry_layer != self.start:
             self._num_partial += 1
