@@ -281,6 +281,8 @@ class StepPolicy:
         limit = min(self.config.max_num_seqs, self.config.max_num_batched_tokens)
         decode_ids, positions, scheduled = step.decode_ids, step.decode_positions, step.scheduled
         tables, block_size = self.blocks.tables, self.blocks.block_size_tokens
+        # ``scheduled`` (which _grow's preemption victims must avoid) gets the decodes before any
+        # _grow and at the end, not one by one.
         for _, rid in self._ready_decodes.entries.copy():
             if preempted and rid in preempted:
                 continue
@@ -288,18 +290,21 @@ class StepPolicy:
                 break
             pos = reqs[rid].num_computed
             table = tables.get(rid)
-            if (table is not None and len(table) * block_size > pos) or \
-                    self._grow(rid, pos + 1, step, preempted):
-                decode_ids.append(rid)
-                positions.append(pos)
-                scheduled.add(rid)
+            if table is None or len(table) * block_size <= pos:
+                scheduled.update(decode_ids)
+                if not self._grow(rid, pos + 1, step, preempted):
+                    continue
+            decode_ids.append(rid)
+            positions.append(pos)
+        scheduled.update(decode_ids)
         step.tokens = len(decode_ids)
-        for _, rid in self._ready_prefills.entries.copy():
-            if rid in preempted:
-                continue
-            if not step.room_for(1):
-                break
-            self._schedule_prefill(rid, step, preempted, running=True)
+        if self._ready_prefills.entries:
+            for _, rid in self._ready_prefills.entries.copy():
+                if rid in preempted:
+                    continue
+                if not step.room_for(1):
+                    break
+                self._schedule_prefill(rid, step, preempted, running=True)
         while self._waiting and step.room_for(1):
             rid = self._waiting[0]
             if rid in preempted:
@@ -318,7 +323,7 @@ class StepPolicy:
             self.finish(rid)
         self_feeding = self.config.self_feeding
         ready_decodes = self._ready_decodes
-        moves = _Moves()
+        moves: _Moves | None = None   # made when a request changes queue (rare on most steps)
         left_decodes: set[int] = set()
         # A request is in a plan once; were it there twice, the second visit would find it fed
         # already, as a visit to the set of touched ids would.
@@ -336,6 +341,7 @@ class StepPolicy:
                     left_decodes.add(req.admission)
                     req.ready_in = None
             else:
+                moves = moves or _Moves()
                 moves.note(self, req)
         for chunk in plan.prefill_chunks:
             req = reqs.get(chunk.request_id)
@@ -344,10 +350,12 @@ class StepPolicy:
             req.num_computed = chunk.end
             if self_feeding and req.num_available == req.num_computed:
                 req.num_available += 1
+            moves = moves or _Moves()
             moves.note(self, req)
         if left_decodes:
             ready_decodes.discard_many(left_decodes)
-        moves.apply()
+        if moves is not None:
+            moves.apply()
 
     # --- helpers --------------------------------------------------------------------------------
     def _schedule_prefill(self, rid: Hashable, step: "_StepBuilder", preempted: list[Hashable],

@@ -446,14 +446,16 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         # hit a limit, an unfinished prompt, a preemption or a blocked queue. Otherwise skip the
         # policy's schedule() until inputs arrive (most steps of a pipeline stage end idle).
         config = policy.config
+        chunks = plan.prefill_chunks
+        num_seqs = len(plan.decode_ids) + len(chunks)
         w.maybe_ready = bool(plan.preempted_ids) or policy.num_waiting > 0 \
-            or plan.num_seqs >= config.max_num_seqs \
-            or plan.num_tokens >= config.max_num_batched_tokens \
-            or any(not c.is_last for c in plan.prefill_chunks)
+            or num_seqs >= config.max_num_seqs \
+            or (num_seqs if not chunks else plan.num_tokens) >= config.max_num_batched_tokens \
+            or any(not c.is_last for c in chunks)
         if plan.preempted_ids:
             w.num_preemptions += len(plan.preempted_ids)
             self.preemptions += len(plan.preempted_ids)
-        if plan.is_empty:
+        if num_seqs == 0:
             return NO_EVENTS
         used = policy.blocks.num_used_blocks
         if used > w.peak_used_blocks:

@@ -68,7 +68,7 @@ class TransferFinish(Event):
 
     def __init__(self, time_s: float, dst: "SimWorker | None",
                  items: list[tuple["SimRequest", int, int]]) -> None:
-        super().__init__(time_s)
+        self.time_s = time_s   # Event.__init__, inlined (one per step or message)
         self.dst = dst
         self.items = items
 
@@ -95,7 +95,7 @@ class StepStart(Event):
     __slots__ = ("worker",)
 
     def __init__(self, time_s: float, worker: "SimWorker") -> None:
-        super().__init__(time_s)
+        self.time_s = time_s   # Event.__init__, inlined (one per step or message)
         self.worker = worker
 
 
@@ -107,7 +107,7 @@ class StepFinish(Event):
 
     def __init__(self, time_s: float, worker: "SimWorker", plan: "StepPlan",
                  duration_s: float, epoch: int = 0) -> None:
-        super().__init__(time_s)
+        self.time_s = time_s   # Event.__init__, inlined (one per step or message)
         self.worker = worker
         self.plan = plan
         self.duration_s = duration_s
@@ -179,7 +179,7 @@ class RequestFinish(Event):
     __slots__ = ("request",)
 
     def __init__(self, time_s: float, request: "SimRequest") -> None:
-        super().__init__(time_s)
+        self.time_s = time_s   # Event.__init__, inlined (one per step or message)
         self.request = request
 
 

@@ -112,8 +112,15 @@ class Network:
 
     def send(self, now_s: float, src: str, dst: str, num_bytes: float) -> float:
         """Reserve the link (and NICs) for ``num_bytes`` from ``now_s``; return the arrival time."""
-        link, latency_s, out_nic, in_nic = self._entry(src, dst)
+        entry = self._links.get((src, dst)) or self._entry(src, dst)
+        link, latency_s, out_nic, in_nic = entry
         start = now_s if now_s > link.free_at_s else link.free_at_s
+        if out_nic is None and in_nic is None:   # no NIC figures (most specs): the link alone
+            duration = num_bytes / link.bandwidth_bytes_per_s
+            link.free_at_s = done = start + duration
+            link.busy_s += duration
+            link.bytes_sent += num_bytes
+            return done + latency_s
         bw = link.bandwidth_bytes_per_s
         for nic in (out_nic, in_nic):
             if nic is not None:
