@@ -56,9 +56,7 @@ class KVBlockManager:
 
     @property
     def tables(self) -> Mapping[Hashable, list[int]]:
-        """Each request's block ids in position order, read-only (the step policy's decode pass
-        reads its lengths in its inner loop, where a ``capacity_of`` call per request costs more
-        than the step's other work)."""
+        """Each request's block ids in position order, read-only."""
         return self._tables
 
     def block_table(self, request_id: Hashable) -> tuple[int, ...]:
