@@ -81,11 +81,22 @@ class KVBlockManager:
     # --- updates ------------------------------------------------------------------------------
     def allocate(self, request_id: Hashable, num_tokens: int) -> tuple[int, ...]:
         """Grow ``request_id``'s table to cover ``num_tokens`` positions; return the new block ids."""
-        need = self.blocks_needed(request_id, num_tokens)
-        if need > len(self._free):
-            raise KVCacheFullError(f"request {request_id!r} needs {need} blocks, {len(self._free)} free")
-        new = [self._free.pop() for _ in range(need)]
-        self._tables.setdefault(request_id, []).extend(new)
+        table = self._tables.get(request_id)
+        need = -(-num_tokens // self.block_size_tokens) - (0 if table is None else len(table))
+        if need <= 0:
+            if table is None:
+                self._tables[request_id] = []
+            return ()
+        free = self._free
+        if need > len(free):
+            raise KVCacheFullError(f"request {request_id!r} needs {need} blocks, {len(free)} free")
+        new = free[-need:]
+        new.reverse()   # the order of ``need`` pops off the end
+        del free[-need:]
+        if table is None:
+            self._tables[request_id] = new
+        else:
+            table.extend(new)
         return tuple(new)
 
     def free(self, request_id: Hashable) -> int:
