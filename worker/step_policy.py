@@ -147,23 +147,23 @@ class _Req:
 class _ReadyQueue:
     """Running requests of one phase with inputs pending, oldest admission first.
 
-    Entries are ``(admission, request_id)``; admission numbers are unique, so ordering never compares
-    request ids (which need not be orderable). ``add_many`` / ``discard_many`` move a step's worth of
+    Entries are ``(admission, request record)`` (the record spares the step a lookup by id);
+    admission numbers are unique, so ordering never compares the records. ``add_many`` / ``discard_many`` move a step's worth of
     requests at once: a merge of sorted runs and a prefix cut (the usual case: the requests a step
     just ran are the oldest ready ones) instead of one insertion or deletion each."""
 
     __slots__ = ("entries",)
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, Hashable]] = []
+        self.entries: list[tuple[int, _Req]] = []
 
-    def add(self, admission: int, request_id: Hashable) -> None:
-        insort(self.entries, (admission, request_id))
+    def add(self, admission: int, req: _Req) -> None:
+        insort(self.entries, (admission, req))
 
     def discard(self, admission: int) -> None:
         del self.entries[bisect_left(self.entries, (admission,))]
 
-    def add_many(self, new: list[tuple[int, Hashable]]) -> None:
+    def add_many(self, new: list[tuple[int, _Req]]) -> None:
         entries = self.entries
         if len(new) == 1:
             insort(entries, new[0])
@@ -237,8 +237,8 @@ class StepPolicy:
         the ready queues updated once for all of them."""
         reqs = self._reqs
         decodes, prefills = self._ready_decodes, self._ready_prefills
-        new_decodes: list[tuple[int, Hashable]] = []
-        new_prefills: list[tuple[int, Hashable]] = []
+        new_decodes: list[tuple[int, _Req]] = []
+        new_prefills: list[tuple[int, _Req]] = []
         for rid, n in fed:
             req = reqs[rid]
             req.num_available += n
@@ -249,10 +249,10 @@ class StepPolicy:
                     continue
                 if req.num_computed >= req.num_prompt_tokens:
                     req.ready_in = decodes
-                    new_decodes.append((req.admission, rid))
+                    new_decodes.append((req.admission, req))
                 else:
                     req.ready_in = prefills
-                    new_prefills.append((req.admission, rid))
+                    new_prefills.append((req.admission, req))
         if new_decodes:
             decodes.add_many(new_decodes)
         if new_prefills:
@@ -285,12 +285,12 @@ class StepPolicy:
         decode_ids, positions, scheduled = step.decode_ids, step.decode_positions, step.scheduled
         # ``scheduled`` (which _grow's preemption victims must avoid) gets the decodes before any
         # _grow and at the end, not one by one.
-        for _, rid in self._ready_decodes.entries.copy():
+        for _, req in self._ready_decodes.entries.copy():
+            rid = req.request_id
             if preempted and rid in preempted:
                 continue
             if len(decode_ids) >= limit:
                 break
-            req = reqs[rid]
             pos = req.num_computed
             if req.kv_tokens <= pos:
                 scheduled.update(decode_ids)
@@ -301,7 +301,8 @@ class StepPolicy:
         scheduled.update(decode_ids)
         step.tokens = len(decode_ids)
         if self._ready_prefills.entries:
-            for _, rid in self._ready_prefills.entries.copy():
+            for _, req in self._ready_prefills.entries.copy():
+                rid = req.request_id
                 if rid in preempted:
                     continue
                 if not step.room_for(1):
@@ -456,7 +457,7 @@ class StepPolicy:
             if req.ready_in is not None:
                 req.ready_in.discard(req.admission)
             if queue is not None:
-                queue.add(req.admission, req.request_id)
+                queue.add(req.admission, req)
             req.ready_in = queue
 
     def check_invariants(self) -> None:
@@ -472,10 +473,11 @@ class StepPolicy:
             if q.num_available > q.num_computed:
                 ready = want_decodes if q.num_computed >= q.num_prompt_tokens else want_prefills
                 ready.append((q.admission, rid))
-        assert self._ready_decodes.entries == want_decodes, (self._ready_decodes.entries,
-                                                             want_decodes)
-        assert self._ready_prefills.entries == want_prefills, (self._ready_prefills.entries,
-                                                               want_prefills)
+        for queue, want in ((self._ready_decodes, want_decodes),
+                            (self._ready_prefills, want_prefills)):
+            have = [(a, q.request_id) for a, q in queue.entries]
+            assert have == want and all(q is self._reqs[r] for (_, q), (_, r) in
+                                        zip(queue.entries, want)), (have, want)
         for rid in self._waiting:
             assert self._reqs[rid].admission is None and self._reqs[rid].ready_in is None
         for rid, q in self._reqs.items():
@@ -526,7 +528,7 @@ class _Moves:
 
     def __init__(self) -> None:
         self.out: dict[_ReadyQueue, set[int]] = {}
-        self.into: dict[_ReadyQueue, list[tuple[int, Hashable]]] = {}
+        self.into: dict[_ReadyQueue, list[tuple[int, _Req]]] = {}
 
     def note(self, policy: StepPolicy, req: _Req) -> None:
         queue = policy._queue_for(req)
@@ -536,7 +538,7 @@ class _Moves:
         if old is not None:
             self.out.setdefault(old, set()).add(req.admission)
         if queue is not None:
-            self.into.setdefault(queue, []).append((req.admission, req.request_id))
+            self.into.setdefault(queue, []).append((req.admission, req))
         req.ready_in = queue
 
     def apply(self) -> None:
