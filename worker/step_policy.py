@@ -241,11 +241,11 @@ class StepPolicy:
         new_prefills: list[tuple[int, _Req]] = []
         for rid, n in fed:
             req = reqs[rid]
-            req.num_available += n
+            req.num_available = available = req.num_available + n
             # Only a running request with nothing pending moves (into a queue): feeding a ready
             # one changes neither its phase nor its readiness.
             if req.ready_in is None and req.admission is not None:
-                if req.num_available <= req.num_computed:
+                if available <= req.num_computed:
                     continue
                 if req.num_computed >= req.num_prompt_tokens:
                     req.ready_in = decodes

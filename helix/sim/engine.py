@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +43,8 @@ from helix.sim.worker import SimWorker
 from helix.sim.workload import TraceRequest
 
 MODES = ("offline", "online")
+
+_NUM_TOKENS = operator.itemgetter(2)   # of a message item ``(request, stage index, tokens, epoch)``
 
 #: Tests set this to verify that every skipped schedule() would indeed have found nothing to do.
 CHECK_SKIPPED_STEPS = False
@@ -406,11 +409,12 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         """Give ``w``'s policy the inputs of ``items`` (a new request is admitted)."""
         requests = w.requests
         fed = []
+        append = fed.append
         for req, idx, n, epoch in items:
             if req.finish_s is not None or epoch != req.epoch:
                 continue
             if req.request_id in requests:
-                fed.append((req.request_id, n))
+                append((req.request_id, n))
             else:
                 w.admit(req, idx, req.pipeline.stages[idx].start, n)
         if fed:
@@ -513,11 +517,8 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         for dst, items in outs.items():
             if dst is None:
                 nbytes = len(items) * self.token_id_bytes
-            else:
-                num_tokens = 0   # hidden states the next stage gets
-                for item in items:
-                    num_tokens += item[2]
-                nbytes = num_tokens * self.activation_bytes_per_token
+            else:   # the hidden states the next stage gets
+                nbytes = sum(map(_NUM_TOKENS, items)) * self.activation_bytes_per_token
             out.extend(self._send(now_s, w.name, dst, nbytes, items))
         out.extend(self.start_step(now_s, w))
         return out
