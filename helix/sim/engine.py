@@ -44,7 +44,10 @@ from helix.sim.workload import TraceRequest
 
 MODES = ("offline", "online")
 
-_NUM_TOKENS = operator.itemgetter(2)   # of a message item ``(request, stage index, tokens, epoch)``
+#: A message's items are ``(request id, tokens, request, stage index, epoch)``: the inputs of
+#: ``tokens`` more positions for that stage, or (to the coordinator) one sampled token; ``epoch``
+#: is the request's when it was sent (an item of an older epoch is stale).
+_NUM_TOKENS = operator.itemgetter(1)
 
 #: Tests set this to verify that every skipped schedule() would indeed have found nothing to do.
 CHECK_SKIPPED_STEPS = False
@@ -303,7 +306,7 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             self.metrics.prompt_tokens_admitted += req.prompt_tokens
         first = req.workers[0]
         return self._send(now_s, COORDINATOR, first, req.prompt_tokens * self.token_id_bytes,
-                          [(req, 0, req.prompt_tokens, req.epoch)])
+                          [(req.request_id, req.prompt_tokens, req, 0, req.epoch)])
 
     def on_transfer_finish(self, ev: TransferFinish) -> Iterable[Event]:
         if ev.dst is None:
@@ -315,7 +318,7 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
         out: list[Event] = []
         feeds: dict[SimWorker, list] = {}
         metrics, hop = self.metrics, self.hop
-        for req, _, _, epoch in items:
+        for _, _, req, _, epoch in items:
             if req.finish_s is not None or epoch != req.epoch:
                 continue   # finished, or sampled on a pipeline the request has left
             req.received += 1
@@ -329,10 +332,10 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
             if req.received >= req.output_tokens:
                 out.append(RequestFinish(now_s, req))
             else:
-                feeds.setdefault(req.workers[0], []).append((req, 0, 1, req.epoch))
+                feeds.setdefault(req.workers[0], []).append((req.request_id, 1, req, 0, req.epoch))
         for w, its in feeds.items():
-            for req, _, _, _ in its:
-                req.sent_at_s[0] = now_s
+            for item in its:
+                item[2].sent_at_s[0] = now_s
             out.extend(self._send(now_s, COORDINATOR, w, len(its) * self.token_id_bytes, its))
         return out
 
@@ -407,15 +410,17 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
 
     def _feed(self, w: SimWorker, items: list) -> None:
         """Give ``w``'s policy the inputs of ``items`` (a new request is admitted)."""
-        requests = w.requests
+        get = w.requests.get
         fed = []
         append = fed.append
-        for req, idx, n, epoch in items:
-            if req.finish_s is not None or epoch != req.epoch:
-                continue
-            if req.request_id in requests:
-                append((req.request_id, n))
-            else:
+        for rid, n, req, idx, epoch in items:
+            entry = get(rid)
+            if entry is not None:
+                # Present: neither finished nor moved (both drop it), so the epoch of its entry
+                # is the request's.
+                if epoch == entry[4]:
+                    append((rid, n))
+            elif req.finish_s is None and epoch == req.epoch:
                 w.admit(req, idx, req.pipeline.stages[idx].start, n)
         if fed:
             w.policy.feed_many(fed)
@@ -501,16 +506,16 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                         req.sent_at_s[idx + 1] = now_s
                     batch = outs.get(nxt)
                     if batch is None:
-                        outs[nxt] = [(req, idx + 1, end - sent, epoch)]
+                        outs[nxt] = [(rid, end - sent, req, idx + 1, epoch)]
                     else:
-                        batch.append((req, idx + 1, end - sent, epoch))
+                        batch.append((rid, end - sent, req, idx + 1, epoch))
             elif pos == req.prompt_tokens + req.generated - 1:
                 req.generated += 1  # the last stage samples a new token from its newest position
                 batch = outs.get(None)
                 if batch is None:
-                    outs[None] = [(req, idx, 1, epoch)]
+                    outs[None] = [(rid, 1, req, idx, epoch)]
                 else:
-                    batch.append((req, idx, 1, epoch))
+                    batch.append((rid, 1, req, idx, epoch))
         if plan.prefill_chunks:
             self._forward_chunks(now_s, w, plan.prefill_chunks, outs)
         out: list[Event] = []
@@ -541,10 +546,11 @@ class Simulator(FailureHandlers, ElasticHandlers, TaskRouting):
                     entry[3] = end
                     if observe:
                         req.sent_at_s[idx + 1] = now_s
-                    outs.setdefault(nxt, []).append((req, idx + 1, end - sent, epoch))
+                    outs.setdefault(nxt, []).append((c.request_id, end - sent, req, idx + 1,
+                                                     epoch))
             elif end == req.prompt_tokens + req.generated:
                 req.generated += 1  # the last stage samples a new token from its newest position
-                outs.setdefault(None, []).append((req, idx, 1, epoch))
+                outs.setdefault(None, []).append((c.request_id, 1, req, idx, epoch))
 
     # --- summary ------------------------------------------------------------------------------------
     def _result(self, end_s: float, wall_s: float) -> SimResult:

@@ -62,12 +62,13 @@ class CoordinatorSchedule(Event):
 
 class TransferFinish(Event):
     """A message arrives at ``dst`` (a worker, or None for the coordinator). ``items`` are
-    ``(request, stage index, num_tokens)``: inputs for that stage, or sampled tokens."""
+    ``(request id, num_tokens, request, stage index, epoch)``: inputs for that stage, or sampled
+    tokens."""
 
     __slots__ = ("dst", "items")
 
     def __init__(self, time_s: float, dst: "SimWorker | None",
-                 items: list[tuple["SimRequest", int, int]]) -> None:
+                 items: list[tuple[int, int, "SimRequest", int, int]]) -> None:
         self.time_s = time_s   # Event.__init__, inlined (one per step or message)
         self.dst = dst
         self.items = items
