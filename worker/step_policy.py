@@ -371,7 +371,7 @@ class StepPolicy:
         if self.config.chunked_prefill:
             want = min(want, step.tokens_left)
             # Shrink the chunk to the KV that is free rather than preempting someone for it.
-            fit = self.blocks.capacity_of(rid) + self.blocks.num_free_blocks * \
+            fit = req.kv_tokens + self.blocks.num_free_blocks * \
                 self.blocks.block_size_tokens - req.num_computed
             if running is False or fit >= 1:
                 want = min(want, max(fit, 0))
@@ -397,7 +397,8 @@ class StepPolicy:
               preempted: list[Hashable]) -> bool:
         """Make ``rid``'s table cover ``num_tokens``, preempting the newest running requests not in
         this step as needed. False if ``rid`` itself had to be preempted."""
-        if self.blocks.capacity_of(rid) >= num_tokens:
+        req = self._reqs[rid]
+        if req.kv_tokens >= num_tokens:
             return True  # already covered (most decode steps): skip the allocator (simulator speed)
         while not self.blocks.can_allocate(rid, num_tokens):
             # The newest running request not in this step; rid itself qualifies, so there is one.
@@ -407,7 +408,7 @@ class StepPolicy:
             if victim == rid:
                 return False
         self.blocks.allocate(rid, num_tokens)
-        self._reqs[rid].kv_tokens = self.blocks.capacity_of(rid)
+        req.kv_tokens = self.blocks.capacity_of(rid)
         return True
 
     def _preempt(self, rid: Hashable) -> None:
