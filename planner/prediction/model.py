@@ -200,23 +200,28 @@ class Model:
                                  where=through[A.cols] > 0)
         plain_wait = steps * (1 - share) * base ** 2 / 2   # another wave's step in progress
         piece_wait = steps * share * full ** 2 / 2          # a prompt piece's step
-        # A decode's wait for another pipeline's piece step splits in two: what a plain step
-        # would have cost, and the piece's excess, which is the head of a convoy along the nodes
-        # the two pipelines share (shared_convoys_s: for one node it is the excess's residual,
-        # steps x share x (full - base)^2 / 2, so the two parts sum to the whole residual).
-        piece_wait_plain = steps * share * (full ** 2 - (full - base) ** 2) / 2
+        # A prompt's step at a node is longer than the step a decode of path i rides there on
+        # average (a plain one, or one carrying another pipeline's piece: ``others`` of the
+        # node's pieces) by (1 - others x share) x (full - base): that excess, per (path, node)
+        # entry, makes the convoys (convoys_s). A decode's wait for another pipeline's piece
+        # step in progress splits in two: the excess's residual, the head of the convoy (for
+        # one node, steps x share x excess^2 / 2), and the rest.
+        excess = (1.0 - others * share[A.cols]) * (full - base)[A.cols]
+        piece_wait_plain = (steps * share * full ** 2)[A.cols] / 2 \
+            - steps[A.cols] * share[A.cols] * excess ** 2 / 2
         waits = self.link_waits(rate, float(batch.mean()))
         links = self.link_latency + waits
         lag = self.per_path(full - base)                    # a prompt piece's longer steps
         stages_paced = A.row_max((pieces - 1) * full)       # the later pieces, by the stages
         room = self.cost.prompt_room_tokens(float(batch.mean()))
         fixed = links + self.link_s_per_token * batch.min() \
-            + self.convoys_s(full - base, stages_paced, rate, room)
+            + self.convoys_s(excess, stages_paced, rate, room)
 
         def round_trip(ride: np.ndarray) -> np.ndarray:   # R with decodes riding ``ride`` decodes a step
             r_base, r_full, r_share, _ = self.step_times(ride)
-            return self.per_path(r_base + plain_wait) + self.per_path(
-                r_share * (r_full - r_base) + piece_wait_plain, others) + fixed
+            others_pieces = ((r_share * (r_full - r_base))[A.cols] + piece_wait_plain) * others
+            return self.per_path(r_base + plain_wait) + np.bincount(
+                A.rows, weights=others_pieces, minlength=A.shape[0]) + fixed
         R = round_trip(batch)
         # The prompt: its pieces' steps at every stage (the first waits out the step in
         # progress), and over every link, the first piece's bytes; the pieces after the
@@ -257,9 +262,9 @@ class Model:
         """Per path: the delay per round trip that prompts cause its decodes as convoys, its own
         pipeline's and the other pipelines' along the nodes they share.
 
-        A prompt of pipeline j takes ``excess_s[v]`` longer than a plain step at each node v it
-        crosses. A wave of i that reaches a node shared with j while j's prompt step runs there
-        waits it out, and then reaches the next node they share while the prompt's step runs
+        ``excess_s``, per entry (i, v) of the incidence: how much longer a prompt's step at node v
+        is than the step a decode of path i rides there on average. A wave of i that reaches a
+        node shared with pipeline j while j's prompt step runs there waits it out, and then reaches the next node they share while the prompt's step runs
         there too (the prompt left just as the wave's own short step began): it follows the
         prompt over ``Delta_ij``, the excess summed over the nodes both use (the own pipeline:
         all its nodes, and the pieces after the first paced by its slowest stage, ``paced_s``).
@@ -281,13 +286,15 @@ class Model:
         at a random instant (31-36 ms), and the waits grow along the A100 chain every pipeline
         shares (4 ms at its first stage, 14 at its fourth); at 512 they stay at or below it."""
         first, second, pair, path = self._node_pairs
+        A = self.incidence
         both = np.bincount(pair, weights=rate[path])          # Lambda per node pair
         quad = np.bincount(path, weights=excess_s[first] * excess_s[second] * both[pair],
                            minlength=len(self.paths))
-        through = self.incidence.T @ rate
-        lag = self.per_path(excess_s)
+        through = A.T @ rate
+        lag = np.bincount(A.rows, weights=excess_s, minlength=A.shape[0])
+        others = np.bincount(A.rows, weights=excess_s * through[A.cols], minlength=A.shape[0])
         f1, f2, g1, g2, fg = prompt_piece_moments(self.p, room_tokens, self.max_prompt)
-        s1 = f1 * np.maximum(self.per_path(excess_s * through) - rate * lag, 0.0)
+        s1 = f1 * np.maximum(others - rate * lag, 0.0)
         s2 = f2 * np.maximum(quad - rate * lag ** 2, 0.0)
         s1 = s1 + rate * (lag * f1 + paced_s * g1)
         s2 = s2 + rate * (lag ** 2 * f2 + 2 * lag * paced_s * fg + paced_s ** 2 * g2)
@@ -359,9 +366,9 @@ class Model:
 
 
 def _node_pairs(incidence: Incidence) -> tuple[np.ndarray, ...]:
-    """Every ordered pair of nodes (v, w) of each path, v = w included, as arrays (v, w, the
-    pair's index among the distinct pairs, the path): what :meth:`Model.shared_convoys_s` sums
-    over. Paths x their stages squared entries."""
+    """Every ordered pair of nodes (v, w) of each path, v = w included, as arrays (the entries
+    of ``incidence`` of (path, v) and of (path, w), the index of (v, w) among the distinct node
+    pairs, the path): what :meth:`Model.convoys_s` sums over. Paths x their stages squared."""
     rows, cols = incidence.rows, incidence.cols   # sorted by path (Incidence.of)
     counts = np.bincount(rows, minlength=incidence.shape[0])
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -369,14 +376,17 @@ def _node_pairs(incidence: Incidence) -> tuple[np.ndarray, ...]:
     # Within path i's block of counts_i^2 entries, entry k pairs stage k // c with stage k % c.
     offset = np.arange(len(path)) - np.repeat(np.cumsum(counts ** 2) - counts ** 2, counts ** 2)
     c = counts[path]
-    first = cols[starts[path] + offset // np.maximum(c, 1)]
-    second = cols[starts[path] + offset % np.maximum(c, 1)]
-    _, pair = np.unique(first * incidence.shape[1] + second, return_inverse=True)
+    first = starts[path] + offset // np.maximum(c, 1)
+    second = starts[path] + offset % np.maximum(c, 1)
+    _, pair = np.unique(cols[first] * incidence.shape[1] + cols[second], return_inverse=True)
     return first, second, pair.ravel(), path
 
 
-#: Points of the quadrature over prompt lengths (:func:`prompt_piece_moments`).
-LENGTH_POINTS = 16
+#: Points of the quadrature over prompt lengths (:func:`prompt_piece_moments`): equal-probability
+#: quantiles of the standard normal.
+LENGTH_POINTS = 128
+_NORMAL_QUANTILES = np.array([NormalDist().inv_cdf((k + 0.5) / LENGTH_POINTS)
+                              for k in range(LENGTH_POINTS)])
 
 
 @functools.lru_cache(maxsize=256)
@@ -389,9 +399,7 @@ def prompt_piece_moments(mean_prompt: float, room_tokens: float, max_prompt: flo
     ``max_prompt`` (the context), by quadrature at :data:`LENGTH_POINTS` equal-probability
     points. With no step budget (``room`` infinite) ``E[f^2] = 1 + CV^2``."""
     sigma = math.sqrt(math.log(1.0 + PROMPT_CV ** 2))
-    normal = NormalDist()
-    z = np.array([normal.inv_cdf((k + 0.5) / LENGTH_POINTS) for k in range(LENGTH_POINTS)])
-    x = np.exp(sigma * z - sigma ** 2 / 2)
+    x = np.exp(sigma * _NORMAL_QUANTILES - sigma ** 2 / 2)
     lengths = np.minimum(mean_prompt * x / x.mean(), max_prompt)
     f = np.minimum(lengths, room_tokens) / min(mean_prompt, room_tokens)
     later = mean_prompt / room_tokens - 1.0

@@ -61,11 +61,19 @@ def test_two_stage_pipeline_by_hand(chunk_tokens, slow_link):
     assert state.requests_in_flight == pytest.approx(m, rel=1e-6)
     # At the fixed point, steps/s of each stage: one per wave (W per round trip R), or more when
     # the waves carry more tokens (decodes and prompt pieces) than the step budget holds (so at
-    # 256); D = decode tokens/s / steps on both stages (same pipeline, same rate).
+    # 256), but never more than back to back (1 / the mean step at D); D = decode tokens/s /
+    # steps on both stages (same pipeline, same rate).
     rate = state.requests_per_s
-    steps = max(DECODE_WAVES / state.round_trip_s, rate * (p + o) / chunk_tokens)
-    assert (steps > DECODE_WAVES / state.round_trip_s) == (chunk_tokens == 256)
-    D = rate * o / steps
+    waves = max(DECODE_WAVES / state.round_trip_s, rate * (p + o) / chunk_tokens)
+    assert (waves > DECODE_WAVES / state.round_trip_s) == (chunk_tokens == 256)
+
+    def steps_at(d: float) -> float:
+        t0, t1, sh = cost.stage_step_parts(a, 16, d)
+        return min(waves, 1 / (t0 + sh * (t1 - t0)))
+    D = 1.0
+    for _ in range(200):   # D = decode tokens/s x (1 / steps at D): its fixed point
+        D = rate * o / steps_at(D)
+    steps = steps_at(D)
     parts = [cost.stage_step_parts(n, 16, D) for n in (a, b)]   # (plain, with a piece, share)
     # A token waits out the step in progress: a plain one (another wave) or a prompt piece's.
     plain_wait = [steps * (1 - sh) * t0 ** 2 / 2 for t0, _, sh in parts]
@@ -83,6 +91,8 @@ def test_two_stage_pipeline_by_hand(chunk_tokens, slow_link):
     pieces = p / min(p, chunk_tokens - D)
     assert (pieces > 1) == (chunk_tokens == 256)
     stages_pace = (pieces - 1) * max(t1 for _, t1, _ in parts)
+    # The prompt's step is longer than the step a decode rides (a plain one: no other pipeline
+    # sends prompts here) by t1 - t0.
     lag = sum(t1 - t0 for t0, t1, _ in parts)
     # Convoy: a wave entering a ~ Exp(rate) after the pipeline's latest prompt exits
     # max(0, excess - a) late: E = excess - (1 - exp(-rate excess)) / rate, with the excess
@@ -181,8 +191,9 @@ def test_other_pipelines_prompts_lead_convoys_along_shared_nodes():
                            ArcFlow("c", "coordinator", 1.0)), max_flow_tokens_per_s=2.0)
     m = Model(spec, plan, CostModel.for_cluster(spec))
     assert len(m.paths) == 2
-    excess = np.array([0.2, 0.3, 0.3])            # per node a, b, c (m.nodes is sorted)
-    assert m.nodes == ["a", "b", "c"]
+    # A prompt's excess per (path, node) entry: 0.2 s at a, 0.3 s at b and c.
+    by_node = {"a": 0.2, "b": 0.3, "c": 0.3}
+    excess = np.array([by_node[m.nodes[j]] for j in m.incidence.cols])
     f1, f2 = prompt_piece_moments(400.0, 2048.0, m.max_prompt)[:2]
     # Only the first pipeline sends prompts: the second's decodes follow them over a (0.2 s).
     one = m.convoys_s(excess, np.zeros(2), np.array([1.0, 0.0]), 2048.0)
@@ -190,7 +201,8 @@ def test_other_pipelines_prompts_lead_convoys_along_shared_nodes():
         s1, s2 = delta * f1, delta ** 2 * f2
         assert delay == pytest.approx(convoy_delay_s(np.array([s2 / s1]), np.array([s1 ** 2 / s2]))[0])
     # Where the shared node adds nothing to a prompt's steps, the other's prompts hold nobody.
-    assert m.convoys_s(np.array([0.0, 0.3, 0.3]), np.zeros(2), np.array([1.0, 0.0]), 2048.0)[1] == 0
+    none_at_a = np.where(m.incidence.cols == m.nodes.index("a"), 0.0, excess)
+    assert m.convoys_s(none_at_a, np.zeros(2), np.array([1.0, 0.0]), 2048.0)[1] == 0
     # Rare prompts: each stream's lambda Delta^2 / 2, Delta over the nodes both use (a only for
     # the other's), times E[f^2] of the first piece over the prompts' lengths.
     rare = m.convoys_s(excess, np.zeros(2), np.array([1e-4, 1e-4]), 2048.0)
