@@ -159,14 +159,17 @@ effect since their steps barely grow with the batch.
 
 Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md, *Plan vs
 simulator*): at step budgets of 256 (the default) and 512 every case holds (throughput within
-15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode is overstated by up to 24 % and
-41 % (many thin pipelines through a node: two waves each sum to a wave per request, where the
-simulator's decodes move in platoons that a long prompt step gathers), so those budgets are
-outside ``helix.core.serving.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
-read as the prediction is meant: a steady state at the spec's lengths (lengths drawn from the
-whole trace, the run's second half; the trace in order drifts to ~20 % longer prompts, and the
-first minutes are the fill, every request the KV holds prefilled at once; in the steady state a
-stage's steps carry 5-25 decodes).
+15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode holds within 14 % on the four
+cases (it overstated them by up to 41 % while only a pipeline's own prompts made convoys), and
+so do the latencies except on geo24's 3-region chain, whose TPOT p50 is understated by 31 % and
+42 % (its decodes queue behind the prompts' pieces on the 100 Mb/s crossings, and a piece on
+a link, like one on a stage, holds up the waves behind it over the following hops: not
+modelled); at 128, where a wave's decodes exceed what a step holds beside a piece, decode errs
+by up to 24 %. So 1,024, 2,048 and 128 stay outside ``helix.core.serving.CHECKED_STEP_BUDGETS``
+and ``helix plan`` says so. The offline runs are read as the prediction is meant: a steady state
+at the spec's lengths (lengths drawn from the whole trace, the run's second half; the trace in
+order drifts to ~20 % longer prompts, and the first minutes are the fill, every request the KV
+holds prefilled at once; in the steady state a stage's steps carry 5-25 decodes).
 
 *What limits it* (hetero42 at 512, its plan's steady state, 300-600 s of a stationary run):
 the requests in flight (1,071 simulated, 1,082 predicted) and the first token (1.79 vs 1.80 s)
