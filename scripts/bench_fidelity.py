@@ -382,7 +382,7 @@ def main_generated(args: argparse.Namespace, load0: float) -> None:
     header = "| " + " | ".join(GENERATED_HEADER) + " |"
     print("\n".join([intro, "", header, "|---" * len(GENERATED_HEADER) + "|", *rows]))
     # BENCHMARKS.md keeps to 500 lines: there, a column per cluster and the main figures.
-    fields = ["max flow", "decode tok/s", *(["TTFT p50 s", "TPOT p50 s"] if args.online else [])]
+    fields = ["decode tok/s", *(["TTFT p50 s", "TPOT p50 s"] if args.online else [])]
     text = "\n".join([intro, "", *transposed(rows, fields)])
     if not args.no_append:
         name = "bench_fidelity-generated" + (f"-seed{args.generated_seed}" if args.generated_seed else "") \

@@ -376,8 +376,8 @@ def unchecked_budget_note(chunk_tokens: int) -> str | None:
         return None
     at = "with chunking off" if chunk_tokens == 0 else f"at a step budget of {chunk_tokens:,}"
     return (f"{at} this prediction is unchecked: it holds within 15 % of `helix simulate` at "
-            f"{' and '.join(map(str, CHECKED_STEP_BUDGETS))} tokens, and has erred by up to 41 % "
-            f"at 1,024-2,048 and with chunking off (BENCHMARKS.md); check the plan with "
+            f"{' and '.join(map(str, CHECKED_STEP_BUDGETS))} tokens; elsewhere it has erred by up to "
+            f"24 % on decode tokens/s and 42 % on TPOT (BENCHMARKS.md); check the plan with "
             f"`helix simulate` or plan at the default ({DEFAULT_STEP_TOKENS})")
 
 

@@ -111,17 +111,24 @@ output, p the mean prompt):
   (a prompt's hidden states take a second on a 100 Mb/s link), coordinator hop included; a
   stage steps at most back to back, so with many thin pipelines through it
   ``D_v = decode tokens/s x t_v``;
-- *convoy*: the pipeline's own prompts hold its decodes up at every stage, not at one. A prompt
-  crosses the stages in long steps and leaves the pipeline ``Delta = sum_v (t1_v - t0_v)``
-  behind a decode wave that entered with it. A wave entering ``a`` after it catches it up at
-  some stage and from then on reaches each stage while the prompt's step there runs (the prompt
-  left the stage before just as the wave's short step began): it exits ``max(0, Delta - a)``
-  late. Only the latest prompt counts (earlier ones are further ahead); prompts enter Poisson at
-  the pipeline's request rate lambda, so ``a ~ Exp(lambda)`` and a round trip carries
-  ``E[max(0, Delta - a)] = Delta - (1 - exp(-lambda Delta)) / lambda``: ``lambda Delta^2 / 2``
-  when prompts are rare (S stages of equal steps: S^2 times one stage's residual, where a
-  per-stage residual gives S times it; measured on hetero42's 18-stage pipelines: a token that
-  waits, waits 82 ms, where one residual is ~13), ``Delta - 1 / lambda`` when they overlap;
+- *convoy*: prompts hold decodes up at every stage they share, not at one. A prompt crosses the
+  stages in long steps and leaves the pipeline ``Delta = sum_v (t1_v - t0_v)`` behind a decode
+  wave that entered with it. A wave entering ``a`` after it catches it up at some stage and from
+  then on reaches each stage while the prompt's step there runs (the prompt left the stage
+  before just as the wave's short step began): it exits ``max(0, Delta - a)`` late. Only the
+  latest prompt counts (earlier ones are further ahead); prompts enter Poisson at the pipeline's
+  request rate lambda, so ``a ~ Exp(lambda)`` and a round trip carries ``E[max(0, Delta - a)] =
+  Delta - (1 - exp(-lambda Delta)) / lambda``: ``lambda Delta^2 / 2`` when prompts are rare (S
+  stages of equal steps: S^2 times one stage's residual, where a per-stage residual gives S
+  times it; measured on hetero42's 18-stage pipelines: a token that waits, waits 82 ms, where one
+  residual is ~13), ``Delta - 1 / lambda`` when they overlap. Other pipelines' prompts do the
+  same along the nodes two pipelines share (``Delta_ij``: the excess summed over those nodes; at
+  a node shared with nobody it is the residual of the piece's excess, the rest of the wait being
+  what a plain step costs). The streams overlap, and a wave is held by the latest prompt of each,
+  not by the sum of their delays: they are taken as one stream with the same first two moments
+  of ``lambda x Delta``, and a prompt's Delta grows with its length (its first piece, and the
+  pieces after it), so the moments are taken over the prompts' lengths
+  (``planner.prediction.model.Model.convoys_s``);
 - *chunked prefill*: with a step budget C a step carries ``piece = min(p, C - D_v)`` prompt
   tokens, so a prompt takes ``p / piece`` steps at each stage (fractional: the last piece is a
   short one). The pieces follow one another down the pipeline, each stage forwarding a piece
@@ -152,14 +159,17 @@ effect since their steps barely grow with the batch.
 
 Checked against ``helix simulate`` by ``scripts/bench_fidelity.py`` (BENCHMARKS.md, *Plan vs
 simulator*): at step budgets of 256 (the default) and 512 every case holds (throughput within
-15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode is overstated by up to 24 % and
-41 % (many thin pipelines through a node: two waves each sum to a wave per request, where the
-simulator's decodes move in platoons that a long prompt step gathers), so those budgets are
-outside ``helix.core.serving.CHECKED_STEP_BUDGETS`` and ``helix plan`` says so. The offline runs are
-read as the prediction is meant: a steady state at the spec's lengths (lengths drawn from the
-whole trace, the run's second half; the trace in order drifts to ~20 % longer prompts, and the
-first minutes are the fill, every request the KV holds prefilled at once; in the steady state a
-stage's steps carry 5-25 decodes).
+15 %, TTFT and TPOT p50 within 25 %); at 1,024 and 2,048 decode holds within 14 % on the four
+cases (it overstated them by up to 41 % while only a pipeline's own prompts made convoys), and
+so do the latencies except on geo24's 3-region chain, whose TPOT p50 is understated by 31 % and
+42 % (its decodes queue behind the prompts' pieces on the 100 Mb/s crossings, and a piece on
+a link, like one on a stage, holds up the waves behind it over the following hops: not
+modelled); at 128, where a wave's decodes exceed what a step holds beside a piece, decode errs
+by up to 24 %. So 1,024, 2,048 and 128 stay outside ``helix.core.serving.CHECKED_STEP_BUDGETS``
+and ``helix plan`` says so. The offline runs are read as the prediction is meant: a steady state
+at the spec's lengths (lengths drawn from the whole trace, the run's second half; the trace in
+order drifts to ~20 % longer prompts, and the first minutes are the fill, every request the KV
+holds prefilled at once; in the steady state a stage's steps carry 5-25 decodes).
 
 *What limits it* (hetero42 at 512, its plan's steady state, 300-600 s of a stationary run):
 the requests in flight (1,071 simulated, 1,082 predicted) and the first token (1.79 vs 1.80 s)
@@ -170,8 +180,8 @@ step. A step carrying a prompt piece leaves with the decodes that reached its st
 the next stage runs them together again, so decodes ride piece steps about twice as often as
 steps are piece steps (first stage: 33 % of decodes vs 16 % of steps; 42.7 decodes a piece step,
 16.7 a plain one). The convoy term charges that only for the pipeline's own prompts; on hetero42
-a pipeline's stages are shared with hundreds of others. Not modelled yet: the convoy of other
-pipelines' prompts along the stages two paths share.
+a pipeline's stages are shared with hundreds of others (the convoys of other pipelines' prompts,
+modelled since: see *convoy*).
 
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``

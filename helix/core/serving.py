@@ -34,11 +34,12 @@ UNCHUNKED_STEP_TOKENS = 2048
 #: (``scripts/bench_fidelity.py``: within 15 % on throughput and 25 % on TTFT and TPOT p50 for
 #: every case), and so those the planner chooses among for ``chunk_tokens: auto``
 #: (``planner.budget``). Elsewhere it errs more (BENCHMARKS.md, *Plan vs simulator*): at 1,024
-#: and 2,048 it overstates decode tokens/s by up to 24 % and 41 % (the simulator's stages step
-#: less often, in bigger waves, than the fixed ``DECODE_WAVES`` per pipeline gives when many thin
-#: pipelines share a node) while the simulator serves 29-40 % less than at 256 on every 70B case,
-#: so choosing by it could only pick them wrongly; with chunking off (0) it has understated the
-#: reference's 24-stage chain by up to 36 %.
+#: and 2,048 decode tokens/s holds within 14 % on the four cases (other pipelines' prompts count
+#: as convoys along the nodes they share), but a 3-region chain's TPOT p50 is understated by 31 %
+#: and 42 % (its decodes queue behind the prompts' pieces on 100 Mb/s crossings), and the
+#: simulator serves 29-40 % less there than at 256 on every 70B case; at 128 decode errs by up
+#: to 24 % (a step budget below a wave's decodes splits the waves); with chunking off (0) it has
+#: understated the reference's 24-stage chain by up to 36 %.
 CHECKED_STEP_BUDGETS = (256, 512)
 
 #: ``serving.chunk_tokens: auto``: the planner chooses the step budget.

@@ -9,8 +9,9 @@ is in :mod:`helix.core.costmodel`'s docstring, section *Inside a pipeline*; this
 1. start with one decode per step everywhere;
 2. step times of every node at its batch (:meth:`CostModel.stage_step_parts`: a plain step and
    one carrying a prompt piece, chunked by the step budget; a decode rides the step of its
-   wave, :meth:`~.model.Model.wave_decodes`), the wait behind the step in progress, the convoy of the pipeline's own prompts (:func:`~.model.convoy_delay_s`: a decode
-   wave behind a prompt waits at every stage it crosses) and the wait behind the messages a link
+   wave, :meth:`~.model.Model.wave_decodes`), the wait behind the step in progress, the convoys of prompts (:meth:`~.model.Model.convoys_s`: a
+   decode wave behind a prompt waits at every stage the two share, its own pipeline's prompts and
+   the others' alike) and the wait behind the messages a link
    is sending (links are FIFO queues, M/G/1: :meth:`~.model.Model.link_waits`); round trip R and
    first-token time F of every pipeline (a prompt's pieces after the first paced by its slowest
    stage or link); a request's stay ``T = F + (o - 1) R``;

@@ -3,15 +3,19 @@ whose fixed point (:mod:`planner.prediction.fixed_point`) is the plan's operatin
 
 Per stage a token rides a plain step, or one carrying another pipeline's prompt piece, and first
 waits out the step in progress; its own pipeline's prompts hold it up as a convoy
-(:func:`convoy_delay_s`); links are FIFO queues (:meth:`Model.link_waits`). Requests in flight
+(:func:`convoy_delay_s`), and so do other pipelines' prompts along the nodes it shares with them
+(:meth:`Model.convoys_s`); links are FIFO queues (:meth:`Model.link_waits`). Requests in flight
 per pipeline come from progressive filling (:meth:`Model.fill`). Derivation:
 :mod:`helix.core.costmodel`, *Inside a pipeline*; the steps in order: :mod:`planner.prediction`.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -84,6 +88,8 @@ class Model:
         self.incidence = Incidence.of(
             {(i, index[s.node]) for i, q in enumerate(self.paths) for s in q.stages},
             (len(self.paths), len(used)))
+        self._node_pairs = _node_pairs(self.incidence)
+        self.max_prompt = float(cost.model.max_position_embeddings)
         self.share = np.array([q.share for q in self.paths])
         hidden = cost.model.activation_bytes_per_token(cost.dtype_bytes)
         token = 2 if cost.model.vocab_size <= 2 ** 16 else 4
@@ -194,17 +200,28 @@ class Model:
                                  where=through[A.cols] > 0)
         plain_wait = steps * (1 - share) * base ** 2 / 2   # another wave's step in progress
         piece_wait = steps * share * full ** 2 / 2          # a prompt piece's step
+        # A prompt's step at a node is longer than the step a decode of path i rides there on
+        # average (a plain one, or one carrying another pipeline's piece: ``others`` of the
+        # node's pieces) by (1 - others x share) x (full - base): that excess, per (path, node)
+        # entry, makes the convoys (convoys_s). A decode's wait for another pipeline's piece
+        # step in progress splits in two: the excess's residual, the head of the convoy (for
+        # one node, steps x share x excess^2 / 2), and the rest.
+        excess = (1.0 - others * share[A.cols]) * (full - base)[A.cols]
+        piece_wait_plain = (steps * share * full ** 2)[A.cols] / 2 \
+            - steps[A.cols] * share[A.cols] * excess ** 2 / 2
         waits = self.link_waits(rate, float(batch.mean()))
         links = self.link_latency + waits
         lag = self.per_path(full - base)                    # a prompt piece's longer steps
         stages_paced = A.row_max((pieces - 1) * full)       # the later pieces, by the stages
-        excess = lag + stages_paced
-        fixed = links + self.link_s_per_token * batch.min() + convoy_delay_s(excess, rate)
+        room = self.cost.prompt_room_tokens(float(batch.mean()))
+        fixed = links + self.link_s_per_token * batch.min() \
+            + self.convoys_s(excess, stages_paced, rate, room)
 
         def round_trip(ride: np.ndarray) -> np.ndarray:   # R with decodes riding ``ride`` decodes a step
             r_base, r_full, r_share, _ = self.step_times(ride)
-            return self.per_path(r_base + plain_wait) + self.per_path(
-                r_share * (r_full - r_base) + piece_wait, others) + fixed
+            others_pieces = ((r_share * (r_full - r_base))[A.cols] + piece_wait_plain) * others
+            return self.per_path(r_base + plain_wait) + np.bincount(
+                A.rows, weights=others_pieces, minlength=A.shape[0]) + fixed
         R = round_trip(batch)
         # The prompt: its pieces' steps at every stage (the first waits out the step in
         # progress), and over every link, the first piece's bytes; the pieces after the
@@ -239,6 +256,50 @@ class Model:
         new = np.clip(np.divide(decode_rate, new_steps, out=np.ones_like(new_steps),
                                 where=new_steps > 0), 1.0, self.max_batch)
         return Evaluation(N, new_rate, R, F, F0, new, step)
+
+    def convoys_s(self, excess_s: np.ndarray, paced_s: np.ndarray, rate: np.ndarray,
+                  room_tokens: float) -> np.ndarray:
+        """Per path: the delay per round trip that prompts cause its decodes as convoys, its own
+        pipeline's and the other pipelines' along the nodes they share.
+
+        ``excess_s``, per entry (i, v) of the incidence: how much longer a prompt's step at node v
+        is than the step a decode of path i rides there on average. A wave of i that reaches a
+        node shared with pipeline j while j's prompt step runs there waits it out, and then reaches the next node they share while the prompt's step runs
+        there too (the prompt left just as the wave's own short step began): it follows the
+        prompt over ``Delta_ij``, the excess summed over the nodes both use (the own pipeline:
+        all its nodes, and the pieces after the first paced by its slowest stage, ``paced_s``).
+        One stream of prompts at lambda gives :func:`convoy_delay_s`. Many streams at once: a
+        wave is held by the latest prompt of each, and the delays do not add where the convoys
+        overlap; the streams are replaced by one with the same first two moments of lambda x
+        Delta (``S1 = sum_j lambda_j E[Delta_ij]``, ``S2 = sum_j lambda_j E[Delta_ij^2]``:
+        rate ``S1^2 / S2``, excess ``S2 / S1``), exact for one stream and ``S2 / 2`` (the sum of
+        the streams' own ``lambda Delta^2 / 2``) while they are rare. A prompt's excess grows with
+        its first piece, ``min(L, room)`` tokens, and its pacing with its pieces after the first:
+        the moments are taken over the prompts' lengths (:func:`prompt_piece_moments`).
+
+        ``sum_j lambda_j Delta_ij^2`` is a quadratic form: over the node pairs (v, w) of path i,
+        ``excess_v excess_w Lambda_vw`` with ``Lambda_vw`` the prompts/s through both v and w
+        (paths x their stages squared terms, not pairs of paths).
+
+        Measured on single24 (one plan, 400 s offline, its steady state): at a 2,048-token budget
+        a decode waits 52-81 ms at an L4 or T4 stage, twice the residual of a step in progress
+        at a random instant (31-36 ms), and the waits grow along the A100 chain every pipeline
+        shares (4 ms at its first stage, 14 at its fourth); at 512 they stay at or below it."""
+        first, second, pair, path = self._node_pairs
+        A = self.incidence
+        both = np.bincount(pair, weights=rate[path])          # Lambda per node pair
+        quad = np.bincount(path, weights=excess_s[first] * excess_s[second] * both[pair],
+                           minlength=len(self.paths))
+        through = A.T @ rate
+        lag = np.bincount(A.rows, weights=excess_s, minlength=A.shape[0])
+        others = np.bincount(A.rows, weights=excess_s * through[A.cols], minlength=A.shape[0])
+        f1, f2, g1, g2, fg = prompt_piece_moments(self.p, room_tokens, self.max_prompt)
+        s1 = f1 * np.maximum(others - rate * lag, 0.0)
+        s2 = f2 * np.maximum(quad - rate * lag ** 2, 0.0)
+        s1 = s1 + rate * (lag * f1 + paced_s * g1)
+        s2 = s2 + rate * (lag ** 2 * f2 + 2 * lag * paced_s * fg + paced_s ** 2 * g2)
+        excess = np.divide(s2, s1, out=np.zeros_like(s1), where=s1 > 0)
+        return convoy_delay_s(excess, np.divide(s1 ** 2, s2, out=np.zeros_like(s1), where=s2 > 0))
 
     def wave_decodes(self, N: np.ndarray, rate: np.ndarray, batch: np.ndarray) -> np.ndarray:
         """Per node, the decodes in the step a decode token rides: its pipeline's wave, ``N /
@@ -302,6 +363,49 @@ class Model:
             full = now
         return N
 
+
+
+def _node_pairs(incidence: Incidence) -> tuple[np.ndarray, ...]:
+    """Every ordered pair of nodes (v, w) of each path, v = w included, as arrays (the entries
+    of ``incidence`` of (path, v) and of (path, w), the index of (v, w) among the distinct node
+    pairs, the path): what :meth:`Model.convoys_s` sums over. Paths x their stages squared."""
+    rows, cols = incidence.rows, incidence.cols   # sorted by path (Incidence.of)
+    counts = np.bincount(rows, minlength=incidence.shape[0])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    path = np.repeat(np.arange(len(counts)), counts ** 2)
+    # Within path i's block of counts_i^2 entries, entry k pairs stage k // c with stage k % c.
+    offset = np.arange(len(path)) - np.repeat(np.cumsum(counts ** 2) - counts ** 2, counts ** 2)
+    c = counts[path]
+    first = starts[path] + offset // np.maximum(c, 1)
+    second = starts[path] + offset % np.maximum(c, 1)
+    _, pair = np.unique(cols[first] * incidence.shape[1] + cols[second], return_inverse=True)
+    return first, second, pair.ravel(), path
+
+
+#: Points of the quadrature over prompt lengths (:func:`prompt_piece_moments`): equal-probability
+#: quantiles of the standard normal.
+LENGTH_POINTS = 128
+_NORMAL_QUANTILES = np.array([NormalDist().inv_cdf((k + 0.5) / LENGTH_POINTS)
+                              for k in range(LENGTH_POINTS)])
+
+
+@functools.lru_cache(maxsize=256)
+def prompt_piece_moments(mean_prompt: float, room_tokens: float, max_prompt: float
+                         ) -> tuple[float, ...]:
+    """Moments of a prompt's first piece and of its later pieces over the prompts' lengths, each
+    relative to the mean prompt's: ``(E[f], E[f^2], E[g], E[g^2], E[f g])`` with ``f =
+    min(L, room) / min(p, room)`` and ``g = max(L / room - 1, 0) / (p / room - 1)`` (0 where the
+    mean prompt is one piece). L is lognormal with mean p and CV :data:`PROMPT_CV`, at most
+    ``max_prompt`` (the context), by quadrature at :data:`LENGTH_POINTS` equal-probability
+    points. With no step budget (``room`` infinite) ``E[f^2] = 1 + CV^2``."""
+    sigma = math.sqrt(math.log(1.0 + PROMPT_CV ** 2))
+    x = np.exp(sigma * _NORMAL_QUANTILES - sigma ** 2 / 2)
+    lengths = np.minimum(mean_prompt * x / x.mean(), max_prompt)
+    f = np.minimum(lengths, room_tokens) / min(mean_prompt, room_tokens)
+    later = mean_prompt / room_tokens - 1.0
+    g = np.maximum(lengths / room_tokens - 1.0, 0.0) / later if later > 1e-9 else np.zeros_like(f)
+    return (float(f.mean()), float((f * f).mean()), float(g.mean()), float((g * g).mean()),
+            float((f * g).mean()))
 
 
 def convoy_delay_s(excess_s: np.ndarray, prompts_per_s: np.ndarray) -> np.ndarray:

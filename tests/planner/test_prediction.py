@@ -3,6 +3,7 @@ enumeration, the planner's outer loop (terminates, deterministic) and the predic
 
 import json
 import math
+from statistics import NormalDist
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from helix.core.slices import LayerSlice
 from helix.core.spec import ClusterSpec
 from planner.prediction import DECODE_WAVES, PROMPT_CV, online_rates, predict
 from planner.prediction.fallback import scheduler_fallback
-from planner.prediction.model import Model, convoy_delay_s
+from planner.prediction.model import Model, convoy_delay_s, prompt_piece_moments
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL3 = str(REPO / "cluster_specs" / "local3.yaml")
@@ -60,11 +61,19 @@ def test_two_stage_pipeline_by_hand(chunk_tokens, slow_link):
     assert state.requests_in_flight == pytest.approx(m, rel=1e-6)
     # At the fixed point, steps/s of each stage: one per wave (W per round trip R), or more when
     # the waves carry more tokens (decodes and prompt pieces) than the step budget holds (so at
-    # 256); D = decode tokens/s / steps on both stages (same pipeline, same rate).
+    # 256), but never more than back to back (1 / the mean step at D); D = decode tokens/s /
+    # steps on both stages (same pipeline, same rate).
     rate = state.requests_per_s
-    steps = max(DECODE_WAVES / state.round_trip_s, rate * (p + o) / chunk_tokens)
-    assert (steps > DECODE_WAVES / state.round_trip_s) == (chunk_tokens == 256)
-    D = rate * o / steps
+    waves = max(DECODE_WAVES / state.round_trip_s, rate * (p + o) / chunk_tokens)
+    assert (waves > DECODE_WAVES / state.round_trip_s) == (chunk_tokens == 256)
+
+    def steps_at(d: float) -> float:
+        t0, t1, sh = cost.stage_step_parts(a, 16, d)
+        return min(waves, 1 / (t0 + sh * (t1 - t0)))
+    D = 1.0
+    for _ in range(200):   # D = decode tokens/s x (1 / steps at D): its fixed point
+        D = rate * o / steps_at(D)
+    steps = steps_at(D)
     parts = [cost.stage_step_parts(n, 16, D) for n in (a, b)]   # (plain, with a piece, share)
     # A token waits out the step in progress: a plain one (another wave) or a prompt piece's.
     plain_wait = [steps * (1 - sh) * t0 ** 2 / 2 for t0, _, sh in parts]
@@ -82,10 +91,24 @@ def test_two_stage_pipeline_by_hand(chunk_tokens, slow_link):
     pieces = p / min(p, chunk_tokens - D)
     assert (pieces > 1) == (chunk_tokens == 256)
     stages_pace = (pieces - 1) * max(t1 for _, t1, _ in parts)
-    excess = sum(t1 - t0 for t0, t1, _ in parts) + stages_pace
+    # The prompt's step is longer than the step a decode rides (a plain one: no other pipeline
+    # sends prompts here) by t1 - t0.
+    lag = sum(t1 - t0 for t0, t1, _ in parts)
     # Convoy: a wave entering a ~ Exp(rate) after the pipeline's latest prompt exits
-    # max(0, excess - a) late: E = excess - (1 - exp(-rate excess)) / rate.
-    convoy = excess - (1 - math.exp(-rate * excess)) / rate
+    # max(0, excess - a) late: E = excess - (1 - exp(-rate excess)) / rate, with the excess
+    # taken over the prompts' lengths L (lognormal, mean p, CV PROMPT_CV, at most the context):
+    # the prompt's longer steps grow with its first piece, min(L, room), its pacing with the
+    # pieces after the first. One stream with the first two moments of rate x excess (S1, S2):
+    # rate S1^2 / S2, excess S2 / S1, so E = S2 / S1 x (1 - (1 - exp(-S1)) / S1).
+    room = chunk_tokens - D
+    sigma = math.sqrt(math.log(1 + PROMPT_CV ** 2))
+    z = np.array([NormalDist().inv_cdf((k + 0.5) / 20_000) for k in range(20_000)])
+    lengths = np.minimum(p * np.exp(sigma * z - sigma ** 2 / 2), 4096)
+    excess = lag * np.minimum(lengths, room) / min(p, room)
+    if pieces > 1:
+        excess = excess + stages_pace * np.maximum(lengths / room - 1, 0) / (pieces - 1)
+    s1, s2 = rate * excess.mean(), rate * (excess ** 2).mean()
+    convoy = s2 / s1 * (1 - (1 - math.exp(-s1)) / s1)
     # A decode rides its wave's step, N / W decodes (at least D, at most what a step holds), not
     # the mean step: at 256 the budget's extra steps carry prompt pieces and few decodes.
     ride = min(max(m / DECODE_WAVES, D), cost.serving.max_batch_seqs, chunk_tokens)
@@ -128,6 +151,62 @@ def test_convoy_delay_against_a_poisson_sample():
     assert convoy_delay_s(np.array([2.0]), np.array([1e-4]))[0] == pytest.approx(1e-4 * 2.0, rel=1e-3)
     assert convoy_delay_s(np.array([2.0]), np.array([100.0]))[0] == pytest.approx(2.0 - 0.01, rel=1e-6)
     assert convoy_delay_s(np.array([2.0, 0.0]), np.array([0.0, 1.0])).tolist() == [0.0, 0.0]
+
+
+def test_overlapping_convoys_against_a_poisson_sample():
+    """Several prompt streams at once (rate lambda_j, excess Delta_j): a wave is held by the
+    latest prompt of each, max over j of max(0, Delta_j - a_j), not the sum of the streams'
+    delays (that overcounts overlapping convoys by up to 60 % here). One stream with the same
+    first two moments of lambda x Delta, as ``Model.convoys_s`` takes them, is within 10 %."""
+    rng = np.random.default_rng(3)
+    for streams in ([(0.2, 1.0), (0.3, 0.5), (0.1, 2.0)], [(1.0, 0.6)] * 4, [(0.05, 0.3)] * 20,
+                    [(2.0, 0.2), (0.2, 1.5)]):
+        horizon = 200_000 / sum(lam for lam, _ in streams)
+        t = rng.uniform(2_000, horizon - 2_000, 100_000)
+        delay = np.zeros_like(t)
+        for lam, delta in streams:
+            arrivals = np.cumsum(rng.exponential(1 / lam, int(lam * horizon * 1.1) + 100))
+            age = t - arrivals[np.searchsorted(arrivals, t) - 1]
+            delay = np.maximum(delay, np.maximum(0.0, delta - age))
+        s1 = sum(lam * delta for lam, delta in streams)
+        s2 = sum(lam * delta ** 2 for lam, delta in streams)
+        matched = convoy_delay_s(np.array([s2 / s1]), np.array([s1 ** 2 / s2]))[0]
+        assert matched == pytest.approx(delay.mean(), rel=0.10)
+
+
+def test_other_pipelines_prompts_lead_convoys_along_shared_nodes():
+    """Two pipelines through a shared first stage and separate second stages: each one's decodes
+    are held by its own prompts along all its nodes and by the other's along the node they
+    share."""
+    spec = ClusterSpec.model_validate({
+        "model": "llama-2-7b", "dtype": "float16",
+        "workload": {"mean_prompt_tokens": 400, "mean_output_tokens": 100},
+        "serving": {"chunk_tokens": 2048},
+        "regions": {"r": {"bandwidth": "10Gbps", "latency": "1ms"}},
+        "nodes": [{"name": n, "gpu": "L4"} for n in ("a", "b", "c")]})
+    plan = Plan(model="llama-2-7b", num_layers=32,
+                placements=(LayerSlice("a", 0, 16), LayerSlice("b", 16, 32), LayerSlice("c", 16, 32)),
+                arc_flows=(ArcFlow("coordinator", "a", 2.0), ArcFlow("a", "b", 1.0),
+                           ArcFlow("a", "c", 1.0), ArcFlow("b", "coordinator", 1.0),
+                           ArcFlow("c", "coordinator", 1.0)), max_flow_tokens_per_s=2.0)
+    m = Model(spec, plan, CostModel.for_cluster(spec))
+    assert len(m.paths) == 2
+    # A prompt's excess per (path, node) entry: 0.2 s at a, 0.3 s at b and c.
+    by_node = {"a": 0.2, "b": 0.3, "c": 0.3}
+    excess = np.array([by_node[m.nodes[j]] for j in m.incidence.cols])
+    f1, f2 = prompt_piece_moments(400.0, 2048.0, m.max_prompt)[:2]
+    # Only the first pipeline sends prompts: the second's decodes follow them over a (0.2 s).
+    one = m.convoys_s(excess, np.zeros(2), np.array([1.0, 0.0]), 2048.0)
+    for delay, delta in zip(one, (0.5, 0.2)):
+        s1, s2 = delta * f1, delta ** 2 * f2
+        assert delay == pytest.approx(convoy_delay_s(np.array([s2 / s1]), np.array([s1 ** 2 / s2]))[0])
+    # Where the shared node adds nothing to a prompt's steps, the other's prompts hold nobody.
+    none_at_a = np.where(m.incidence.cols == m.nodes.index("a"), 0.0, excess)
+    assert m.convoys_s(none_at_a, np.zeros(2), np.array([1.0, 0.0]), 2048.0)[1] == 0
+    # Rare prompts: each stream's lambda Delta^2 / 2, Delta over the nodes both use (a only for
+    # the other's), times E[f^2] of the first piece over the prompts' lengths.
+    rare = m.convoys_s(excess, np.zeros(2), np.array([1e-4, 1e-4]), 2048.0)
+    assert rare[0] == pytest.approx(1e-4 * f2 * ((0.2 + 0.3) ** 2 + 0.2 ** 2) / 2, rel=1e-3)
 
 
 def test_fallback_paths_fill_what_the_flow_paths_leave():
