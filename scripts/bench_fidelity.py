@@ -25,10 +25,12 @@ Beyond the four cases, ``--generated N`` runs the same protocol (offline; online
 (median and worst), in block ``bench_fidelity-generated``. Its cost grows with the clusters'
 size: ``--generated 12 --duration 300 --time-limit 20`` takes ~14 minutes of one core (the
 200-node cluster's simulation the most); the time limit bounds each plan, so under load the
-planner may score fewer candidates and choose another plan.
+planner may score fewer candidates and choose another plan. A large cluster's fill lasts longer
+than 300 s; ``--min-stays K`` makes each offline run last at least K of its plan's predicted stays
+(:func:`offline_duration_s`).
 
 Usage: ``python scripts/bench_fidelity.py [--duration 600] [--time-limit 60] [--cases single24,...]
-[--chunk-tokens N] [--generated N [--generated-seed S] [--online]] [--no-append]``. Prints a
+[--chunk-tokens N] [--generated N [--generated-seed S] [--min-stays K] [--online]] [--no-append]``. Prints a
 table and writes it, with the command, machine and load, to its block of BENCHMARKS.md:
 ``bench_fidelity`` at the spec's step budget, ``bench_fidelity-chunkN`` with ``--chunk-tokens N``.
 """
@@ -36,6 +38,7 @@ table and writes it, with the command, machine and load, to its block of BENCHMA
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -144,15 +147,34 @@ class Measured:
         return (self.plan.prediction.decode_tokens_per_s - self.steady) / self.steady
 
 
+def offline_duration_s(duration_s: float, plan, min_stays: float) -> float:
+    """The offline run's length: ``duration_s``, or ``min_stays`` of the plan's predicted stays
+    (requests in flight / requests per s, Little's law) where that is longer. The fill admits
+    every request the KV holds at once, and its after-effect (the requests finishing together,
+    the next ones admitted together) lasts about two stays; the steady window is the run's
+    second half, so four stays put it after them. A 150-node, 4-region plan (a stay of ~170 s)
+    still rises from 3,460 to 3,830 decode tokens/s between 150 and 300 s, and holds ~3,930 from
+    300 to 900 s."""
+    pr = plan.prediction
+    if min_stays <= 0 or pr is None or pr.requests_per_s <= 0:
+        return duration_s
+    return max(duration_s, math.ceil(min_stays * pr.requests_in_flight / pr.requests_per_s))
+
+
 def measure(spec: ClusterSpec, duration_s: float, time_limit_s: float,
-            online: bool = True) -> Measured:
-    """Plan ``spec`` (one solver thread) and simulate the plan offline and, with ``online``, at
-    the prediction's online load."""
+            online: bool = True, min_stays: float = 0.0) -> Measured:
+    """Plan ``spec`` (one solver thread) and simulate the plan offline (for at least
+    ``min_stays`` predicted stays: :func:`offline_duration_s`) and, with ``online``, at the
+    prediction's online load."""
     t0 = time.perf_counter()
     plan = plan_for_users(spec, PlanOptions(time_limit_s=time_limit_s, threads=1))
     plan_s = time.perf_counter() - t0
     pr = plan.prediction
-    off, _, served = run_sim(spec, plan, "offline", duration_s)
+    offline_s = offline_duration_s(duration_s, plan, min_stays)
+    if offline_s > duration_s:
+        print(f"  offline run of {offline_s:g} s ({min_stays:g} predicted stays)", file=sys.stderr,
+              flush=True)
+    off, _, served = run_sim(spec, plan, "offline", offline_s)
     steady = steady_of(off)
     # Prompt + decode tokens/s of the run: its decode rate x (p + o) / o of the requests it served
     # (the prompts admitted at t = 0 to fill the KV would otherwise count as a burst).
@@ -264,8 +286,8 @@ def error_summary(errors: list[float]) -> str:
 
 
 def generated_fidelity(cases: list[GeneratedCase], duration_s: float, time_limit_s: float,
-                       online: bool = False, chunk_tokens: int | None = None
-                       ) -> tuple[list[str], str]:
+                       online: bool = False, chunk_tokens: int | None = None,
+                       min_stays: float = 0.0) -> tuple[list[str], str]:
     """Each case measured (:func:`measure`; at step budget ``chunk_tokens`` when given): its rows
     and the error summary over them. A case that cannot be planned or has no steady state gets
     a row saying so and no error."""
@@ -276,7 +298,7 @@ def generated_fidelity(cases: list[GeneratedCase], duration_s: float, time_limit
             spec = case.spec()
             if chunk_tokens is not None:
                 spec = at_budget(spec, chunk_tokens)
-            m = measure(spec, duration_s, time_limit_s, online=online)
+            m = measure(spec, duration_s, time_limit_s, online=online, min_stays=min_stays)
         except (HelixUserError, ValueError) as exc:
             rows.append(f"| {case.name} | {case.nodes} | {case.regions} | {case.model} | "
                         f"not measured: {exc} ||||||")
@@ -318,6 +340,10 @@ def main() -> None:
                     help="instead of --cases: N generated clusters (GENERATED_SHAPES), offline")
     ap.add_argument("--generated-seed", type=int, default=0, metavar="S",
                     help="seed of the first generated cluster (the next get S+1, ...); default 0")
+    ap.add_argument("--min-stays", type=float, default=0.0, metavar="K",
+                    help="with --generated: offline runs of at least K predicted stays (requests in "
+                         "flight / requests per s), so the steady window (the second half) starts "
+                         "after the fill's after-effect; 0 (default): --duration only")
     ap.add_argument("--online", action="store_true",
                     help="with --generated: also the online run (TTFT/TPOT p50)")
     ap.add_argument("--no-append", action="store_true", help="print only, leave BENCHMARKS.md")
@@ -371,13 +397,15 @@ def main_generated(args: argparse.Namespace, load0: float) -> None:
     print("generated clusters (nodes, regions, seed, model): " +
           "; ".join(f"{c.nodes}, {c.regions}, {c.seed}, {c.model}" for c in cases), file=sys.stderr)
     rows, summary = generated_fidelity(cases, args.duration, args.time_limit, args.online,
-                                       args.chunk_tokens)
+                                       args.chunk_tokens, args.min_stays)
     command = (f"python scripts/bench_fidelity.py --generated {args.generated} --generated-seed "
                f"{args.generated_seed} --duration {args.duration:g} --time-limit {args.time_limit:g}"
+               f"{f' --min-stays {args.min_stays:g}' if args.min_stays > 0 else ''}"
                f"{' --online' if args.online else ''}"
                f"{'' if args.chunk_tokens is None else f' --chunk-tokens {args.chunk_tokens}'}")
     intro = ("Generated clusters (`scripts/gen_cluster.py`; name: nodes, regions, seed, model), the "
              "protocol above: predicted / simulated (error); offline decode tokens/s after the fill"
+             f"{f' (offline runs of at least {args.min_stays:g} predicted stays)' if args.min_stays > 0 else ''}"
              f"{'' if args.online else '; online not run'}. {summary}")
     header = "| " + " | ".join(GENERATED_HEADER) + " |"
     print("\n".join([intro, "", header, "|---" * len(GENERATED_HEADER) + "|", *rows]))

@@ -24,6 +24,16 @@ def test_the_bench_reads_the_simulators_steady_state():
 
 
 
+def test_offline_runs_last_the_asked_stays():
+    """``--min-stays K``: an offline run lasts K predicted stays (requests in flight / requests per
+    s) where that is longer than ``--duration``; 0, or no prediction, keeps ``--duration``."""
+    plan = SimpleNamespace(prediction=SimpleNamespace(requests_in_flight=3900.0, requests_per_s=19.5))
+    assert bench_fidelity.offline_duration_s(300.0, plan, 3) == 600          # 3 x 200 s
+    assert bench_fidelity.offline_duration_s(900.0, plan, 3) == 900.0        # already longer
+    assert bench_fidelity.offline_duration_s(300.0, plan, 0) == 300.0
+    assert bench_fidelity.offline_duration_s(300.0, SimpleNamespace(prediction=None), 3) == 300.0
+
+
 def test_generated_cases_span_the_shapes_and_seeds():
     cases = bench_fidelity.generated_cases(len(bench_fidelity.GENERATED_SHAPES) + 2, seed=5)
     assert [c.seed for c in cases] == list(range(5, 5 + len(cases)))
