@@ -264,9 +264,9 @@ class Model:
 
         ``excess_s``, per entry (i, v) of the incidence: how much longer a prompt's step at node v
         is than the step a decode of path i rides there on average. A wave of i that reaches a
-        node shared with pipeline j while j's prompt step runs there waits it out, and then reaches the next node they share while the prompt's step runs
-        there too (the prompt left just as the wave's own short step began): it follows the
-        prompt over ``Delta_ij``, the excess summed over the nodes both use (the own pipeline:
+        node shared with pipeline j while j's prompt step runs there waits it out, and then
+        reaches the next node they share while the prompt's step runs there too (the prompt left
+        just as the wave's own short step began): it follows the prompt over ``Delta_ij``, the excess summed over the nodes both use (the own pipeline:
         all its nodes, and the pieces after the first paced by its slowest stage, ``paced_s``).
         One stream of prompts at lambda gives :func:`convoy_delay_s`. Many streams at once: a
         wave is held by the latest prompt of each, and the delays do not add where the convoys
@@ -397,7 +397,7 @@ def prompt_piece_moments(mean_prompt: float, room_tokens: float, max_prompt: flo
     min(L, room) / min(p, room)`` and ``g = max(L / room - 1, 0) / (p / room - 1)`` (0 where the
     mean prompt is one piece). L is lognormal with mean p and CV :data:`PROMPT_CV`, at most
     ``max_prompt`` (the context), by quadrature at :data:`LENGTH_POINTS` equal-probability
-    points. With no step budget (``room`` infinite) ``E[f^2] = 1 + CV^2``."""
+    points. With no step budget (``room`` infinite) and no cap, ``E[f^2] = 1 + CV^2``."""
     sigma = math.sqrt(math.log(1.0 + PROMPT_CV ** 2))
     x = np.exp(sigma * _NORMAL_QUANTILES - sigma ** 2 / 2)
     lengths = np.minimum(mean_prompt * x / x.mean(), max_prompt)

@@ -174,6 +174,17 @@ def test_overlapping_convoys_against_a_poisson_sample():
         assert matched == pytest.approx(delay.mean(), rel=0.10)
 
 
+def test_prompt_piece_moments_over_lognormal_lengths():
+    """Whole prompts: the first piece is the prompt, E[f] = 1 and E[f^2] = 1 + CV^2 (to the
+    quadrature's 1 %); a room well below the mean prompt cuts nearly every prompt's first piece
+    to the room (f <= 1) and its later pieces carry the rest (E[g] ~ 1: few prompts are shorter
+    than a piece)."""
+    f1, f2, g1, g2, _ = prompt_piece_moments(763.0, math.inf, 1e9)
+    assert (f1, f2, g1, g2) == (pytest.approx(1.0), pytest.approx(1 + PROMPT_CV ** 2, rel=0.02), 0, 0)
+    f1, f2, g1, _, _ = prompt_piece_moments(763.0, 200.0, 1e9)
+    assert f1 < 1 and f2 < 1 and g1 == pytest.approx(1.0, rel=0.05)
+
+
 def test_other_pipelines_prompts_lead_convoys_along_shared_nodes():
     """Two pipelines through a shared first stage and separate second stages: each one's decodes
     are held by its own prompts along all its nodes and by the other's along the node they
