@@ -38,6 +38,7 @@ table and writes it, with the command, machine and load, to its block of BENCHMA
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -56,6 +57,7 @@ from helix.core.costmodel import CostModel
 from helix.sim import run as simrun
 from helix.sim.engine import SimConfig
 from helix.sim.metrics import STEADY_FROM
+from helix.sim.workload import load_azure_trace, resolve_trace
 from helix.core.errors import HelixUserError
 from helix.core.plan import Plan, Prediction
 from helix.core.spec import ClusterSpec, WorkloadSpec, load_cluster, parse_cluster
@@ -90,12 +92,34 @@ def spec_of(cluster: str, model: str | None):
         os.unlink(fh.name)
 
 
+@functools.lru_cache(maxsize=1)
+def trace_requests() -> int:
+    """Requests of the simulator's default trace as it filters them (offline draws as many)."""
+    opts = simrun.WorkloadOptions()
+    return len(load_azure_trace(resolve_trace(opts.trace), opts.max_prompt_tokens,
+                                opts.max_output_tokens))
+
+
+def offline_requests(plan, duration_s: float, available: int) -> int | None:
+    """Requests an offline run of ``duration_s`` draws: None (``available``, the trace's number)
+    unless the plan's prediction serves more than that in the run, then twice what it serves
+    plus what it holds in flight."""
+    pr = plan.prediction
+    if pr is None:
+        return None
+    need = math.ceil(2 * (pr.requests_per_s * duration_s + pr.requests_in_flight))
+    return need if need > available else None
+
+
 def run_sim(spec, plan, mode: str, duration_s: float, scheduler: str = "helix",
             rate: float | None = None):
     """(SimResult, the simulator, the requests admitted). Offline: the stationary mix, what
-    ``helix simulate`` replays by default."""
-    opts = simrun.WorkloadOptions() if mode == "offline" else \
-        simrun.WorkloadOptions(poisson=True, rate_per_s=rate)
+    ``helix simulate`` replays by default, as many requests as the trace holds or, where the plan
+    is predicted to serve more in the run (a 200-node plan serves the conversation trace's 16,663
+    in ~12 minutes), more (:func:`offline_requests`; lengths are drawn with replacement)."""
+    opts = simrun.WorkloadOptions(
+        num_requests=offline_requests(plan, duration_s, trace_requests())) \
+        if mode == "offline" else simrun.WorkloadOptions(poisson=True, rate_per_s=rate)
     workload = simrun.make_workload(opts, mode, plan, 0, window_s=duration_s)
     sim = simrun.build_simulator(spec, plan, workload, SimConfig(mode=mode, duration_s=duration_s),
                                  scheduler)

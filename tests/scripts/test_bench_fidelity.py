@@ -34,6 +34,16 @@ def test_offline_runs_last_the_asked_stays():
     assert bench_fidelity.offline_duration_s(300.0, SimpleNamespace(prediction=None), 3) == 300.0
 
 
+def test_long_offline_runs_draw_enough_requests():
+    """The trace's requests suffice for most runs (None: the same draw as ``helix simulate``); a
+    plan predicted to serve more in the run draws twice what it serves plus what it holds."""
+    small = SimpleNamespace(prediction=SimpleNamespace(requests_in_flight=400.0, requests_per_s=2.0))
+    assert bench_fidelity.offline_requests(small, 600.0, 16_663) is None
+    big = SimpleNamespace(prediction=SimpleNamespace(requests_in_flight=4000.0, requests_per_s=23.0))
+    assert bench_fidelity.offline_requests(big, 678.0, 16_663) == 2 * (23 * 678 + 4000)
+    assert bench_fidelity.trace_requests() > 1000   # the packaged trace, filtered
+
+
 def test_generated_cases_span_the_shapes_and_seeds():
     cases = bench_fidelity.generated_cases(len(bench_fidelity.GENERATED_SHAPES) + 2, seed=5)
     assert [c.seed for c in cases] == list(range(5, 5 + len(cases)))
