@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -223,8 +224,13 @@ def steady_decode(ckpt: Path, shape: Shape, config: EngineConfig, seqs: int, pro
                   roof: dict, dtype_bytes: int) -> dict:
     engine = SliceEngine.from_checkpoint(ckpt, 0, shape.layers, config)
     rng = np.random.default_rng(11)
+    # The prompts take several steps to prefill (seqs x prompt tokens at the step budget), and the
+    # requests prefilled first decode in the later of them: each may lead by that many tokens, so
+    # every request must outlast the measured steps by it (else the last steps hold fewer).
+    prefill_steps = math.ceil(seqs * prompt / config.max_num_batched_tokens)
     reqs = [Prompt(i, tuple(int(t) for t in rng.integers(3, shape.vocab, prompt)),
-                   SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)) for i in range(seqs)]
+                   SamplingParams(temperature=0, max_tokens=steps + 8 + prefill_steps, ignore_eos=True))
+            for i in range(seqs)]
     pipe = LocalPipeline([engine])
     for r in reqs:
         pipe.submit(r)
