@@ -23,8 +23,9 @@ Sections (each prints its table as it finishes; a failing section is reported an
 6. **`helix profile llama-2-7b`** (float16, 4 layers) per layer against the cost model of the
    device found (:mod:`profile_vs_roofline`).
 
-Results: a markdown table (written to its block of BENCHMARKS.md unless ``--no-append``) and ``results.json``
-in ``--out``. On a lent machine without pydantic, carry its wheels: ``scripts/gpu_wheels.sh`` here
+Results: ``results.md`` (the whole report) and ``results.json`` in ``--out``, and a one-paragraph
+summary in its block of BENCHMARKS.md unless ``--no-append``; a lent machine's BENCHMARKS.md does not
+come back, so ``--render OUT/results.json`` writes that block here from the run's results. On a lent machine without pydantic, carry its wheels: ``scripts/gpu_wheels.sh`` here
 fetches them into ``.whl/``; there, with ``.whl`` carried::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -323,15 +324,19 @@ def profile_vs_costmodel(out_dir: Path, device: torch.device, smoke: bool, timeo
 
 
 # --- report ----------------------------------------------------------------------------------------
-def report(res: dict, args, device_name: str) -> str:
+def _run_line(res: dict) -> str:
+    """Where and how the run was made, from ``res`` (the machine that ran it, not this one)."""
     roof = res.get("roofline", {})
-    cmd = " ".join(["python scripts/bench_engine_gpu.py", *sys.argv[1:]])
-    lines = [f"### The engine on {device_name} (`bench_engine_gpu.py`)", "",
-             (f"`{cmd}` at {res['started']} on {device_name}, torch {torch.__version__}, "
-             f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the start; "
-             f"measured fp16 GEMM peak {roof.get('gemm_flops', float('nan')) / 1e12:.0f} TFLOP/s "
-             f"({roof.get('gemm_n')}^3), copy bandwidth {roof.get('copy_bytes_per_s', float('nan')) / 1e12:.2f} TB/s "
-             "(read + written)."), "",
+    return (f"`{res['command']}` at {res['started']} on {res['device']}, torch {res['torch']}, "
+            f"{res['cpus']} CPU cores, load average {res['load0']:.1f} at the start; "
+            f"measured fp16 GEMM peak {roof.get('gemm_flops', float('nan')) / 1e12:.0f} TFLOP/s "
+            f"({roof.get('gemm_n')}^3), copy bandwidth {roof.get('copy_bytes_per_s', float('nan')) / 1e12:.2f} TB/s "
+            "(read + written).")
+
+
+def report(res: dict) -> str:
+    """The whole report (results.md): every measurement against its target, and the profile."""
+    lines = [f"### The engine on {res['device']} (`bench_engine_gpu.py`)", "", _run_line(res), "",
              "| measurement | result | target |", "|---|---|---|"]
     for row in res.get("vs_hf", []):
         a = row["agreement"]
@@ -367,6 +372,49 @@ def report(res: dict, args, device_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(res: dict) -> str:
+    """BENCHMARKS.md's block, one paragraph (the file keeps to 500 lines; results.md has the
+    whole report): the run, then each measurement with its target."""
+    parts = []
+    hf = res.get("vs_hf", [])
+    if hf:
+        parts.append("engine vs transformers `generate` at " + " / ".join(str(r["requests"]) for r in hf)
+                     + " requests: " + " / ".join(f"{r['engine_tok_s']:,.0f} vs {r['hf_tok_s']:,.0f}" for r in hf)
+                     + " tok/s = " + " / ".join(f"{r['ratio']:.2f}x" for r in hf)
+                     + " (targets >= 250 tok/s alone, >= 4x batched); first token equal "
+                     + " / ".join(f"{r['agreement']['first_token_equal']:.0%}" for r in hf))
+    if "decode128" in res:
+        d = res["decode128"]
+        parts.append(f"{d['seqs']} sequences decoding: {d['median_step_s'] * 1e3:.2f} ms a step, roofline "
+                     f"{d['ideal_step_s'] * 1e3:.2f} ms = {d['fraction_of_roofline']:.1%} (target >= 25 %)")
+    if res.get("kernels"):
+        parts.append("kernels per decode step at batch " + " / ".join(str(k["seqs"]) for k in res["kernels"])
+                     + ": " + " / ".join(f"{k['gpu_kernels_per_step']:.0f} ({k['gpu_kernels_per_layer']:.1f} a "
+                                         f"layer, {k['host_launches_per_step']:.0f} host launches)"
+                                         for k in res["kernels"])
+                     + " (target <= 12 a layer)")
+    if "graphs_exact" in res:
+        g = res["graphs_exact"]
+        parts.append(f"decode graphs vs eager: {'identical' if g['identical'] else 'DIFFERENT'} tokens "
+                     f"({g['replays']} replays)")
+    if "profile" in res:
+        dec, pre = res["profile"]["decode_ratios"], res["profile"]["prompt_ratios_2k_plus"]
+        if dec and pre:
+            parts.append(f"`helix profile llama-2-7b` / cost model: decode layers {min(dec):.2f}-{max(dec):.2f}x "
+                         f"(target within 1.3x), prompt steps >= 2,048 tokens {min(pre):.2f}-{max(pre):.2f}x "
+                         "(within 1.15x)")
+    parts += [f"{name} FAILED: {err.splitlines()[-1][:200]}" for name, err in res.get("errors", {}).items()]
+    text = "; ".join(parts)
+    return _run_line(res) + " " + text[:1].upper() + text[1:] + "."
+
+
+def write_block(res: dict, smoke: bool = False) -> None:
+    """``summary(res)`` into BENCHMARKS.md (a smoke run's figures never replace a GPU's)."""
+    from benchdoc import write_section  # scripts/ is this script's import path
+    write_section("bench_engine_gpu" + ("-smoke" if smoke else ""), summary(res),
+                  heading="## Worker engine on a GPU (`scripts/bench_engine_gpu.py`)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --smoke)")
@@ -376,7 +424,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-append", action="store_true", help="print only; do not touch BENCHMARKS.md")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="wall seconds for the whole run (the profile gets what is left; default 540)")
+    ap.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="write the block of a run made elsewhere (a lent machine's results.json, "
+                         "whose BENCHMARKS.md does not come back) and stop")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        res = json.loads(args.render.read_text())
+        print(summary(res))
+        if not args.no_append:
+            write_block(res)
+        return 0
     started = time.perf_counter()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -391,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     dtype_name = "float16" if dtype == torch.float16 else "float32"
     res: dict = {"device": device_name, "torch": torch.__version__, "errors": {},
-                 "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                 "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                 "command": " ".join(["python scripts/bench_engine_gpu.py", *(argv or sys.argv[1:])]),
+                 "cpus": os.cpu_count(), "load0": os.getloadavg()[0]}
 
     def section(name, fn):
         t0 = time.perf_counter()
@@ -446,14 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_profile:
         left = args.budget_s - (time.perf_counter() - started) - 15
         section("profile", lambda: profile_vs_costmodel(out_dir, device, args.smoke, left))
-    text = report(res, args, device_name)
+    text = report(res)
     (out_dir / "results.md").write_text(text)
     print("\n" + text)
     if not args.no_append:
-        from benchdoc import write_section  # scripts/ is this script's import path
-        # A smoke run checks the script; its figures never replace a GPU's.
-        write_section("bench_engine_gpu" + ("-smoke" if args.smoke else ""), text,
-                      heading="## Worker engine on a GPU (`scripts/bench_engine_gpu.py`)")
+        write_block(res, args.smoke)
     return 1 if res["errors"] else 0
 
 
