@@ -179,9 +179,9 @@ hence decode +13 % (a 1,500 s run settles ~2 % lower still). Why: a decode is no
 step. A step carrying a prompt piece leaves with the decodes that reached its stage meanwhile and
 the next stage runs them together again, so decodes ride piece steps about twice as often as
 steps are piece steps (first stage: 33 % of decodes vs 16 % of steps; 42.7 decodes a piece step,
-16.7 a plain one). The convoy term charges that only for the pipeline's own prompts; on hetero42
-a pipeline's stages are shared with hundreds of others (the convoys of other pipelines' prompts,
-modelled since: see *convoy*).
+16.7 a plain one). The convoy term then charged that only for the pipeline's own prompts; on hetero42
+a pipeline's stages are shared with hundreds of others, whose prompts hold its decodes up too
+(see *convoy*).
 
 For the planner's flow graph (linear in the placement), the same law gives a node's capacity while
 holding k layers, given the stay T of the pipelines it serves: ``min(T(k), M_v(k) (p + o) / T)``

@@ -11,7 +11,6 @@ per pipeline come from progressive filling (:meth:`Model.fill`). Derivation:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -389,7 +388,6 @@ _NORMAL_QUANTILES = np.array([NormalDist().inv_cdf((k + 0.5) / LENGTH_POINTS)
                               for k in range(LENGTH_POINTS)])
 
 
-@functools.lru_cache(maxsize=256)
 def prompt_piece_moments(mean_prompt: float, room_tokens: float, max_prompt: float
                          ) -> tuple[float, ...]:
     """Moments of a prompt's first piece and of its later pieces over the prompts' lengths, each
@@ -409,7 +407,8 @@ def prompt_piece_moments(mean_prompt: float, room_tokens: float, max_prompt: flo
 
 
 def convoy_delay_s(excess_s: np.ndarray, prompts_per_s: np.ndarray) -> np.ndarray:
-    """Mean delay per round trip that a pipeline's own prompts cause its decodes (a convoy).
+    """Mean delay per round trip that one stream of prompts causes the decodes behind them (a
+    convoy): a pipeline's own, or the streams of :meth:`Model.convoys_s` taken as one.
 
     A prompt crosses the stages in long steps: it exits the pipeline ``excess_s`` (Delta) later
     than a decode wave entering with it would. A wave that enters a age ``a`` after it catches up
